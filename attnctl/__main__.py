@@ -1,0 +1,3 @@
+from attnctl.cli import main
+
+main()

@@ -1,0 +1,277 @@
+"""The command line: the only module that prints or exits.
+
+Errors end here: a click usage error or an :class:`AttnctlError` becomes one line on
+stderr and its exit code (2 for usage, 1 for run-time failures); ``--debug`` adds the
+traceback. torch and tokenizers are imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from attnctl import __version__
+from attnctl.config import LayerConfig, build_config
+from attnctl.errors import RUNTIME, USAGE, AttnctlError
+from attnctl.memory import estimate
+from attnctl.plan import build_plan
+from attnctl.render import (
+    memory_json,
+    memory_view,
+    printable,
+    run_json,
+    run_view,
+    shapes_json,
+    shapes_view,
+)
+from attnctl.tokenize import vocab_size
+
+DEFAULT_HEADS_SHOWN = 8
+# Newer Typer vendors click; its BadParameter's bases name the ClickException it raises.
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_state = {"debug": False}
+
+
+class _OneLineErrors(TyperGroup):
+    """Turn every usage error and AttnctlError into one line on stderr."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except ClickException as error:
+            _fail(error.format_message(), error.exit_code, error)
+        except AttnctlError as error:
+            _fail(error.message, error.exit_code, error)
+        except typer.Abort as error:
+            _fail("aborted", RUNTIME, error)
+        except Exception as error:  # a bug: still one line, the traceback with --debug
+            _fail(f"internal error: {type(error).__name__}: {error}", RUNTIME, error)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def _fail(message: str, code: int, error: BaseException) -> None:
+    if _state["debug"]:
+        traceback.print_exception(error)
+    first = printable(message.strip().splitlines()[0] if message.strip() else "error")
+    hint = "" if code != USAGE or _state["debug"] else " (see --help)"
+    typer.echo(f"attnctl: error: {first}{hint}", err=True)
+    sys.exit(code)
+
+
+app = typer.Typer(
+    cls=_OneLineErrors,
+    help="See what one multi-head attention layer does: tokens, shapes at every stage, "
+    "per-head weights, memory.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"attnctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show the traceback behind an error.")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    _state["debug"] = debug
+
+
+# ---------------------------------------------------------------- layer options
+
+
+class Pos(str, Enum):
+    sinusoidal = "sinusoidal"
+    none = "none"
+
+
+class Mask(str, Enum):
+    none = "none"
+    causal = "causal"
+
+
+class Norm(str, Enum):
+    post = "post"
+    none = "none"
+
+
+class Impl(str, Enum):
+    math = "math"
+    sdpa = "sdpa"
+
+
+class DType(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+def _option(kind: Any, *names: str, help: str) -> Any:
+    return Annotated[kind | None, typer.Option(*names, help=help, rich_help_panel="Layer")]
+
+
+# name -> annotation; every one defaults to None, meaning "not given: keep the preset's value"
+LAYER_OPTIONS: dict[str, Any] = {
+    "config": _option(
+        str, "--config", "-c", help="Preset name (configs/NAME.toml) or a TOML path."
+    ),
+    "tokenizer": _option(
+        str, "--tokenizer", help="'bundled' (default), 'char', or a tokenizer.json path."
+    ),
+    "d_model": _option(int, "--d-model", help="Model width D. Default 512."),
+    "heads": _option(int, "--heads", help="Attention heads H (must divide D). Default 8."),
+    "bias": _option(bool, "--bias/--no-bias", help="Bias in W_q, W_k, W_v, W_o. Default --bias."),
+    "pos": _option(Pos, "--pos", help="Positional encoding. Default sinusoidal."),
+    "mask": _option(Mask, "--mask", help="Attention mask. Default none."),
+    "norm": _option(Norm, "--norm", help="Residual + LayerNorm after attention. Default post."),
+    "impl": _option(
+        Impl, "--impl", help="math builds the weights; sdpa is the fused kernel. Default math."
+    ),
+    "seed": _option(int, "--seed", help="torch.manual_seed for the weights. Default 42."),
+    "device": _option(str, "--device", help="auto, cpu, cuda, cuda:N or mps. Default auto."),
+    "dtype": _option(DType, "--dtype", help="Parameter and activation dtype. Default float32."),
+}
+
+
+def layer_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command every layer option; it receives them as one validated ``layer``."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "layer"]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+        for name, kind in LAYER_OPTIONS.items()
+    ]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        given = {name: kwargs.pop(name) for name in LAYER_OPTIONS}
+        preset = given.pop("config")
+        values = {k: v.value if isinstance(v, Enum) else v for k, v in given.items()}
+        command(layer=build_config(preset, **values), **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=own + shared)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _console() -> Console:
+    # COLUMNS, NO_COLOR and "not a terminal" are honoured by rich itself
+    return Console(highlight=False, emoji=False)
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    typer.echo(json.dumps(document, ensure_ascii=False, indent=2))
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
+SeqLenOption = Annotated[int, typer.Option("--seq-len", "-L", help="Sequence length L.")]
+BatchOption = Annotated[int, typer.Option("--batch", "-B", help="Batch size B.")]
+
+
+# ---------------------------------------------------------------- commands
+
+
+@app.command()
+@layer_options
+def run(
+    text: Annotated[str, typer.Argument(help="The sentence to tokenize and run.", metavar="TEXT")],
+    head: Annotated[
+        list[int] | None,
+        typer.Option("--head", help="Show this head's weights (repeatable). Default: heads 0–7."),
+    ] = None,
+    digits: Annotated[int, typer.Option("--digits", help="Decimals in weight tables.")] = 2,
+    as_json: JsonOption = False,
+    *,
+    layer: LayerConfig,
+) -> None:
+    """Run one attention layer on TEXT and show every stage and each head's weights."""
+    if not 0 <= digits <= 8:
+        raise AttnctlError(f"digits must be between 0 and 8, got {digits}")
+    heads = _chosen_heads(head, layer.heads)
+    from attnctl.runner import run_text
+
+    trace = run_text(text, layer)
+    plan = build_plan(layer, len(trace.tokens[0]), len(trace.tokens), trace.vocab_size)
+    memory = estimate(plan)
+    if as_json:
+        _print_json(run_json(trace, plan, memory))
+        return
+    console = _console()
+    console.print(run_view(text, trace, plan, memory, heads, console.width, digits))
+    shown = len(heads)
+    if head is None and layer.heads > shown:
+        console.print(
+            f"heads {shown}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
+        )
+
+
+def _chosen_heads(requested: list[int] | None, count: int) -> list[int]:
+    if not requested:
+        return list(range(min(count, DEFAULT_HEADS_SHOWN)))
+    for h in requested:
+        if not 0 <= h < count:
+            raise AttnctlError(f"--head {h} does not exist; heads are 0–{count - 1}")
+    return list(dict.fromkeys(requested))
+
+
+@app.command()
+@layer_options
+def shapes(
+    seq_len: SeqLenOption = 16,
+    batch: BatchOption = 1,
+    as_json: JsonOption = False,
+    *,
+    layer: LayerConfig,
+) -> None:
+    """Show the shape of every stage for a configuration, symbolically and with numbers."""
+    plan = build_plan(layer, seq_len, batch, vocab_size(layer.tokenizer, seq_len), layer.device)
+    if as_json:
+        _print_json(shapes_json(plan))
+        return
+    console = _console()
+    console.print(shapes_view(plan, console.width))
+
+
+@app.command()
+@layer_options
+def memory(
+    seq_len: SeqLenOption = 2048,
+    batch: BatchOption = 1,
+    as_json: JsonOption = False,
+    *,
+    layer: LayerConfig,
+) -> None:
+    """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
+    plan = build_plan(layer, seq_len, batch, vocab_size(layer.tokenizer, seq_len), layer.device)
+    result = estimate(plan)
+    if as_json:
+        _print_json(memory_json(plan, result))
+        return
+    console = _console()
+    console.print(memory_view(plan, result, console.width))
+
+
+def main() -> None:
+    app()

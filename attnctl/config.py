@@ -1,0 +1,144 @@
+"""Layer configuration: defaults, TOML presets, command-line overrides, validation.
+
+Standard library only, so ``shapes`` and ``memory`` start without torch.
+Precedence: defaults < preset file (``--config``) < options given on the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnctl.errors import AttnctlError
+
+POSITIONS = ("sinusoidal", "none")
+MASKS = ("none", "causal")
+NORMS = ("post", "none")
+IMPLS = ("math", "sdpa")
+DTYPES = ("float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# Installed wheels carry the presets inside the package; a source checkout has them at the top.
+PRESET_DIRS = (_PACKAGE_DIR / "configs", _PACKAGE_DIR.parent / "configs")
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """One embedding + multi-head attention layer, as `attnctl` builds it."""
+
+    tokenizer: str = "bundled"  # "bundled", "char", or a path to a tokenizer.json
+    d_model: int = 512  # width of every token vector (D)
+    heads: int = 8  # attention heads (H); d_k = d_model // heads
+    bias: bool = True  # bias in W_q, W_k, W_v, W_o
+    pos: str = "sinusoidal"  # positional encoding added to the embeddings
+    mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
+    norm: str = "post"  # "post": LayerNorm(x + attention(x)); "none": attention(x) alone
+    impl: str = "math"  # "math" builds the (B, H, L, L) weights; "sdpa" uses the fused kernel
+    seed: int = 42  # torch.manual_seed before the weights are created
+    device: str = "auto"  # auto = cuda, else mps, else cpu
+    dtype: str = "float32"
+
+    @property
+    def d_k(self) -> int:
+        return self.d_model // self.heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "pos": POSITIONS,
+    "mask": MASKS,
+    "norm": NORMS,
+    "impl": IMPLS,
+    "dtype": DTYPES,
+}
+_FIELD_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(LayerConfig)}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate(config: LayerConfig) -> LayerConfig:
+    """Reject values no layer can be built from; returns the config unchanged."""
+    if config.d_model <= 0:
+        raise AttnctlError(f"d_model must be a positive integer, got {config.d_model}")
+    if config.heads <= 0:
+        raise AttnctlError(f"heads must be a positive integer, got {config.heads}")
+    if config.d_model % config.heads:
+        choices = ", ".join(map(str, divisors(config.d_model)))
+        raise AttnctlError(
+            f"heads={config.heads} does not divide d_model={config.d_model}; "
+            f"head counts that work: {choices}"
+        )
+    for key, allowed in _CHOICES.items():
+        value = getattr(config, key)
+        if value not in allowed:
+            raise AttnctlError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
+    if not DEVICE_PATTERN.match(config.device):
+        raise AttnctlError(f"unknown device {config.device!r}; use auto, cpu, cuda, cuda:N or mps")
+    if not config.tokenizer:
+        raise AttnctlError("tokenizer must be 'bundled', 'char' or a path to a tokenizer.json")
+    if not -(2**63) <= config.seed < 2**64:
+        raise AttnctlError(f"seed must fit in 64 bits, got {config.seed}")
+    return config
+
+
+def _check_value(key: str, value: Any, source: str) -> Any:
+    if key not in _FIELD_TYPES:
+        known = ", ".join(_FIELD_TYPES)
+        raise AttnctlError(f"{source}: unknown key {key!r} (known keys: {known})")
+    expected = _FIELD_TYPES[key]
+    # bool is a subclass of int in Python; a TOML `true` is no head count.
+    if type(value) is not expected:
+        raise AttnctlError(
+            f"{source}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def preset_names() -> list[str]:
+    names = {p.stem for d in PRESET_DIRS if d.is_dir() for p in d.glob("*.toml")}
+    return sorted(names)
+
+
+def resolve_preset(name_or_path: str) -> Path:
+    """A preset name (``cat-eats-fish``) or a path to a TOML file."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".toml" or path.parent != Path(".") or path.exists():
+        if not path.is_file():
+            raise AttnctlError(f"config file not found: {name_or_path}")
+        return path
+    for directory in PRESET_DIRS:
+        candidate = directory / f"{name_or_path}.toml"
+        if candidate.is_file():
+            return candidate
+    raise AttnctlError(
+        f"unknown preset {name_or_path!r}; presets: {', '.join(preset_names()) or 'none found'}"
+    )
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """Read and type-check a preset; returns only the keys it sets."""
+    path = resolve_preset(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise AttnctlError(f"cannot read config {path}: {error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise AttnctlError(f"malformed config {path}: {error}") from error
+    return {key: _check_value(key, value, str(path)) for key, value in data.items()}
+
+
+def build_config(preset: str | None = None, **overrides: Any) -> LayerConfig:
+    """Defaults, then the preset, then every override that is not None; validated."""
+    values: dict[str, Any] = load_preset(preset) if preset else {}
+    values.update({k: _check_value(k, v, "option") for k, v in overrides.items() if v is not None})
+    return validate(LayerConfig(**values))

@@ -1,0 +1,212 @@
+"""One embedding + multi-head attention layer in torch, recording every stage as it runs.
+
+The forward pass is the textbook one (seed 000's ``MultiHeadAttention``, seed 003's
+residual + LayerNorm), written so that each tensor is released right after its last
+use: what it holds at any moment is what ``memory.py`` predicts from the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from attnctl.config import LayerConfig
+from attnctl.errors import AttnctlError
+from attnctl.trace import Stage
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class Recorder:
+    """Collects a :class:`Stage` per recorded tensor, without keeping the tensor alive.
+
+    A tensor that shares the memory of an earlier recorded one still alive (the split
+    heads) is marked ``view_of`` that stage: it costs no new bytes. Storages are held by
+    weak reference, so a freed block that the allocator hands out again is no "view".
+    """
+
+    def __init__(self) -> None:
+        self.stages: list[Stage] = []
+        self._storages: list[tuple[str, StorageWeakRef]] = []
+
+    def __call__(self, name: str, tensor: torch.Tensor, dims: str) -> None:
+        storage = StorageWeakRef(tensor.untyped_storage())
+        view_of = next(
+            (n for n, ref in self._storages if not ref.expired() and ref.cdata == storage.cdata),
+            None,
+        )
+        self.stages.append(
+            Stage(
+                name=name,
+                dims=tuple(dims.split()),
+                shape=tuple(tensor.shape),
+                dtype=dtype_name(tensor.dtype),
+                bytes=tensor.numel() * tensor.element_size(),
+                device=str(tensor.device),
+                view_of=view_of,
+            )
+        )
+        if view_of is None:
+            self._storages.append((name, storage))
+
+
+def _no_record(name: str, tensor: torch.Tensor, dims: str) -> None:
+    pass
+
+
+def sinusoidal_positions(
+    seq_len: int, d_model: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)); (L, D)."""
+    position = torch.arange(seq_len, device=device, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    frequency = torch.exp(
+        torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
+        * (-math.log(10000.0) / d_model)
+    )  # (ceil(D/2),)
+    angles = position * frequency  # (L, ceil(D/2))
+    table = torch.empty(seq_len, d_model, device=device, dtype=dtype or torch.float32)  # (L, D)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table
+
+
+@dataclass
+class LayerOutput:
+    output: torch.Tensor  # (B, L, D): after residual + norm when norm == "post"
+    attention_output: torch.Tensor  # (B, L, D): W_o(concat), before any residual
+    weights: torch.Tensor | None  # (B, H, L, L) for impl "math" with keep_weights; else None
+
+
+class AttentionLayer(nn.Module):
+    """Embedding, positions, multi-head attention with explicit W_q, W_k, W_v, W_o, norm.
+
+    Parameters are created in the tutorial's order (embedding, then W_q, W_k, W_v, W_o)
+    so that ``torch.manual_seed(seed)`` before construction reproduces seed 000.
+    """
+
+    def __init__(self, config: LayerConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.config = config
+        d_model = config.d_model
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.W_q = nn.Linear(d_model, d_model, bias=config.bias)
+        self.W_k = nn.Linear(d_model, d_model, bias=config.bias)
+        self.W_v = nn.Linear(d_model, d_model, bias=config.bias)
+        self.W_o = nn.Linear(d_model, d_model, bias=config.bias)
+        self.norm = nn.LayerNorm(d_model) if config.norm == "post" else None
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        record: Callable[[str, torch.Tensor, str], None] = _no_record,
+        keep_weights: bool = True,
+    ) -> LayerOutput:
+        config = self.config
+        batch, seq_len = token_ids.shape
+        heads, d_k, d_model = config.heads, config.d_k, config.d_model
+        record("token_ids", token_ids, "B L")
+
+        # 1. tokens -> vectors (+ positions)
+        x = self.embedding(token_ids)  # (B, L, D)
+        record("embeddings", x, "B L D")
+        if config.pos == "sinusoidal":
+            positions = sinusoidal_positions(seq_len, d_model, x.device, x.dtype)  # (L, D)
+            record("positions", positions, "L D")
+            x = x + positions  # (B, L, D), positions broadcast over the batch
+            del positions
+            record("x", x, "B L D")
+
+        # 2. project, then split D into H heads of d_k (a view: no copy)
+        q = self.W_q(x)  # (B, L, D)
+        record("q", q, "B L D")
+        k = self.W_k(x)  # (B, L, D)
+        record("k", k, "B L D")
+        v = self.W_v(x)  # (B, L, D)
+        record("v", v, "B L D")
+        q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
+        record("q_heads", q, "B H L d_k")
+        k = k.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
+        record("k_heads", k, "B H L d_k")
+        v = v.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
+        record("v_heads", v, "B H L d_k")
+
+        # 3. scaled dot-product attention, per head
+        causal = config.mask == "causal"
+        weights = None
+        if config.impl == "math":
+            scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, L)
+            del q, k
+            record("scores", scores, "B H L L")
+            if causal:
+                allowed = causal_mask(seq_len, scores.device)  # (L, L), True = may attend
+                record("mask", allowed, "L L")
+                scores.masked_fill_(allowed.logical_not(), float("-inf"))
+                del allowed
+            weights = torch.softmax(scores, dim=-1)  # (B, H, L, L)
+            del scores
+            record("weights", weights, "B H L L")
+            attended = torch.matmul(weights, v)  # (B, H, L, d_k)
+            if not keep_weights:
+                weights = None
+        else:
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, H, L, d_k)
+            del q, k
+        del v
+        record("weighted_values", attended, "B H L d_k")
+
+        # 4. heads side by side again, then the output projection
+        concat = attended.transpose(1, 2).contiguous().view(batch, seq_len, d_model)  # (B, L, D)
+        del attended
+        record("concat", concat, "B L D")
+        attention_output = self.W_o(concat)  # (B, L, D)
+        del concat
+        record("output_projection", attention_output, "B L D")
+
+        # 5. residual + LayerNorm (post-norm, as in the original Transformer)
+        output = attention_output
+        if self.norm is not None:
+            residual = x + attention_output  # (B, L, D)
+            del x
+            record("residual", residual, "B L D")
+            output = self.norm(residual)  # (B, L, D)
+            del residual
+            record("norm", output, "B L D")
+        return LayerOutput(output, attention_output, weights)
+
+
+def causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """(L, L) bool, True = may attend (SDPA's convention): each query sees itself and earlier keys.
+
+    ``nn.MultiheadAttention`` wants the opposite (True = blocked): pass ``~causal_mask(L)``.
+    """
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril_()
+
+
+def resolve_device(spec: str) -> torch.device:
+    """auto = cuda, else mps, else cpu; a device that is not there is a usage error."""
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    mps = getattr(torch.backends, "mps", None)
+    mps_ok = bool(mps and mps.is_available())
+    if spec == "auto":
+        return torch.device("cuda" if cuda_count else "mps" if mps_ok else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec == "mps":
+        if not mps_ok:
+            raise AttnctlError("device mps is not available on this machine")
+        return torch.device("mps")
+    index = int(spec.partition(":")[2] or 0)
+    if index >= cuda_count:
+        have = f"{cuda_count} CUDA device(s)" if cuda_count else "no CUDA device"
+        raise AttnctlError(f"device {spec} is not available: torch sees {have}")
+    return torch.device(spec)

@@ -1,0 +1,170 @@
+"""The stages of one attention layer as data: names, named dims, shapes, dtypes, bytes.
+
+No torch here: ``attnctl shapes`` renders a plan and ``attnctl memory`` sums one.
+The torch layer (``layer.py``) records the same stages while it runs, and the tests
+hold the two equal, so what ``shapes`` predicts is what ``run`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.errors import AttnctlError
+from attnctl.trace import Stage
+
+MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)"
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return _product(self.shape)
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: LayerConfig
+    batch: int
+    seq_len: int
+    vocab_size: int
+    sizes: dict[str, int]  # symbol -> number, e.g. {"B": 1, "L": 4, "D": 512, ...}
+    stages: list[Stage] = field(default_factory=list)
+    parameters: list[Parameter] = field(default_factory=list)
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(p.count for p in self.parameters)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return self.parameter_count * DTYPE_BYTES[self.config.dtype]
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    total = 1
+    for n in shape:
+        total *= n
+    return total
+
+
+def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
+    """Every learnable tensor, named as ``AttentionLayer.named_parameters()`` names it."""
+    d = config.d_model
+    params = [Parameter("embedding.weight", (vocab_size, d))]
+    for proj in ("W_q", "W_k", "W_v", "W_o"):
+        params.append(Parameter(f"{proj}.weight", (d, d)))
+        if config.bias:
+            params.append(Parameter(f"{proj}.bias", (d,)))
+    if config.norm == "post":
+        params += [Parameter("norm.weight", (d,)), Parameter("norm.bias", (d,))]
+    return params
+
+
+def build_plan(
+    config: LayerConfig, seq_len: int, batch: int = 1, vocab_size: int = 1, device: str = ""
+) -> Plan:
+    """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens."""
+    if seq_len <= 0:
+        raise AttnctlError(f"seq-len must be a positive integer, got {seq_len}")
+    if batch <= 0:
+        raise AttnctlError(f"batch must be a positive integer, got {batch}")
+    sizes = {
+        "B": batch,
+        "L": seq_len,
+        "D": config.d_model,
+        "H": config.heads,
+        "d_k": config.d_k,
+        "V": vocab_size,
+    }
+    stages: list[Stage] = []
+
+    def add(name, dims, reads=(), *, dtype=config.dtype, view_of=None, what=""):
+        dim_names = tuple(dims.split())
+        shape = tuple(sizes[d] for d in dim_names)
+        nbytes = _product(shape) * DTYPE_BYTES[dtype]
+        stages.append(
+            Stage(name, dim_names, shape, dtype, nbytes, device, view_of, tuple(reads), what)
+        )
+        return name
+
+    ids = add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
+    x = add("embeddings", "B L D", (ids,), what="embedding lookup: one D-vector per token")
+    if config.pos == "sinusoidal":
+        pos = add("positions", "L D", what="sinusoidal position table")
+        x = add("x", "B L D", (x, pos), what="embeddings + positions")
+
+    for name in ("q", "k", "v"):
+        add(name, "B L D", (x,), what=f"x · W_{name}" + (" + b" if config.bias else ""))
+    heads = {
+        name: add(
+            f"{name}_heads",
+            "B H L d_k",
+            (name,),
+            view_of=name,
+            what="view (B, L, H, d_k), transpose(1, 2): no copy",
+        )
+        for name in ("q", "k", "v")
+    }
+
+    if config.impl == "math":
+        scores = add(
+            "scores", "B H L L", (heads["q"], heads["k"]), what="Q · Kᵀ / √d_k, one L×L per head"
+        )
+        if config.mask == "causal":
+            add(
+                "mask",
+                "L L",
+                (scores,),
+                dtype="bool",
+                what=f"causal; {MASK_CONVENTION}; blocked scores set to -inf in place",
+            )
+        weights = add("weights", "B H L L", (scores,), what="softmax over keys: rows sum to 1")
+        attended = add("weighted_values", "B H L d_k", (weights, heads["v"]), what="weights · V")
+    else:
+        attended = add(
+            "weighted_values",
+            "B H L d_k",
+            (heads["q"], heads["k"], heads["v"]),
+            what="F.scaled_dot_product_attention"
+            + (" (is_causal)" if config.mask == "causal" else "")
+            + ": weights never stored",
+        )
+    if config.impl == "math":
+        concat = add(
+            "concat",
+            "B L D",
+            (attended,),
+            what="transpose(1, 2).contiguous().view: heads side by side (a copy)",
+        )
+    else:
+        # The fused kernels write their output in (B, L, H, d_k) memory order already,
+        # so contiguous() after the transpose copies nothing (the run's trace confirms it).
+        concat = add(
+            "concat",
+            "B L D",
+            (attended,),
+            view_of=attended,
+            what="transpose(1, 2).contiguous().view: already contiguous, no copy",
+        )
+    out = add("output_projection", "B L D", (concat,), what="concat · W_o")
+    if config.norm == "post":
+        residual = add("residual", "B L D", (x, out), what="x + attention output")
+        add("norm", "B L D", (residual,), what="LayerNorm over D")
+
+    return Plan(
+        config=config,
+        batch=batch,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        sizes=sizes,
+        stages=stages,
+        parameters=layer_parameters(config, vocab_size),
+    )

@@ -1,0 +1,467 @@
+"""Rich renderables and JSON documents from plans, traces and memory estimates.
+
+Nothing here computes attention or prints: functions take data and return
+renderables (or dicts) that ``cli`` prints. Every piece of user text goes through
+:func:`printable` and into a ``Text`` object, so ``[red]`` stays literal and control
+characters show as escapes.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Any
+
+from rich import box
+from rich.color import Color
+from rich.columns import Columns
+from rich.console import Group, RenderableType
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.memory import MemoryEstimate, dtype_table, format_bytes
+from attnctl.plan import MASK_CONVENTION, Plan
+from attnctl.trace import Stage, Token, Trace
+
+MAX_ROWS = 32  # query rows shown per head before the middle ones are elided
+LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
+WIDE = 120  # from this width on, stage tables add a column explaining each stage
+
+
+# ---------------------------------------------------------------- text helpers
+
+
+def printable(text: str) -> str:
+    """User text made safe to show: control and format characters become escapes."""
+    out = []
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def token_label(token: Token, width: int | None = None) -> str:
+    label = printable(token.text)
+    if label.strip() == "":
+        label = label.replace(" ", "␣") or "∅"
+    if width is not None and len(label) > width:
+        label = label[: width - 1] + "…"
+    return label
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def config_line(config: LayerConfig) -> str:
+    return (
+        f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}) · "
+        f"pos {config.pos} · mask {config.mask} · norm {config.norm} · "
+        f"impl {config.impl} · bias {'on' if config.bias else 'off'}"
+    )
+
+
+def sizes_line(plan: Plan) -> str:
+    return "  ".join(f"{k}={v}" for k, v in plan.sizes.items())
+
+
+# ---------------------------------------------------------------- stage tables
+
+
+def stage_table(stages: list[Stage], width: int, plan: Plan, show_device: bool = True) -> Table:
+    """One row per stage: name, named dims, shape, dtype, (device), bytes, (what)."""
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title="stages",
+        title_justify="left",
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("stage", no_wrap=True)
+    table.add_column("dims", no_wrap=True)
+    table.add_column("shape", no_wrap=True)
+    table.add_column("dtype", no_wrap=True)
+    if show_device:
+        table.add_column("device", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    explain = width >= WIDE
+    if explain:
+        table.add_column("what", overflow="ellipsis", no_wrap=True)
+    what = {s.name: s.what for s in plan.stages}
+    for i, stage in enumerate(stages):
+        size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
+        row = [str(i), stage.name, " ".join(stage.dims), shape_text(stage.shape), stage.dtype]
+        if show_device:
+            row.append(stage.device)
+        row.append(size)
+        if explain:
+            row.append(what.get(stage.name, ""))
+        table.add_row(*row)
+    return table
+
+
+# ---------------------------------------------------------------- run
+
+
+def header(title: str, rows: list[tuple[str, str]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for key, value in rows:
+        grid.add_row(key, Text(value))
+    grid.title = title
+    grid.title_justify = "left"
+    grid.title_style = "bold"
+    return grid
+
+
+def token_table(tokens: list[Token]) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title="tokens",
+        title_justify="left",
+    )
+    table.add_column("pos", justify="right", no_wrap=True)
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("token", no_wrap=True)
+    table.add_column("chars", no_wrap=True)
+    table.add_column("note")
+    for i, token in enumerate(tokens):
+        note = ""
+        if token.pieces > 1:
+            note = f"piece {token.piece}/{token.pieces} of one character"
+        table.add_row(
+            str(i),
+            str(token.id),
+            Text(token_label(token)),
+            f"{token.start}:{token.end}",
+            note,
+        )
+    return table
+
+
+def _shade(weight: float) -> Style:
+    """Dark for 0, bright blue for 1 (sqrt, so small weights still show)."""
+    t = max(0.0, min(1.0, weight)) ** 0.5
+    low, high = (24, 24, 32), (40, 110, 235)
+    rgb = tuple(int(a + (b - a) * t) for a, b in zip(low, high, strict=True))
+    return Style(bgcolor=Color.from_rgb(*rgb), color="white")
+
+
+def _window(count: int, fit: int) -> tuple[list[int], int]:
+    """Indices to show when only ``fit`` of ``count`` fit: the first and the last ones.
+
+    Returns (indices, position of the elision marker or -1).
+    """
+    if count <= fit:
+        return list(range(count)), -1
+    fit = max(fit, 2)
+    head = (fit + 1) // 2
+    tail = fit - head
+    return list(range(head)) + list(range(count - tail, count)), head
+
+
+def weight_tables(
+    trace: Trace, heads: list[int], width: int, digits: int = 2, batch_row: int = 0
+) -> tuple[list[Table], list[str]]:
+    """One table per head: rows = query tokens, columns = key tokens, row maximum marked *."""
+    assert trace.attention is not None
+    tokens = trace.tokens[batch_row]
+    count = len(tokens)
+    cell = digits + 3  # "0.28*"
+    label_width = min(LABEL_WIDTH, max(len(token_label(t)) for t in tokens)) + len(str(count)) + 1
+    fit = max(2, (width - label_width - 4) // (cell + 2) - 1)
+    key_cols, key_gap = _window(count, fit)
+    query_rows, row_gap = _window(count, MAX_ROWS)
+    notes = []
+    if key_gap >= 0:
+        hidden = f"{key_cols[key_gap - 1] + 1}–{key_cols[key_gap] - 1}"
+        notes.append(
+            f"keys {hidden} of 0–{count - 1} hidden to fit {width} columns "
+            "(set COLUMNS wider to see more)"
+        )
+    if row_gap >= 0:
+        hidden = f"{query_rows[row_gap - 1] + 1}–{query_rows[row_gap] - 1}"
+        notes.append(f"query rows {hidden} hidden (at most {MAX_ROWS} rows are shown)")
+
+    def label(i: int) -> str:
+        return f"{i} {token_label(tokens[i], LABEL_WIDTH)}"
+
+    tables = []
+    for head in heads:
+        matrix = trace.attention[batch_row][head]
+        table = Table(
+            box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title=f"head {head}"
+        )
+        table.title_justify = "left"
+        table.add_column(Text("query \\ key"), no_wrap=True)
+        for pos, key in enumerate(key_cols):
+            if pos == key_gap:
+                table.add_column("…", no_wrap=True)
+            header_text = f"{key}\n{token_label(tokens[key], cell)}"
+            table.add_column(Text(header_text), justify="right", no_wrap=True, min_width=cell)
+        for pos, query in enumerate(query_rows):
+            if pos == row_gap:
+                table.add_row("⋮", *(["…"] * (len(key_cols) + (key_gap >= 0))))
+            row = matrix[query]
+            best = max(range(count), key=row.__getitem__)
+            cells: list[RenderableType] = [Text(label(query))]
+            for col_pos, key in enumerate(key_cols):
+                if col_pos == key_gap:
+                    cells.append("…")
+                mark = "*" if key == best else " "
+                cells.append(Text(f"{row[key]:.{digits}f}{mark}", style=_shade(row[key])))
+            table.add_row(*cells)
+        tables.append(table)
+    return tables, notes
+
+
+def memory_footer(estimate: MemoryEstimate) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.title = "memory"
+    grid.title_justify = "left"
+    grid.title_style = "bold"
+    grid.add_column(no_wrap=True)
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column()
+    grid.add_row(
+        "parameters",
+        format_bytes(estimate.parameter_bytes),
+        f"{estimate.parameters:,} values",
+    )
+    grid.add_row(
+        "activations",
+        format_bytes(estimate.activation_bytes),
+        "every stage that allocates, summed",
+    )
+    grid.add_row(
+        "attention matrices",
+        format_bytes(estimate.scores_bytes + estimate.weights_bytes),
+        f"scores {format_bytes(estimate.scores_bytes)} + weights "
+        f"{format_bytes(estimate.weights_bytes)} (B·H·L·L each)",
+    )
+    grid.add_row(
+        "peak",
+        format_bytes(estimate.peak_bytes),
+        f"parameters + activations alive at once (largest at {estimate.peak_stage})",
+    )
+    return grid
+
+
+def run_view(
+    text: str,
+    trace: Trace,
+    plan: Plan,
+    estimate: MemoryEstimate,
+    heads: list[int],
+    width: int,
+    digits: int = 2,
+) -> Group:
+    config = plan.config
+    parts: list[RenderableType] = [
+        header(
+            "attnctl run",
+            [
+                ("sentence", printable(text)),
+                ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
+                ("layer", config_line(config)),
+                ("device", f"{trace.device} · dtype {config.dtype} · seed {config.seed}"),
+            ],
+        ),
+        Text(""),
+        token_table(trace.tokens[0]),
+        stage_table(trace.stages, width, plan),
+    ]
+    if config.mask == "causal":
+        parts.append(Text(f"mask: {MASK_CONVENTION}", style="dim"))
+    if trace.attention is None:
+        parts.append(
+            Text("weights: not computed by --impl sdpa; use --impl math to see them", style="dim")
+        )
+    else:
+        tables, notes = weight_tables(trace, heads, width, digits)
+        parts.append(
+            Text(
+                "attention weights: rows = queries, columns = keys, each row sums to 1, "
+                "* = row maximum",
+                style="bold",
+            )
+        )
+        parts.append(Columns(tables, padding=(0, 3)))
+        parts.extend(Text(note, style="dim") for note in notes)
+    parts.append(Text(""))
+    parts.append(memory_footer(estimate))
+    return Group(*parts)
+
+
+# ---------------------------------------------------------------- shapes and memory
+
+
+def shapes_view(plan: Plan, width: int) -> Group:
+    config = plan.config
+    return Group(
+        header(
+            "attnctl shapes",
+            [
+                ("layer", config_line(config)),
+                ("dtype", f"{config.dtype} · device {config.device}"),
+                ("sizes", sizes_line(plan)),
+            ],
+        ),
+        Text(""),
+        stage_table(plan.stages, width, plan, show_device=False),
+    )
+
+
+def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
+    config = plan.config
+    sizes = plan.sizes
+    params = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title="parameters",
+        title_justify="left",
+    )
+    for name, justify in (("name", "left"), ("shape", "left"), ("count", "right")):
+        params.add_column(name, justify=justify, no_wrap=True)
+    params.add_column("bytes", justify="right", no_wrap=True)
+    element = DTYPE_BYTES[config.dtype]
+    for p in plan.parameters:
+        params.add_row(p.name, shape_text(p.shape), f"{p.count:,}", format_bytes(p.count * element))
+    params.add_row("total", "", f"{estimate.parameters:,}", format_bytes(estimate.parameter_bytes))
+
+    stages = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title="activations",
+        title_justify="left",
+    )
+    for name in ("#", "stage", "shape", "bytes", "alive during"):
+        stages.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
+    for i, stage in enumerate(plan.stages):
+        size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
+        alive = format_bytes(estimate.live_bytes[i])
+        if stage.name == estimate.peak_stage:
+            alive += " ◀ peak"
+        stages.add_row(str(i), stage.name, shape_text(stage.shape), size, alive)
+
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(no_wrap=True)
+    summary.add_column(justify="right", no_wrap=True)
+    summary.add_column()
+    elem = DTYPE_BYTES[config.dtype]
+    summary.add_row(
+        "one attention matrix",
+        format_bytes(estimate.attention_matrix_bytes),
+        f"B·H·L·L·{elem} = {sizes['B']}·{sizes['H']}·{sizes['L']}·{sizes['L']}·{elem} bytes",
+    )
+    summary.add_row("scores", format_bytes(estimate.scores_bytes), _built(estimate.scores_bytes))
+    summary.add_row("weights", format_bytes(estimate.weights_bytes), _built(estimate.weights_bytes))
+    summary.add_row(
+        "activations", format_bytes(estimate.activation_bytes), "every allocating stage, summed"
+    )
+    summary.add_row(
+        "peak",
+        format_bytes(estimate.peak_bytes),
+        f"parameters + activations alive at once (at {estimate.peak_stage})",
+    )
+
+    dtypes = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title="by dtype",
+        title_justify="left",
+    )
+    for name in ("dtype", "parameters", "activations", "attention matrix", "peak"):
+        dtypes.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
+    for dtype, other in dtype_table(plan):
+        dtypes.add_row(
+            dtype,
+            format_bytes(other.parameter_bytes),
+            format_bytes(other.activation_bytes),
+            format_bytes(other.attention_matrix_bytes),
+            format_bytes(other.peak_bytes),
+        )
+    return Group(
+        header(
+            "attnctl memory",
+            [
+                ("layer", config_line(config)),
+                ("dtype", config.dtype),
+                ("sizes", sizes_line(plan)),
+            ],
+        ),
+        Text(""),
+        params,
+        stages,
+        summary,
+        Text(""),
+        dtypes,
+    )
+
+
+def _built(nbytes: int) -> str:
+    return "B·H·L·L" if nbytes else "never built (--impl sdpa keeps O(B·H·L) extra)"
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def memory_dict(estimate: MemoryEstimate) -> dict[str, int | str]:
+    return {
+        "parameters": estimate.parameters,
+        "parameters_bytes": estimate.parameter_bytes,
+        "activation_bytes": estimate.activation_bytes,
+        "attention_matrix_bytes": estimate.attention_matrix_bytes,
+        "scores_bytes": estimate.scores_bytes,
+        "weights_bytes": estimate.weights_bytes,
+        "peak_activation_bytes": estimate.peak_activation_bytes,
+        "peak_bytes": estimate.peak_bytes,
+        "peak_stage": estimate.peak_stage,
+    }
+
+
+def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
+    return {
+        "config": plan.config.to_dict(),
+        "tokenizer": trace.tokenizer,
+        "vocab_size": trace.vocab_size,
+        "device": trace.device,
+        "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
+        "stages": [s.to_dict() for s in trace.stages],
+        "attention": trace.attention,
+        "memory": memory_dict(estimate),
+    }
+
+
+def shapes_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "config": plan.config.to_dict(),
+        "seq_len": plan.seq_len,
+        "batch": plan.batch,
+        "sizes": plan.sizes,
+        "stages": [s.to_dict() for s in plan.stages],
+    }
+
+
+def memory_json(plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
+    stages = []
+    for stage, live in zip(plan.stages, estimate.live_bytes, strict=True):
+        stages.append({**stage.to_dict(), "live_bytes": live})
+    return {
+        "config": plan.config.to_dict(),
+        "seq_len": plan.seq_len,
+        "batch": plan.batch,
+        **memory_dict(estimate),
+        "by_dtype": {dtype: memory_dict(other) for dtype, other in dtype_table(plan)},
+        "stages": stages,
+    }

@@ -1,0 +1,112 @@
+"""Tokenizers: the bundled byte-level BPE, any tokenizer.json, or one token per character.
+
+Labels come from the tokenizer's character offsets, so a Chinese character shows as
+猫, never as the byte-level string ``çĮ«``. Several tokens that cover the same
+character span (an unmerged CJK character split into bytes) are numbered as pieces.
+`tokenizers` is imported only when a BPE tokenizer is actually loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnctl.errors import AttnctlError
+from attnctl.trace import Token
+
+BUNDLED_PATH = Path(__file__).resolve().parent / "data" / "tokenizer.json"
+
+
+def tokenizer_path(spec: str) -> Path | None:
+    """The tokenizer.json a spec names; None for the char tokenizer."""
+    if spec == "char":
+        return None
+    path = BUNDLED_PATH if spec == "bundled" else Path(spec).expanduser()
+    if not path.is_file():
+        raise AttnctlError(f"tokenizer file not found: {spec}")
+    return path
+
+
+def vocab_size(spec: str, seq_len: int) -> int:
+    """Vocabulary size without importing `tokenizers` (for `shapes` and `memory`).
+
+    For ``char`` the vocabulary is the input's distinct characters: at most ``seq_len``.
+    """
+    path = tokenizer_path(spec)
+    if path is None:
+        return seq_len
+    data = _read_json(path)
+    try:
+        ids = set(data["model"]["vocab"].values())
+        ids.update(t["id"] for t in data.get("added_tokens") or [])
+    except (KeyError, TypeError, AttributeError) as error:
+        raise AttnctlError(f"malformed tokenizer {spec}: no model.vocab ({error})") from error
+    return max(ids) + 1 if ids else 0
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AttnctlError(f"malformed tokenizer {path}: {error}") from error
+    if not isinstance(data, dict):
+        raise AttnctlError(f"malformed tokenizer {path}: expected a JSON object")
+    return data
+
+
+@dataclass
+class Encoded:
+    """A tokenized text: tokens with labels, and the size of the vocabulary they index."""
+
+    tokens: list[Token]
+    vocab_size: int
+    name: str  # for the header: "bundled BPE", "char", or the path
+    vocab: dict[str, int] = field(default_factory=dict)
+
+
+def encode(text: str, spec: str) -> Encoded:
+    if text == "":
+        raise AttnctlError("the sentence is empty; give some text to tokenize")
+    path = tokenizer_path(spec)
+    encoded = _encode_chars(text) if path is None else _encode_bpe(text, path, spec)
+    if not encoded.tokens:
+        raise AttnctlError(f"the tokenizer produced no tokens for {text!r}")
+    return encoded
+
+
+def _encode_chars(text: str) -> Encoded:
+    """One token per character; ids in order of first appearance (猫吃鱼 -> 0, 1, 2)."""
+    vocab: dict[str, int] = {}
+    tokens = []
+    for i, char in enumerate(text):
+        token_id = vocab.setdefault(char, len(vocab))
+        tokens.append(Token(token_id, char, i, i + 1))
+    return Encoded(tokens, len(vocab), "char", vocab)
+
+
+def _encode_bpe(text: str, path: Path, spec: str) -> Encoded:
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises plain Exception on bad files
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise AttnctlError(f"malformed tokenizer {spec}: {reason}") from error
+    encoding = tokenizer.encode(text)
+    spans = list(encoding.offsets)
+    tokens = []
+    special = encoding.special_tokens_mask
+    for i, (token_id, (start, end)) in enumerate(zip(encoding.ids, spans, strict=True)):
+        if special[i]:  # [CLS], <s>: no text of their own, show the token itself
+            label = encoding.tokens[i]
+        elif end > start:
+            label = text[start:end]
+        else:  # a whitespace token whose offsets were trimmed to nothing
+            label = tokenizer.decode([token_id], skip_special_tokens=False)
+        pieces = spans.count((start, end)) if end > start else 1
+        piece = spans[: i + 1].count((start, end)) if end > start else 1
+        tokens.append(Token(token_id, label, start, end, pieces, piece))
+    name = "bundled BPE" if spec == "bundled" else str(path)
+    return Encoded(tokens, tokenizer.get_vocab_size(), name)

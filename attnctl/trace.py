@@ -1,0 +1,63 @@
+"""Plain data shared by the plan (predicted) and the run (recorded). Standard library only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One tensor an attention layer produces, predicted by the plan or recorded by a run."""
+
+    name: str
+    dims: tuple[str, ...]  # named dims, e.g. ("B", "H", "L", "d_k")
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int  # numel * element size, whether or not it owns its memory
+    device: str = ""
+    view_of: str | None = None  # the earlier stage whose memory this one shares (no new bytes)
+    reads: tuple[str, ...] = ()  # stages this one is computed from (plan only; for liveness)
+    what: str = ""  # one line for people (plan only)
+
+    @property
+    def allocates(self) -> bool:
+        return self.view_of is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "dims": list(self.dims),
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "device": self.device,
+            "bytes": self.bytes,
+            "view_of": self.view_of,
+        }
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token: its id, the text span it covers in the input, and that span's offsets."""
+
+    id: int
+    text: str
+    start: int
+    end: int
+    pieces: int = 1  # >1 when several tokens share one character span (a CJK char in bytes)
+    piece: int = 1  # which of those pieces this is, 1-based
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "text": self.text, "start": self.start, "end": self.end}
+
+
+@dataclass
+class Trace:
+    """What one real run produced: tokens, recorded stages, per-head weights (if computed)."""
+
+    tokens: list[list[Token]]  # one list per batch row
+    stages: list[Stage]
+    attention: list | None  # nested lists (B, H, Lq, Lk) as Python floats, or None (sdpa)
+    device: str
+    tokenizer: str  # "bundled BPE", "char", or a path
+    vocab_size: int
