@@ -13,7 +13,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -103,27 +103,27 @@ def _main(
 # ---------------------------------------------------------------- layer options
 
 
-class Pos(str, Enum):
+class Pos(StrEnum):
     sinusoidal = "sinusoidal"
     none = "none"
 
 
-class Mask(str, Enum):
+class Mask(StrEnum):
     none = "none"
     causal = "causal"
 
 
-class Norm(str, Enum):
+class Norm(StrEnum):
     post = "post"
     none = "none"
 
 
-class Impl(str, Enum):
+class Impl(StrEnum):
     math = "math"
     sdpa = "sdpa"
 
 
-class DType(str, Enum):
+class DType(StrEnum):
     float32 = "float32"
     float16 = "float16"
     bfloat16 = "bfloat16"

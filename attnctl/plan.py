@@ -137,23 +137,18 @@ def build_plan(
             + (" (is_causal)" if config.mask == "causal" else "")
             + ": weights never stored",
         )
-    if config.impl == "math":
-        concat = add(
-            "concat",
-            "B L D",
-            (attended,),
-            what="transpose(1, 2).contiguous().view: heads side by side (a copy)",
-        )
-    else:
-        # The fused kernels write their output in (B, L, H, d_k) memory order already,
-        # so contiguous() after the transpose copies nothing (the run's trace confirms it).
-        concat = add(
-            "concat",
-            "B L D",
-            (attended,),
-            view_of=attended,
-            what="transpose(1, 2).contiguous().view: already contiguous, no copy",
-        )
+    # transpose(1, 2).contiguous() copies only when the memory order really changes: not
+    # when H == 1 or L == 1 (size-1 dims don't count), and not after the fused kernels,
+    # which write (B, L, H, d_k) order already. The run's trace confirms each case.
+    no_copy = config.impl == "sdpa" or config.heads == 1 or seq_len == 1
+    concat = add(
+        "concat",
+        "B L D",
+        (attended,),
+        view_of=attended if no_copy else None,
+        what="transpose(1, 2).contiguous().view: heads side by side"
+        + (" (already in order: no copy)" if no_copy else " (a copy)"),
+    )
     out = add("output_projection", "B L D", (concat,), what="concat · W_o")
     if config.norm == "post":
         residual = add("residual", "B L D", (x, out), what="x + attention output")

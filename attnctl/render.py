@@ -68,18 +68,22 @@ def sizes_line(plan: Plan) -> str:
     return "  ".join(f"{k}={v}" for k, v in plan.sizes.items())
 
 
+def _table(title: str) -> Table:
+    return Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        title=title,
+        title_justify="left",
+    )
+
+
 # ---------------------------------------------------------------- stage tables
 
 
 def stage_table(stages: list[Stage], width: int, plan: Plan, show_device: bool = True) -> Table:
     """One row per stage: name, named dims, shape, dtype, (device), bytes, (what)."""
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        title="stages",
-        title_justify="left",
-    )
+    table = _table("stages")
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("stage", no_wrap=True)
     table.add_column("dims", no_wrap=True)
@@ -120,13 +124,7 @@ def header(title: str, rows: list[tuple[str, str]]) -> Table:
 
 
 def token_table(tokens: list[Token]) -> Table:
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        title="tokens",
-        title_justify="left",
-    )
+    table = _table("tokens")
     table.add_column("pos", justify="right", no_wrap=True)
     table.add_column("id", justify="right", no_wrap=True)
     table.add_column("token", no_wrap=True)
@@ -196,10 +194,7 @@ def weight_tables(
     tables = []
     for head in heads:
         matrix = trace.attention[batch_row][head]
-        table = Table(
-            box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title=f"head {head}"
-        )
-        table.title_justify = "left"
+        table = _table(f"head {head}")
         table.add_column(Text("query \\ key"), no_wrap=True)
         for pos, key in enumerate(key_cols):
             if pos == key_gap:
@@ -322,13 +317,7 @@ def shapes_view(plan: Plan, width: int) -> Group:
 def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
     config = plan.config
     sizes = plan.sizes
-    params = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        title="parameters",
-        title_justify="left",
-    )
+    params = _table("parameters")
     for name, justify in (("name", "left"), ("shape", "left"), ("count", "right")):
         params.add_column(name, justify=justify, no_wrap=True)
     params.add_column("bytes", justify="right", no_wrap=True)
@@ -337,13 +326,7 @@ def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
         params.add_row(p.name, shape_text(p.shape), f"{p.count:,}", format_bytes(p.count * element))
     params.add_row("total", "", f"{estimate.parameters:,}", format_bytes(estimate.parameter_bytes))
 
-    stages = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        title="activations",
-        title_justify="left",
-    )
+    stages = _table("activations")
     for name in ("#", "stage", "shape", "bytes", "alive during"):
         stages.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
     for i, stage in enumerate(plan.stages):
@@ -374,13 +357,7 @@ def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
         f"parameters + activations alive at once (at {estimate.peak_stage})",
     )
 
-    dtypes = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        title="by dtype",
-        title_justify="left",
-    )
+    dtypes = _table("by dtype")
     for name in ("dtype", "parameters", "activations", "attention matrix", "peak"):
         dtypes.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
     for dtype, other in dtype_table(plan):

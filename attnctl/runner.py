@@ -30,12 +30,16 @@ def run_text(text: str, config: LayerConfig) -> Trace:
             result = layer(token_ids, record)
             weights = None if result.weights is None else result.weights.float().cpu().tolist()
     except torch.OutOfMemoryError as error:
-        raise AttnctlError(f"out of memory on {device}: {_first_line(error)}", exit_code=RUNTIME)
+        raise AttnctlError(
+            f"out of memory on {device}: {_first_line(error)}", exit_code=RUNTIME
+        ) from error
     except RuntimeError as error:
         message = _first_line(error)
         if "memory" in message or "allocate" in message:
-            raise AttnctlError(f"out of memory on {device}: {message}", exit_code=RUNTIME)
-        raise AttnctlError(f"the layer failed on {device}: {message}", exit_code=RUNTIME)
+            raise AttnctlError(
+                f"out of memory on {device}: {message}", exit_code=RUNTIME
+            ) from error
+        raise AttnctlError(f"the layer failed on {device}: {message}", exit_code=RUNTIME) from error
     return Trace(
         tokens=[encoded.tokens],
         stages=record.stages,

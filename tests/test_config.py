@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnctl.config import LayerConfig, build_config, divisors, load_preset, preset_names
+from attnctl.errors import AttnctlError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_are_the_transformer_base_preset():
+    assert build_config() == build_config("transformer-base") == LayerConfig()
+    assert (LayerConfig().d_model, LayerConfig().heads) == (512, 8)
+
+
+def test_presets_exist_and_load():
+    assert {"cat-eats-fish", "are-you-ok", "transformer-base"} <= set(preset_names())
+    fish = build_config("cat-eats-fish")
+    assert (fish.d_model, fish.heads, fish.pos, fish.norm, fish.tokenizer, fish.seed) == (
+        8, 2, "none", "none", "char", 42,
+    )  # fmt: skip
+    ok = build_config(str(ROOT / "configs" / "are-you-ok.toml"))
+    assert (ok.d_model, ok.heads, ok.norm, ok.pos) == (64, 8, "post", "sinusoidal")
+
+
+def test_command_line_overrides_the_file():
+    config = build_config("cat-eats-fish", heads=4, pos="sinusoidal")
+    assert (config.d_model, config.heads, config.pos, config.tokenizer) == (
+        8,
+        4,
+        "sinusoidal",
+        "char",
+    )
+
+
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("colour = 3\n", "unknown key 'colour'"),
+        ("heads = 'eight'\n", "heads must be int"),
+        ("heads = true\n", "heads must be int"),
+        ("bias = 1\n", "bias must be bool"),
+        ("pos = 'rope'\n", "pos must be one of sinusoidal, none"),
+        ("heads = [\n", "malformed config"),
+        ("d_model = 10\nheads = 4\n", "head counts that work: 1, 2, 5, 10"),
+    ],
+)
+def test_bad_files_are_named_errors(tmp_path, text, fragment):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(AttnctlError) as caught:
+        build_config(str(path))
+    assert fragment in caught.value.message
+    assert caught.value.exit_code == 2
+
+
+def test_missing_preset_and_file():
+    with pytest.raises(AttnctlError, match="unknown preset 'nope'; presets: are-you-ok"):
+        load_preset("nope")
+    with pytest.raises(AttnctlError, match=r"config file not found: missing\.toml"):
+        load_preset("missing.toml")
+
+
+@given(d_model=st.integers(-4, 2048), heads=st.integers(-4, 600))
+def test_validation_accepts_exactly_the_buildable_layers(d_model, heads):
+    buildable = d_model > 0 and heads > 0 and d_model % heads == 0
+    try:
+        config = build_config(d_model=d_model, heads=heads)
+    except AttnctlError as error:
+        assert not buildable
+        assert error.exit_code == 2
+        if d_model > 0 and heads > 0:
+            listed = error.message.rsplit(": ", 1)[1].split(", ")
+            assert [int(h) for h in listed] == divisors(d_model)
+            assert f"heads={heads}" in error.message
+    else:
+        assert buildable
+        assert config.d_k * config.heads == d_model
+
+
+@given(device=st.text(max_size=12))
+def test_device_names_are_checked_without_torch(device):
+    valid = device in ("auto", "cpu", "mps", "cuda") or (
+        device.startswith("cuda:") and device[5:].isdigit() and device[5:].isascii()
+    )
+    try:
+        build_config(device=device)
+    except AttnctlError as error:
+        assert not valid and "unknown device" in error.message
+    else:
+        assert valid
+
+
+def test_installed_wheel_carries_the_presets_and_tokenizer(tmp_path):
+    wheel_dir = tmp_path / "wheel"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(wheel_dir), str(ROOT)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    import zipfile
+
+    (wheel,) = wheel_dir.glob("attnctl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "attnctl/configs/cat-eats-fish.toml" in names
+    assert "attnctl/data/tokenizer.json" in names
