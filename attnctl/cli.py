@@ -259,6 +259,12 @@ def shapes(
 def memory(
     seq_len: SeqLenOption = 2048,
     batch: BatchOption = 1,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure", help="Also run the layer and measure its memory (imports torch)."
+        ),
+    ] = False,
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
@@ -266,11 +272,16 @@ def memory(
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
     plan = build_plan(layer, seq_len, batch, vocab_size(layer.tokenizer, seq_len), layer.device)
     result = estimate(plan)
+    measured = None
+    if measure:
+        from attnctl.measure import measure_forward
+
+        measured = measure_forward(layer, plan)
     if as_json:
-        _print_json(memory_json(plan, result))
+        _print_json(memory_json(plan, result, measured))
         return
     console = _console()
-    console.print(memory_view(plan, result, console.width))
+    console.print(memory_view(plan, result, console.width, measured))
 
 
 def main() -> None:

@@ -83,7 +83,7 @@ def sinusoidal_positions(
 @dataclass
 class LayerOutput:
     output: torch.Tensor  # (B, L, D): after residual + norm when norm == "post"
-    attention_output: torch.Tensor  # (B, L, D): W_o(concat), before any residual
+    attention_output: torch.Tensor  # (B, L, D): W_o(concat), before any residual (kept: returned)
     weights: torch.Tensor | None  # (B, H, L, L) for impl "math" with keep_weights; else None
 
 
@@ -132,6 +132,8 @@ class AttentionLayer(nn.Module):
         k = self.W_k(x)  # (B, L, D)
         record("k", k, "B L D")
         v = self.W_v(x)  # (B, L, D)
+        if self.norm is None:
+            del x  # no residual: x is not needed again
         record("v", v, "B L D")
         q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
         record("q_heads", q, "B H L d_k")

@@ -48,12 +48,14 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
     for i, stage in enumerate(plan.stages):
         for read in stage.reads:
             last_use[owner[read]] = max(last_use[owner[read]], i)
-    last_use["token_ids"] = last  # the caller holds the input ids throughout
-    last_use[plan.stages[-1].name] = last  # the output outlives the layer
+    # the caller holds the input ids; the layer returns its output and the attention output
+    for held in ("token_ids", "output_projection", plan.stages[-1].name):
+        last_use[held] = last
     nbytes = {s.name: s.bytes for s in plan.stages}
     return [
-        sum(nbytes[name] for name, end in last_use.items() if index[name] <= i <= end)
-        for i in range(len(plan.stages))
+        stage.scratch
+        + sum(nbytes[name] for name, end in last_use.items() if index[name] <= i <= end)
+        for i, stage in enumerate(plan.stages)
     ]
 
 

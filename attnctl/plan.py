@@ -86,19 +86,29 @@ def build_plan(
     }
     stages: list[Stage] = []
 
-    def add(name, dims, reads=(), *, dtype=config.dtype, view_of=None, what=""):
+    def add(name, dims, reads=(), *, dtype=config.dtype, view_of=None, what="", scratch=0):
         dim_names = tuple(dims.split())
         shape = tuple(sizes[d] for d in dim_names)
         nbytes = _product(shape) * DTYPE_BYTES[dtype]
         stages.append(
-            Stage(name, dim_names, shape, dtype, nbytes, device, view_of, tuple(reads), what)
+            Stage(
+                name, dim_names, shape, dtype, nbytes, device, view_of, tuple(reads), what, scratch
+            )
         )
         return name
 
     ids = add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
     x = add("embeddings", "B L D", (ids,), what="embedding lookup: one D-vector per token")
     if config.pos == "sinusoidal":
-        pos = add("positions", "L D", what="sinusoidal position table")
+        # float32 scratch while the table is built: positions (L), frequencies (⌈D/2⌉),
+        # angles (L·⌈D/2⌉) and sin(angles) (L·⌈D/2⌉) before it is written into the table
+        half = (config.d_model + 1) // 2
+        pos = add(
+            "positions",
+            "L D",
+            what="sinusoidal position table",
+            scratch=4 * (seq_len + half + 2 * seq_len * half),
+        )
         x = add("x", "B L D", (x, pos), what="embeddings + positions")
 
     for name in ("q", "k", "v"):

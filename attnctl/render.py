@@ -9,7 +9,7 @@ characters show as escapes.
 from __future__ import annotations
 
 import unicodedata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.color import Color
@@ -23,6 +23,9 @@ from attnctl.config import DTYPE_BYTES, LayerConfig
 from attnctl.memory import MemoryEstimate, dtype_table, format_bytes
 from attnctl.plan import MASK_CONVENTION, Plan
 from attnctl.trace import Stage, Token, Trace
+
+if TYPE_CHECKING:  # measure.py imports torch; render only reads its result
+    from attnctl.measure import Measurement as Measured
 
 MAX_ROWS = 32  # query rows shown per head before the middle ones are elided
 LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
@@ -314,7 +317,9 @@ def shapes_view(plan: Plan, width: int) -> Group:
     )
 
 
-def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
+def memory_view(
+    plan: Plan, estimate: MemoryEstimate, width: int, measured: Measured | None = None
+) -> Group:
     config = plan.config
     sizes = plan.sizes
     params = _table("parameters")
@@ -327,14 +332,29 @@ def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
     params.add_row("total", "", f"{estimate.parameters:,}", format_bytes(estimate.parameter_bytes))
 
     stages = _table("activations")
-    for name in ("#", "stage", "shape", "bytes", "alive during"):
+    # with a measurement, compare it with the estimate instead of repeating shapes
+    headings = ["#", "stage"]
+    headings += ["shape", "bytes", "alive during"] if measured is None else ["estimated"]
+    headings += ["measured", "diff"] if measured is not None else []
+    for name in headings:
         stages.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
     for i, stage in enumerate(plan.stages):
-        size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
         alive = format_bytes(estimate.live_bytes[i])
         if stage.name == estimate.peak_stage:
             alive += " ◀ peak"
-        stages.add_row(str(i), stage.name, shape_text(stage.shape), size, alive)
+        if measured is None:
+            size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
+            row = [str(i), stage.name, shape_text(stage.shape), size, alive]
+        else:
+            got = measured.stage_peak_bytes[i]
+            row = [
+                str(i),
+                stage.name,
+                alive,
+                format_bytes(got),
+                _percent(estimate.live_bytes[i], got),
+            ]
+        stages.add_row(*row)
 
     summary = Table.grid(padding=(0, 2))
     summary.add_column(no_wrap=True)
@@ -356,6 +376,13 @@ def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
         format_bytes(estimate.peak_bytes),
         f"parameters + activations alive at once (at {estimate.peak_stage})",
     )
+    if measured is not None:
+        summary.add_row(
+            "measured peak",
+            format_bytes(measured.peak_bytes),
+            f"on {measured.device} by {measured.method}; estimate "
+            f"{_percent(estimate.peak_bytes, measured.peak_bytes)} vs measured",
+        )
 
     dtypes = _table("by dtype")
     for name in ("dtype", "parameters", "activations", "attention matrix", "peak"):
@@ -384,6 +411,10 @@ def memory_view(plan: Plan, estimate: MemoryEstimate, width: int) -> Group:
         Text(""),
         dtypes,
     )
+
+
+def _percent(estimated: int, measured: int) -> str:
+    return f"{(estimated - measured) / measured * 100:+.2f}%" if measured else "n/a"
 
 
 def _built(nbytes: int) -> str:
@@ -430,11 +461,16 @@ def shapes_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def memory_json(plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
+def memory_json(
+    plan: Plan, estimate: MemoryEstimate, measured: Measured | None = None
+) -> dict[str, Any]:
     stages = []
-    for stage, live in zip(plan.stages, estimate.live_bytes, strict=True):
-        stages.append({**stage.to_dict(), "live_bytes": live})
-    return {
+    for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
+        entry = {**stage.to_dict(), "live_bytes": live, "scratch_bytes": stage.scratch}
+        if measured is not None:
+            entry["measured_live_bytes"] = measured.stage_peak_bytes[i]
+        stages.append(entry)
+    document: dict[str, Any] = {
         "config": plan.config.to_dict(),
         "seq_len": plan.seq_len,
         "batch": plan.batch,
@@ -442,3 +478,8 @@ def memory_json(plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
         "by_dtype": {dtype: memory_dict(other) for dtype, other in dtype_table(plan)},
         "stages": stages,
     }
+    if measured is not None:
+        document["measured_peak_bytes"] = measured.peak_bytes
+        document["measured_device"] = measured.device
+        document["measured_by"] = measured.method
+    return document

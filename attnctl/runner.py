@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 from attnctl.config import LayerConfig
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.tokenize import encode
@@ -13,8 +11,6 @@ from attnctl.trace import Trace
 def run_text(text: str, config: LayerConfig) -> Trace:
     """Tokenize ``text`` and run one seeded attention layer over it."""
     encoded = encode(text, config.tokenizer)
-    # torch warns at import when numpy is absent; attnctl does not use numpy
-    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
     from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device

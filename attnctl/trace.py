@@ -19,6 +19,7 @@ class Stage:
     view_of: str | None = None  # the earlier stage whose memory this one shares (no new bytes)
     reads: tuple[str, ...] = ()  # stages this one is computed from (plan only; for liveness)
     what: str = ""  # one line for people (plan only)
+    scratch: int = 0  # temporary bytes alive only while this stage is computed (plan only)
 
     @property
     def allocates(self) -> bool:

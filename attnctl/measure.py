@@ -1,0 +1,138 @@
+"""Measure the memory a real forward pass holds, stage by stage, to check the estimate.
+
+On CPU a ``TorchDispatchMode`` sees every tensor each aten op returns (including the
+temporaries inside composite ops such as ``matmul``) and holds its storage by weak
+reference: live bytes are the storages not yet freed, and the peak is taken right
+after each op, when its output and inputs are alive together. Buffers a kernel
+allocates and frees inside itself are invisible there. On CUDA the allocator's own
+``max_memory_allocated`` is used, which sees those too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from attnctl.config import LayerConfig
+from attnctl.errors import RUNTIME, AttnctlError
+from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device
+from attnctl.plan import Plan
+
+
+@dataclass(frozen=True)
+class Measurement:
+    device: str
+    parameter_bytes: int
+    peak_activation_bytes: int
+    stage_peak_bytes: tuple[int, ...]  # activation bytes alive at the busiest moment of each stage
+    method: str  # how it was measured, for the report
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.parameter_bytes + self.peak_activation_bytes
+
+
+class LiveStorages(TorchDispatchMode):
+    """Tracks the bytes of every storage an op produces until it is freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = 0
+        self.peak = 0
+        self.window_peak = 0
+
+    def add(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        ref = StorageWeakRef(storage)
+        if ref.cdata not in self._live:
+            self._live[ref.cdata] = (ref, storage.nbytes())
+            self.current += storage.nbytes()
+
+    def _forget_freed(self) -> None:
+        for key, (ref, nbytes) in list(self._live.items()):
+            if ref.expired():
+                del self._live[key]
+                self.current -= nbytes
+
+    def take_window_peak(self) -> int:
+        """The peak since the last call (one stage's window); starts the next window."""
+        self._forget_freed()
+        peak, self.window_peak = self.window_peak, self.current
+        return peak
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._forget_freed()
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.add(leaf)
+        self.peak = max(self.peak, self.current)
+        self.window_peak = max(self.window_peak, self.current)
+        return out
+
+
+def measure_forward(config: LayerConfig, plan: Plan) -> Measurement:
+    """Run the layer once at the plan's batch and length, on the configured device."""
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).eval()
+    parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
+    token_ids = torch.randint(0, plan.vocab_size, (plan.batch, plan.seq_len), device=device)
+    try:
+        if device.type == "cuda":
+            return _measure_cuda(layer, token_ids, parameter_bytes)
+        return _measure_dispatch(layer, token_ids, parameter_bytes, str(device))
+    except torch.OutOfMemoryError as error:
+        raise AttnctlError(
+            f"out of memory on {device} while measuring", exit_code=RUNTIME
+        ) from error
+
+
+def _measure_dispatch(
+    layer: AttentionLayer, token_ids: torch.Tensor, parameter_bytes: int, device: str
+) -> Measurement:
+    tracker = LiveStorages()
+    stage_peaks: list[int] = []
+    recorder = Recorder()
+
+    def record(name: str, tensor: torch.Tensor, dims: str) -> None:
+        recorder(name, tensor, dims)
+        stage_peaks.append(tracker.take_window_peak())
+
+    tracker.add(token_ids)
+    with torch.inference_mode(), tracker:
+        tracker.take_window_peak()
+        output = layer(token_ids, record, keep_weights=False)
+    del output
+    return Measurement(
+        device, parameter_bytes, tracker.peak, tuple(stage_peaks), "live tensor storages"
+    )
+
+
+def _measure_cuda(
+    layer: AttentionLayer, token_ids: torch.Tensor, parameter_bytes: int
+) -> Measurement:
+    device = token_ids.device
+    stage_peaks: list[int] = []
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device) - token_ids.untyped_storage().nbytes()
+    torch.cuda.reset_peak_memory_stats(device)
+
+    def record(name: str, tensor: torch.Tensor, dims: str) -> None:
+        torch.cuda.synchronize(device)
+        stage_peaks.append(torch.cuda.max_memory_allocated(device) - base)
+        torch.cuda.reset_peak_memory_stats(device)
+
+    with torch.inference_mode():
+        output = layer(token_ids, record, keep_weights=False)
+        torch.cuda.synchronize(device)
+    del output
+    peak = max(stage_peaks)
+    return Measurement(
+        str(device), parameter_bytes, peak, tuple(stage_peaks), "torch.cuda.max_memory_allocated"
+    )
