@@ -64,7 +64,9 @@ class _OneLineErrors(TyperGroup):
 def _fail(message: str, code: int, error: BaseException) -> None:
     if _state["debug"]:
         traceback.print_exception(error)
-    first = printable(message.strip().splitlines()[0] if message.strip() else "error")
+    if not message.strip():  # "no arguments": click has printed the help already
+        sys.exit(code)
+    first = printable(message.strip().splitlines()[0])
     hint = "" if code != USAGE or _state["debug"] else " (see --help)"
     typer.echo(f"attnctl: error: {first}{hint}", err=True)
     sys.exit(code)

@@ -305,6 +305,13 @@ def test_out_of_memory_is_a_runtime_failure(invoke, monkeypatch):
     )
 
 
+def test_no_arguments_prints_help_without_an_error_line(invoke):
+    result = invoke()
+    assert result.exit_code == 2
+    assert "Usage: " in result.stdout and "COMMAND" in result.stdout
+    assert result.stderr == ""
+
+
 def test_debug_shows_the_traceback(invoke):
     result = invoke("--debug", "run", "hi", "--heads", "7")
     assert result.exit_code == 2
