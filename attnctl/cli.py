@@ -261,6 +261,10 @@ def shapes(
 def memory(
     seq_len: SeqLenOption = 2048,
     batch: BatchOption = 1,
+    kv_cache: Annotated[
+        int | None,
+        typer.Option("--kv-cache", help="Tokens the KV cache holds.  Default: --seq-len."),
+    ] = None,
     measure: Annotated[
         bool,
         typer.Option(
@@ -274,16 +278,19 @@ def memory(
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
     plan = build_plan(layer, seq_len, batch, vocab_size(layer.tokenizer, seq_len), layer.device)
     result = estimate(plan)
+    if kv_cache is not None and kv_cache < 0:
+        raise AttnctlError(f"kv-cache must be a number of tokens >= 0, got {kv_cache}")
+    cache_tokens = seq_len if kv_cache is None else kv_cache
     measured = None
     if measure:
         from attnctl.measure import measure_forward
 
         measured = measure_forward(layer, plan)
     if as_json:
-        _print_json(memory_json(plan, result, measured))
+        _print_json(memory_json(plan, result, cache_tokens, measured))
         return
     console = _console()
-    console.print(memory_view(plan, result, console.width, measured))
+    console.print(memory_view(plan, result, console.width, cache_tokens, measured))
 
 
 def main() -> None:

@@ -78,6 +78,17 @@ def estimate(plan: Plan) -> MemoryEstimate:
     )
 
 
+def kv_cache_bytes(plan: Plan, tokens: int | None = None) -> int:
+    """K and V for ``tokens`` positions (default: the plan's length), every head, every row.
+
+    2 · B · tokens · H · d_k elements in the layer's dtype: what a decoder keeps so it does
+    not recompute the keys and values of earlier tokens.
+    """
+    count = plan.seq_len if tokens is None else tokens
+    sizes = plan.sizes
+    return 2 * sizes["B"] * count * sizes["H"] * sizes["d_k"] * DTYPE_BYTES[plan.config.dtype]
+
+
 def dtype_table(plan: Plan) -> list[tuple[str, MemoryEstimate]]:
     """The same plan's estimate in every supported dtype."""
     rows = []

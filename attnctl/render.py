@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnctl.config import DTYPE_BYTES, LayerConfig
-from attnctl.memory import MemoryEstimate, dtype_table, format_bytes
+from attnctl.memory import MemoryEstimate, dtype_table, format_bytes, kv_cache_bytes
 from attnctl.plan import MASK_CONVENTION, Plan
 from attnctl.trace import Stage, Token, Trace
 
@@ -318,7 +318,11 @@ def shapes_view(plan: Plan, width: int) -> Group:
 
 
 def memory_view(
-    plan: Plan, estimate: MemoryEstimate, width: int, measured: Measured | None = None
+    plan: Plan,
+    estimate: MemoryEstimate,
+    width: int,
+    cache_tokens: int,
+    measured: Measured | None = None,
 ) -> Group:
     config = plan.config
     sizes = plan.sizes
@@ -375,6 +379,12 @@ def memory_view(
         "peak",
         format_bytes(estimate.peak_bytes),
         f"parameters + activations alive at once (at {estimate.peak_stage})",
+    )
+    summary.add_row(
+        "KV cache",
+        format_bytes(kv_cache_bytes(plan, cache_tokens)),
+        f"K and V for {cache_tokens} tokens: 2·B·N·H·d_k·{elem} = "
+        f"2·{sizes['B']}·{cache_tokens}·{sizes['H']}·{sizes['d_k']}·{elem} bytes",
     )
     if measured is not None:
         summary.add_row(
@@ -462,7 +472,7 @@ def shapes_json(plan: Plan) -> dict[str, Any]:
 
 
 def memory_json(
-    plan: Plan, estimate: MemoryEstimate, measured: Measured | None = None
+    plan: Plan, estimate: MemoryEstimate, cache_tokens: int, measured: Measured | None = None
 ) -> dict[str, Any]:
     stages = []
     for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
@@ -475,6 +485,8 @@ def memory_json(
         "seq_len": plan.seq_len,
         "batch": plan.batch,
         **memory_dict(estimate),
+        "kv_cache_tokens": cache_tokens,
+        "kv_cache_bytes": kv_cache_bytes(plan, cache_tokens),
         "by_dtype": {dtype: memory_dict(other) for dtype, other in dtype_table(plan)},
         "stages": stages,
     }

@@ -75,3 +75,30 @@ def test_memory_measure_cli(invoke):
     out = invoke("memory", "--seq-len", "64", "--measure", "--device", "cpu").stdout
     assert "measured peak" in out and "+0.00%" in out
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kv_cache_bytes_equal_real_keys_and_values(dtype):
+    from attnctl.layer import TORCH_DTYPES, AttentionLayer
+    from attnctl.memory import kv_cache_bytes
+
+    config = build_config(d_model=64, heads=4, dtype=dtype)
+    plan = build_plan(config, 10, 3, vocab_size=50)
+    layer = AttentionLayer(config, 50).to(TORCH_DTYPES[dtype])
+    with torch.no_grad():
+        x = layer.embedding(torch.randint(0, 50, (3, 37)))  # a cache of 37 tokens
+        keys, values = layer.W_k(x), layer.W_v(x)
+    real = sum(t.numel() * t.element_size() for t in (keys, values))
+    assert kv_cache_bytes(plan, 37) == real
+    assert kv_cache_bytes(plan) == real * 10 // 37
+
+
+def test_memory_kv_cache_option(invoke):
+    result = invoke("memory", "--seq-len", "2048", "--kv-cache", "8192", "--json")
+    data = json.loads(result.stdout)
+    assert data["kv_cache_tokens"] == 8192
+    assert data["kv_cache_bytes"] == 2 * 8192 * 512 * 4
+    default = json.loads(invoke("memory", "--seq-len", "100", "--json").stdout)
+    assert default["kv_cache_bytes"] == 2 * 100 * 512 * 4
+    bad = invoke("memory", "--kv-cache", "-1")
+    assert bad.exit_code == 2 and "kv-cache must be" in bad.stderr
