@@ -7,21 +7,23 @@ traceback. torch and tokenizers are imported only inside ``run``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import Enum, StrEnum
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
 from attnctl import __version__
-from attnctl.config import LayerConfig, build_config
+from attnctl.config import LayerConfig, build_config, resolve_impl
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
 from attnctl.memory import estimate
 from attnctl.plan import build_plan
@@ -34,9 +36,9 @@ from attnctl.render import (
     shapes_json,
     shapes_view,
 )
-from attnctl.tokenize import vocab_size
+from attnctl.tokenize import encode, vocab_size
+from attnctl.window import DEFAULT_HEADS_SHOWN, DEFAULT_ROWS, choose_heads, choose_rows
 
-DEFAULT_HEADS_SHOWN = 8
 # Newer Typer vendors click; its BadParameter's bases name the ClickException it raises.
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 _state = {"debug": False}
@@ -121,6 +123,7 @@ class Norm(StrEnum):
 
 
 class Impl(StrEnum):
+    auto = "auto"
     math = "math"
     sdpa = "sdpa"
 
@@ -150,7 +153,10 @@ LAYER_OPTIONS: dict[str, Any] = {
     "mask": _option(Mask, "--mask", help="Attention mask. Default none."),
     "norm": _option(Norm, "--norm", help="Residual + LayerNorm after attention. Default post."),
     "impl": _option(
-        Impl, "--impl", help="math builds the weights; sdpa is the fused kernel. Default math."
+        Impl,
+        "--impl",
+        help="math builds every weight; sdpa is the fused kernel; auto is math while every "
+        "weight is shown, else sdpa. Default auto.",
     ),
     "seed": _option(int, "--seed", help="torch.manual_seed for the weights. Default 42."),
     "device": _option(str, "--device", help="auto, cpu, cuda, cuda:N or mps. Default auto."),
@@ -198,12 +204,30 @@ BatchOption = Annotated[int, typer.Option("--batch", "-B", help="Batch size B.")
 @app.command()
 @layer_options
 def run(
-    text: Annotated[str, typer.Argument(help="The sentence to tokenize and run.", metavar="TEXT")],
+    text: Annotated[
+        str | None,
+        typer.Argument(help="The sentence to tokenize and run (or use --file).", metavar="TEXT"),
+    ] = None,
+    file: Annotated[
+        str | None,
+        typer.Option("--file", "-f", help="Read the text from this file ('-' for stdin)."),
+    ] = None,
     head: Annotated[
         list[int] | None,
         typer.Option("--head", help="Show this head's weights (repeatable). Default: heads 0–7."),
     ] = None,
+    rows: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rows",
+            help="Query rows to compute and show: A:B, last:N, N or all (repeatable). "
+            f"Default: all up to {DEFAULT_ROWS}, else the first and last {DEFAULT_ROWS // 2}.",
+        ),
+    ] = None,
     digits: Annotated[int, typer.Option("--digits", help="Decimals in weight tables.")] = 2,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run even when the estimate exceeds free memory.")
+    ] = False,
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
@@ -211,31 +235,59 @@ def run(
     """Run one attention layer on TEXT and show every stage and each head's weights."""
     if not 0 <= digits <= 8:
         raise AttnctlError(f"digits must be between 0 and 8, got {digits}")
-    heads = _chosen_heads(head, layer.heads)
-    from attnctl.runner import run_text
-
-    trace = run_text(text, layer)
-    plan = build_plan(layer, len(trace.tokens[0]), len(trace.tokens), trace.vocab_size)
+    source = _read_text(text, file)
+    encoded = encode(source, layer.tokenizer)
+    seq_len = len(encoded.tokens)
+    heads = choose_heads(head, layer.heads)
+    query_rows = choose_rows(rows, seq_len)
+    layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
+    plan = build_plan(layer, seq_len, 1, encoded.vocab_size)
     memory = estimate(plan)
+    from attnctl.runner import run_encoded
+
+    with _progress(f"running the layer over {seq_len} tokens"):
+        trace = run_encoded(
+            encoded, layer, heads, query_rows, need_bytes=None if force else memory.peak_bytes
+        )
     if as_json:
         _print_json(run_json(trace, plan, memory))
         return
     console = _console()
-    console.print(run_view(text, trace, plan, memory, heads, console.width, digits))
-    shown = len(heads)
-    if head is None and layer.heads > shown:
+    shown = heads if head else heads[:DEFAULT_HEADS_SHOWN]
+    console.print(run_view(source, trace, plan, memory, shown, console.width, digits))
+    if not head and layer.heads > len(shown):
         console.print(
-            f"heads {shown}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
+            f"heads {len(shown)}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
         )
 
 
-def _chosen_heads(requested: list[int] | None, count: int) -> list[int]:
-    if not requested:
-        return list(range(min(count, DEFAULT_HEADS_SHOWN)))
-    for h in requested:
-        if not 0 <= h < count:
-            raise AttnctlError(f"--head {h} does not exist; heads are 0–{count - 1}")
-    return list(dict.fromkeys(requested))
+def _read_text(text: str | None, file: str | None) -> str:
+    if (text is None) == (file is None):
+        raise AttnctlError("give the text either as TEXT or with --file PATH, not both or neither")
+    if file is None:
+        return text
+    try:
+        if file == "-":
+            return sys.stdin.read()
+        with open(file, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise AttnctlError(f"text file not found: {file}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise AttnctlError(f"cannot read text file {file}: {error}") from error
+
+
+@contextlib.contextmanager
+def _progress(description: str, console: Console | None = None) -> Iterator[None]:
+    """A spinner with elapsed time on stderr while work runs; nothing unless it is a terminal."""
+    console = console or Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        progress.add_task(description, total=None)
+        yield
 
 
 @app.command()
@@ -271,6 +323,9 @@ def memory(
             "--measure", help="Also run the layer and measure its memory (imports torch)."
         ),
     ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Measure even when the estimate exceeds free memory.")
+    ] = False,
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
@@ -285,7 +340,8 @@ def memory(
     if measure:
         from attnctl.measure import measure_forward
 
-        measured = measure_forward(layer, plan)
+        with _progress(f"measuring a forward pass over {seq_len} tokens"):
+            measured = measure_forward(layer, plan, None if force else result.peak_bytes)
     if as_json:
         _print_json(memory_json(plan, result, cache_tokens, measured))
         return

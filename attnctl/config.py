@@ -18,7 +18,7 @@ from attnctl.errors import AttnctlError
 POSITIONS = ("sinusoidal", "none")
 MASKS = ("none", "causal")
 NORMS = ("post", "none")
-IMPLS = ("math", "sdpa")
+IMPLS = ("auto", "math", "sdpa")
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -39,7 +39,7 @@ class LayerConfig:
     pos: str = "sinusoidal"  # positional encoding added to the embeddings
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
     norm: str = "post"  # "post": LayerNorm(x + attention(x)); "none": attention(x) alone
-    impl: str = "math"  # "math" builds the (B, H, L, L) weights; "sdpa" uses the fused kernel
+    impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
     seed: int = 42  # torch.manual_seed before the weights are created
     device: str = "auto"  # auto = cuda, else mps, else cpu
     dtype: str = "float32"
@@ -60,6 +60,18 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": DTYPES,
 }
 _FIELD_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(LayerConfig)}
+
+
+def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerConfig:
+    """``auto`` becomes ``math`` when every weight is shown (short inputs), else ``sdpa``.
+
+    With sdpa, ``run`` computes weights only for the heads and rows it shows, so a long
+    input never builds the (B, H, L, L) matrices. ``shapes`` and ``memory`` describe the
+    textbook path for auto, as if every weight were shown.
+    """
+    if config.impl != "auto":
+        return config
+    return dataclasses.replace(config, impl="math" if shows_every_weight else "sdpa")
 
 
 def divisors(n: int) -> list[int]:

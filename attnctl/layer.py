@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from attnctl.config import LayerConfig
+from attnctl.config import LayerConfig, resolve_impl
 from attnctl.errors import AttnctlError
 from attnctl.trace import Stage
 
@@ -96,7 +96,7 @@ class AttentionLayer(nn.Module):
 
     def __init__(self, config: LayerConfig, vocab_size: int) -> None:
         super().__init__()
-        self.config = config
+        self.config = config = resolve_impl(config)  # a layer on its own builds every weight
         d_model = config.d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.W_q = nn.Linear(d_model, d_model, bias=config.bias)
@@ -184,6 +184,39 @@ class AttentionLayer(nn.Module):
             del residual
             record("norm", output, "B L D")
         return LayerOutput(output, attention_output, weights)
+
+
+def attention_window(
+    layer: AttentionLayer, token_ids: torch.Tensor, heads: list[int], rows: list[int]
+) -> torch.Tensor:
+    """Softmax weights for some heads and query rows only: (B, len(heads), len(rows), L).
+
+    Exactly the matching slice of the math path's (B, H, L, L) weights, without ever
+    building them: the keys are projected for every position, the queries only for
+    ``rows``. This is what ``run`` shows when the output itself comes from SDPA.
+    """
+    config = layer.config
+    batch, seq_len = token_ids.shape
+    heads_t = torch.tensor(heads, device=token_ids.device)
+    rows_t = torch.tensor(rows, device=token_ids.device)
+    x = layer.embedding(token_ids)  # (B, L, D)
+    if config.pos == "sinusoidal":
+        x = x + sinusoidal_positions(seq_len, config.d_model, x.device, x.dtype)  # (B, L, D)
+    k = layer.W_k(x)  # (B, L, D)
+    k = k.view(batch, seq_len, config.heads, config.d_k).transpose(1, 2)[
+        :, heads_t
+    ]  # (B, h, L, d_k)
+    q = layer.W_q(x[:, rows_t])  # (B, r, D)
+    del x
+    q = q.view(batch, len(rows), config.heads, config.d_k).transpose(1, 2)[
+        :, heads_t
+    ]  # (B, h, r, d_k)
+    scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, L)
+    if config.mask == "causal":
+        keys = torch.arange(seq_len, device=token_ids.device)
+        allowed = keys.unsqueeze(0) <= rows_t.unsqueeze(1)  # (r, L), True = may attend
+        scores.masked_fill_(allowed.logical_not(), float("-inf"))
+    return torch.softmax(scores, dim=-1)  # (B, h, r, L)
 
 
 def causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tensor:

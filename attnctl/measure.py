@@ -21,6 +21,7 @@ from attnctl.config import LayerConfig
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device
 from attnctl.plan import Plan
+from attnctl.runner import preflight
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,14 @@ class LiveStorages(TorchDispatchMode):
         return out
 
 
-def measure_forward(config: LayerConfig, plan: Plan) -> Measurement:
-    """Run the layer once at the plan's batch and length, on the configured device."""
+def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = None) -> Measurement:
+    """Run the layer once at the plan's batch and length, on the configured device.
+
+    ``need_bytes``, when given, is checked against the device's free memory first.
+    """
     device = resolve_device(config.device)
+    if need_bytes is not None:
+        preflight(need_bytes, device)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).eval()
     parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())

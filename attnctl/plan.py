@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.config import DTYPE_BYTES, LayerConfig, resolve_impl
 from attnctl.errors import AttnctlError
 from attnctl.trace import Stage
 
@@ -72,6 +72,7 @@ def build_plan(
     config: LayerConfig, seq_len: int, batch: int = 1, vocab_size: int = 1, device: str = ""
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens."""
+    config = resolve_impl(config)
     if seq_len <= 0:
         raise AttnctlError(f"seq-len must be a positive integer, got {seq_len}")
     if batch <= 0:

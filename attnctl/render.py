@@ -23,12 +23,13 @@ from attnctl.config import DTYPE_BYTES, LayerConfig
 from attnctl.memory import MemoryEstimate, dtype_table, format_bytes, kv_cache_bytes
 from attnctl.plan import MASK_CONVENTION, Plan
 from attnctl.trace import Stage, Token, Trace
+from attnctl.window import hidden_ranges
 
 if TYPE_CHECKING:  # measure.py imports torch; render only reads its result
     from attnctl.measure import Measurement as Measured
 
-MAX_ROWS = 32  # query rows shown per head before the middle ones are elided
 LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
+MAX_TEXT = 200  # characters of the input shown in the header
 WIDE = 120  # from this width on, stage tables add a column explaining each stage
 
 
@@ -126,25 +127,34 @@ def header(title: str, rows: list[tuple[str, str]]) -> Table:
     return grid
 
 
-def token_table(tokens: list[Token]) -> Table:
+def token_table(tokens: list[Token], rows: list[int]) -> Table:
+    """The tokens of the query rows computed (all of them for short inputs)."""
     table = _table("tokens")
     table.add_column("pos", justify="right", no_wrap=True)
     table.add_column("id", justify="right", no_wrap=True)
     table.add_column("token", no_wrap=True)
     table.add_column("chars", no_wrap=True)
     table.add_column("note")
-    for i, token in enumerate(tokens):
-        note = ""
-        if token.pieces > 1:
-            note = f"piece {token.piece}/{token.pieces} of one character"
+    previous = -1
+    for i in rows:
+        if i > previous + 1:
+            table.add_row("⋮", "", "", "", f"tokens {previous + 1}–{i - 1} not listed")
+        previous = i
+        token = tokens[i]
+        note = f"piece {token.piece}/{token.pieces} of one character" if token.pieces > 1 else ""
         table.add_row(
-            str(i),
-            str(token.id),
-            Text(token_label(token)),
-            f"{token.start}:{token.end}",
-            note,
+            str(i), str(token.id), Text(token_label(token)), f"{token.start}:{token.end}", note
         )
+    if previous < len(tokens) - 1:
+        table.add_row("⋮", "", "", "", f"tokens {previous + 1}–{len(tokens) - 1} not listed")
     return table
+
+
+def weight_text(weight: float, digits: int) -> str:
+    """Fixed decimals, unless that would print a non-zero weight as 0.00 (then 3.1e-04)."""
+    if weight == 0 or weight >= 0.5 * 10**-digits:
+        return f"{weight:.{digits}f}"
+    return f"{weight:.1e}"
 
 
 def _shade(weight: float) -> Style:
@@ -155,66 +165,64 @@ def _shade(weight: float) -> Style:
     return Style(bgcolor=Color.from_rgb(*rgb), color="white")
 
 
-def _window(count: int, fit: int) -> tuple[list[int], int]:
-    """Indices to show when only ``fit`` of ``count`` fit: the first and the last ones.
-
-    Returns (indices, position of the elision marker or -1).
-    """
-    if count <= fit:
-        return list(range(count)), -1
-    fit = max(fit, 2)
-    head = (fit + 1) // 2
-    tail = fit - head
-    return list(range(head)) + list(range(count - tail, count)), head
-
-
 def weight_tables(
     trace: Trace, heads: list[int], width: int, digits: int = 2, batch_row: int = 0
 ) -> tuple[list[Table], list[str]]:
-    """One table per head: rows = query tokens, columns = key tokens, row maximum marked *."""
-    assert trace.attention is not None
+    """One table per head: rows = query tokens, columns = key tokens, row maximum marked *.
+
+    When the keys do not fit the width, each row lists its strongest keys instead.
+    """
     tokens = trace.tokens[batch_row]
     count = len(tokens)
+    rows = trace.attention_rows
     cell = digits + 3  # "0.28*"
-    label_width = min(LABEL_WIDTH, max(len(token_label(t)) for t in tokens)) + len(str(count)) + 1
-    fit = max(2, (width - label_width - 4) // (cell + 2) - 1)
-    key_cols, key_gap = _window(count, fit)
-    query_rows, row_gap = _window(count, MAX_ROWS)
+    label_width = min(LABEL_WIDTH, max(len(token_label(tokens[r])) for r in rows))
+    label_width += len(str(rows[-1])) + 1
+    fit = max(1, (width - label_width - 2) // (cell + 1))
     notes = []
-    if key_gap >= 0:
-        hidden = f"{key_cols[key_gap - 1] + 1}–{key_cols[key_gap] - 1}"
+    gaps = hidden_ranges(rows, count)
+    if gaps:
+        hidden = ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in gaps)
+        notes.append(f"query rows {hidden} not computed; choose rows with --rows A:B or last:N")
+    top_k = None
+    if count > fit:
+        top_width = len(str(count - 1)) + 1 + 6 + 1 + max(digits + 2, 7)  # "1523 token 3.1e-04"
+        top_k = max(1, (width - label_width - 2) // (top_width + 1))
         notes.append(
-            f"keys {hidden} of 0–{count - 1} hidden to fit {width} columns "
-            "(set COLUMNS wider to see more)"
+            f"{count} keys do not fit {width} columns: each row shows its {top_k} strongest "
+            "keys as 'position token weight'"
         )
-    if row_gap >= 0:
-        hidden = f"{query_rows[row_gap - 1] + 1}–{query_rows[row_gap] - 1}"
-        notes.append(f"query rows {hidden} hidden (at most {MAX_ROWS} rows are shown)")
 
     def label(i: int) -> str:
         return f"{i} {token_label(tokens[i], LABEL_WIDTH)}"
 
     tables = []
     for head in heads:
-        matrix = trace.attention[batch_row][head]
+        matrix = trace.attention[batch_row][trace.attention_heads.index(head)]
         table = _table(f"head {head}")
         table.add_column(Text("query \\ key"), no_wrap=True)
-        for pos, key in enumerate(key_cols):
-            if pos == key_gap:
-                table.add_column("…", no_wrap=True)
-            header_text = f"{key}\n{token_label(tokens[key], cell)}"
-            table.add_column(Text(header_text), justify="right", no_wrap=True, min_width=cell)
-        for pos, query in enumerate(query_rows):
-            if pos == row_gap:
-                table.add_row("⋮", *(["…"] * (len(key_cols) + (key_gap >= 0))))
-            row = matrix[query]
-            best = max(range(count), key=row.__getitem__)
+        if top_k is None:
+            for key in range(count):
+                header_text = f"{key}\n{token_label(tokens[key], cell)}"
+                table.add_column(Text(header_text), justify="right", no_wrap=True, min_width=cell)
+        else:
+            for rank in range(top_k):
+                table.add_column(f"top {rank + 1}", no_wrap=True)
+        for row_index, query in enumerate(rows):
+            weights = matrix[row_index]
+            ranked = sorted(range(count), key=weights.__getitem__, reverse=True)
             cells: list[RenderableType] = [Text(label(query))]
-            for col_pos, key in enumerate(key_cols):
-                if col_pos == key_gap:
-                    cells.append("…")
-                mark = "*" if key == best else " "
-                cells.append(Text(f"{row[key]:.{digits}f}{mark}", style=_shade(row[key])))
+            if top_k is None:
+                for key in range(count):
+                    mark = "*" if key == ranked[0] else " "
+                    text = f"{weight_text(weights[key], digits)}{mark}"
+                    cells.append(Text(text, style=_shade(weights[key])))
+            else:
+                for key in ranked[:top_k]:
+                    text = (
+                        f"{key} {token_label(tokens[key], 6)} {weight_text(weights[key], digits)}"
+                    )
+                    cells.append(Text(text, style=_shade(weights[key])))
             table.add_row(*cells)
         tables.append(table)
     return tables, notes
@@ -238,11 +246,14 @@ def memory_footer(estimate: MemoryEstimate) -> Table:
         format_bytes(estimate.activation_bytes),
         "every stage that allocates, summed",
     )
+    matrices = estimate.scores_bytes + estimate.weights_bytes
     grid.add_row(
         "attention matrices",
-        format_bytes(estimate.scores_bytes + estimate.weights_bytes),
+        format_bytes(matrices),
         f"scores {format_bytes(estimate.scores_bytes)} + weights "
-        f"{format_bytes(estimate.weights_bytes)} (B·H·L·L each)",
+        f"{format_bytes(estimate.weights_bytes)} (B·H·L·L each)"
+        if matrices
+        else "none: sdpa builds no B·H·L·L matrix",
     )
     grid.add_row(
         "peak",
@@ -262,37 +273,37 @@ def run_view(
     digits: int = 2,
 ) -> Group:
     config = plan.config
+    shown_text = printable(text)
+    if len(shown_text) > MAX_TEXT:
+        shown_text = f"{shown_text[:MAX_TEXT]}… ({len(text):,} characters in all)"
+    how = "every weight built" if trace.impl == "math" else "weights only for the rows shown"
     parts: list[RenderableType] = [
         header(
             "attnctl run",
             [
-                ("sentence", printable(text)),
+                ("text", shown_text),
                 ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
                 ("layer", config_line(config)),
                 ("device", f"{trace.device} · dtype {config.dtype} · seed {config.seed}"),
+                ("attention", f"{trace.impl} ({how})"),
             ],
         ),
         Text(""),
-        token_table(trace.tokens[0]),
+        token_table(trace.tokens[0], trace.attention_rows),
         stage_table(trace.stages, width, plan),
     ]
     if config.mask == "causal":
         parts.append(Text(f"mask: {MASK_CONVENTION}", style="dim"))
-    if trace.attention is None:
-        parts.append(
-            Text("weights: not computed by --impl sdpa; use --impl math to see them", style="dim")
+    tables, notes = weight_tables(trace, heads, width, digits)
+    parts.append(
+        Text(
+            "attention weights: rows = queries, columns = keys, each row sums to 1, "
+            "* = row maximum",
+            style="bold",
         )
-    else:
-        tables, notes = weight_tables(trace, heads, width, digits)
-        parts.append(
-            Text(
-                "attention weights: rows = queries, columns = keys, each row sums to 1, "
-                "* = row maximum",
-                style="bold",
-            )
-        )
-        parts.append(Columns(tables, padding=(0, 3)))
-        parts.extend(Text(note, style="dim") for note in notes)
+    )
+    parts.append(Columns(tables, padding=(0, 3)))
+    parts.extend(Text(note, style="dim") for note in notes)
     parts.append(Text(""))
     parts.append(memory_footer(estimate))
     return Group(*parts)
@@ -456,7 +467,10 @@ def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, An
         "device": trace.device,
         "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
         "stages": [s.to_dict() for s in trace.stages],
+        "impl": trace.impl,
         "attention": trace.attention,
+        "attention_heads": trace.attention_heads,
+        "attention_rows": trace.attention_rows,
         "memory": memory_dict(estimate),
     }
 

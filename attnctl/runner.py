@@ -1,21 +1,51 @@
-"""Run the layer on real text: tokenize, seed, build, run on the device, return a Trace."""
+"""Run the layer on real text: seed, build, check memory, run on the device, return a Trace."""
 
 from __future__ import annotations
 
-from attnctl.config import LayerConfig
+import os
+
+from attnctl.config import LayerConfig, resolve_impl
 from attnctl.errors import RUNTIME, AttnctlError
-from attnctl.tokenize import encode
+from attnctl.memory import format_bytes
+from attnctl.tokenize import Encoded, encode
 from attnctl.trace import Trace
 
 
-def run_text(text: str, config: LayerConfig) -> Trace:
-    """Tokenize ``text`` and run one seeded attention layer over it."""
-    encoded = encode(text, config.tokenizer)
+def run_text(
+    text: str, config: LayerConfig, heads: list[int] | None = None, rows: list[int] | None = None
+) -> Trace:
+    """Tokenize ``text`` and run one seeded attention layer over it (every weight by default)."""
+    return run_encoded(encode(text, config.tokenizer), config, heads, rows)
+
+
+def run_encoded(
+    encoded: Encoded,
+    config: LayerConfig,
+    heads: list[int] | None = None,
+    rows: list[int] | None = None,
+    need_bytes: int | None = None,
+) -> Trace:
+    """Run the layer over tokens; weights only for ``heads`` x ``rows`` (default: all).
+
+    ``need_bytes``, when given, is checked against the device's free memory first.
+    """
     import torch
 
-    from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device
+    from attnctl.layer import (
+        TORCH_DTYPES,
+        AttentionLayer,
+        Recorder,
+        attention_window,
+        resolve_device,
+    )
 
+    seq_len = len(encoded.tokens)
+    heads = list(range(config.heads)) if heads is None else heads
+    rows = list(range(seq_len)) if rows is None else rows
+    config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
     device = resolve_device(config.device)
+    if need_bytes is not None:
+        preflight(need_bytes, device)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(config, encoded.vocab_size)  # float32 on CPU: same weights anywhere
     layer = layer.to(device=device, dtype=TORCH_DTYPES[config.dtype]).eval()
@@ -24,11 +54,15 @@ def run_text(text: str, config: LayerConfig) -> Trace:
     try:
         with torch.inference_mode():
             result = layer(token_ids, record)
-            weights = None if result.weights is None else result.weights.float().cpu().tolist()
+            if result.weights is not None:  # math: slice what was asked from the full weights
+                window = result.weights[:, heads][:, :, rows]  # (B, h, r, L)
+            else:  # sdpa: compute just those weights
+                window = attention_window(layer, token_ids, heads, rows)  # (B, h, r, L)
+            del result
+            attention = window.float().cpu().tolist()
     except torch.OutOfMemoryError as error:
-        raise AttnctlError(
-            f"out of memory on {device}: {_first_line(error)}", exit_code=RUNTIME
-        ) from error
+        message = _first_line(error)
+        raise AttnctlError(f"out of memory on {device}: {message}", exit_code=RUNTIME) from error
     except RuntimeError as error:
         message = _first_line(error)
         if "memory" in message or "allocate" in message:
@@ -39,11 +73,46 @@ def run_text(text: str, config: LayerConfig) -> Trace:
     return Trace(
         tokens=[encoded.tokens],
         stages=record.stages,
-        attention=weights,
+        attention=attention,
+        attention_heads=heads,
+        attention_rows=rows,
         device=str(device),
         tokenizer=encoded.name,
         vocab_size=encoded.vocab_size,
+        impl=config.impl,
     )
+
+
+def free_memory(device) -> int | None:
+    """Bytes free on the device now: MemAvailable on CPU, the CUDA driver's count on CUDA."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def preflight(need_bytes: int, device) -> None:
+    """Refuse before allocating when the estimate exceeds free memory (``--force`` skips)."""
+    free = free_memory(device)
+    if free is not None and need_bytes > free:
+        raise AttnctlError(
+            f"the estimated peak of {format_bytes(need_bytes)} is more than the "
+            f"{format_bytes(free)} free on {device}; use --force to try anyway",
+            exit_code=RUNTIME,
+        )
 
 
 def _first_line(error: BaseException) -> str:

@@ -58,7 +58,10 @@ class Trace:
 
     tokens: list[list[Token]]  # one list per batch row
     stages: list[Stage]
-    attention: list | None  # nested lists (B, H, Lq, Lk) as Python floats, or None (sdpa)
+    attention: list  # nested lists (B, heads, rows, Lk): weights for the computed window
+    attention_heads: list[int]  # which heads `attention` holds, in its order
+    attention_rows: list[int]  # which query rows it holds
     device: str
     tokenizer: str  # "bundled BPE", "char", or a path
     vocab_size: int
+    impl: str  # the implementation that produced the output: "math" or "sdpa"

@@ -107,26 +107,75 @@ def test_causal_mask_is_shown_with_its_convention(invoke):
     assert all(first_head[q][k] == 0 for q in range(4) for k in range(q + 1, 4))
 
 
-def test_sdpa_run_says_weights_were_not_computed(invoke):
+def test_sdpa_run_computes_the_same_weights_as_math(invoke):
     out = invoke("run", "Are you OK?", "--impl", "sdpa", *CPU).stdout
-    assert "not computed by --impl sdpa" in out and "head 0" not in out
-    assert run_json(invoke, "run", "Are you OK?", "--impl", "sdpa", *CPU)["attention"] is None
+    assert "sdpa (weights only for the rows shown)" in out and "head 0" in out
+    assert " scores " not in out  # the fused kernel never builds them
+    sdpa = run_json(invoke, "run", "Are you OK?", "--impl", "sdpa", *CPU)
+    math = run_json(invoke, "run", "Are you OK?", "--impl", "math", *CPU)
+    assert (sdpa["impl"], math["impl"]) == ("sdpa", "math")
+    diff = (torch.tensor(sdpa["attention"]) - torch.tensor(math["attention"])).abs().max()
+    assert diff <= 1e-6
+
+
+LONG = " ".join(f"w{i}" for i in range(60))
+LONG_TOKENS = 170  # with the bundled tokenizer: "w", "12" pieces and so on
 
 
 @pytest.mark.parametrize("columns", [80, 200])
-def test_wide_inputs_elide_keys_instead_of_wrapping(invoke, columns):
-    sentence = " ".join(f"w{i}" for i in range(60))
-    result = invoke("run", sentence, "--head", "0", "--d-model", "16", "--heads", "2", *CPU,
-                    columns=columns)  # fmt: skip
-    assert result.exit_code == 0
+def test_long_inputs_show_a_window_and_top_keys(invoke, columns, tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text(LONG)
+    args = ("run", "--file", str(path), "--head", "0", "--d-model", "16", "--heads", "2", *CPU)
+    result = invoke(*args, columns=columns)
+    assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= columns
-    assert "hidden to fit" in result.stdout and "query rows" in result.stdout
-    # every shown row of the weight table is one line with the same number of cells
+    assert "attention  sdpa (weights only for the rows shown)" in result.stdout
+    assert f"query rows 16–{LONG_TOKENS - 17} not computed" in result.stdout
+    assert "keys do not fit" in result.stdout and "strongest keys" in result.stdout
+    assert f"tokens 16–{LONG_TOKENS - 17} not listed" in result.stdout
+    data = run_json(invoke, *args)
+    assert len(data["tokens"][0]) == LONG_TOKENS
+    assert data["attention_rows"] == [*range(16), *range(LONG_TOKENS - 16, LONG_TOKENS)]
+    assert torch.tensor(data["attention"]).shape == (1, 1, 32, LONG_TOKENS)
+    assert "scores" not in {s["name"] for s in data["stages"]}
+    # each shown row lists keys from strongest to weakest, as the JSON has them
     rows = weight_rows(result.stdout, 0)
-    counts = {len([c for c in line.split() if c[:2] == "0." or c == "…"]) for line in rows}
-    assert len(rows) == 32 and len(counts) == 1
-    assert next(iter(counts)) <= (columns - 10) // 6
+    assert len(rows) == 32
+    for position, line in enumerate(rows):
+        keys = [int(cell.split()[0]) for cell in re.split(r"\s{2,}", line.strip())[1:]]
+        weights = data["attention"][0][0][position]
+        ranked = sorted(range(LONG_TOKENS), key=weights.__getitem__, reverse=True)
+        assert keys == ranked[: len(keys)]
+
+
+def test_window_weights_equal_the_math_path(invoke, tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text(LONG)
+    common = ("--file", str(path), "--d-model", "32", "--heads", "4", "--mask", "causal", *CPU)
+    window = run_json(invoke, "run", *common, "--rows", "last:3", "--rows", "5", "--head", "2")
+    last3 = [LONG_TOKENS - 3, LONG_TOKENS - 2, LONG_TOKENS - 1]
+    assert window["impl"] == "sdpa" and window["attention_rows"] == [5, *last3]
+    assert window["attention_heads"] == [2]
+    full = run_json(invoke, "run", *common, "--rows", "all", "--head", "2")
+    assert full["impl"] == "math" and full["attention_rows"] == list(range(LONG_TOKENS))
+    expected = torch.tensor(full["attention"])[:, :, [5, *last3]]
+    assert (torch.tensor(window["attention"]) - expected).abs().max() <= 1e-6
+    assert torch.tensor(window["attention"])[0, 0, 0, 6:].abs().max() == 0  # causal row 5
+
+
+def test_text_from_stdin(invoke):
+    result = invoke("run", "--file", "-", "--json", *CPU, input="Are you OK?")
+    assert [t["text"] for t in json.loads(result.stdout)["tokens"][0]] == ["Are", "you", "OK", "?"]
+
+
+def test_weights_too_small_for_the_digits_use_exponent_notation():
+    from attnctl.render import weight_text
+
+    assert weight_text(0.3141, 2) == "0.31"
+    assert weight_text(0.00031, 2) == "3.1e-04"
+    assert weight_text(0.0, 2) == "0.00"
 
 
 def test_bpe_pieces_are_marked_in_the_token_table(invoke):
@@ -248,7 +297,13 @@ ERRORS = [
     (["run", "hi", "--dtype", "float64"], 2, "'float64' is not one of"),
     (["run", "hi", "--heads", "abc"], 2, "Invalid value for '--heads'"),
     (["run", "hi", "--frobnicate"], 2, "No such option: --frobnicate"),
-    (["run"], 2, "Missing argument 'TEXT'"),
+    (["run"], 2, "give the text either as TEXT or with --file PATH"),
+    (["run", "hi", "--file", "x.txt"], 2, "not both or neither"),
+    (["run", "--file", "/no/such.txt"], 2, "text file not found: /no/such.txt"),
+    (["run", "hi", "--rows", "5:2"], 2, "--rows '5:2' is not A:B, last:N, N or all"),
+    (["run", "hi", "--rows", "last:0"], 2, "is not A:B, last:N, N or all"),
+    (["run", "hi", "--rows", "9"], 2, "--rows '9' selects no query row; rows are 0–"),
+    (["run", "hi", "--rows", "x"], 2, "is not A:B"),
     (["run", "hi", "--config", "nope"], 2, "unknown preset 'nope'"),
     (["shapes", "--config", "missing.toml"], 2, "config file not found: missing.toml"),
     (["run", "hi", "--tokenizer", "/no/tokenizer.json"], 2, "tokenizer file not found"),
@@ -341,3 +396,48 @@ def test_python_dash_m_and_version():
         [sys.executable, "-m", "attnctl", "shapes", "--heads", "5"], capture_output=True, text=True
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "heads=5" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run", "Are you OK?"], ["memory", "--seq-len", "64", "--measure"]],
+    ids=["run", "memory --measure"],
+)
+def test_preflight_refuses_what_does_not_fit_unless_forced(invoke, monkeypatch, command):
+    import attnctl.runner
+
+    monkeypatch.setattr(attnctl.runner, "free_memory", lambda device: 1000)
+    result = invoke(*command, *CPU)
+    assert result.exit_code == 1
+    assert re.fullmatch(
+        r"attnctl: error: the estimated peak of [\d.]+ MiB is more than the 1000 B free on "
+        r"cpu; use --force to try anyway\n",
+        result.stderr,
+    )
+    assert invoke(*command, *CPU, "--force").exit_code == 0
+
+
+def test_free_memory_reads_the_system():
+    from attnctl.runner import free_memory
+
+    free = free_memory(torch.device("cpu"))
+    assert free is not None and 0 < free <= 2**50
+
+
+def test_progress_shows_on_a_terminal_and_not_elsewhere(invoke):
+    import io
+
+    from rich.console import Console
+
+    from attnctl.cli import _progress
+
+    stream = io.StringIO()
+    with _progress("measuring things", Console(file=stream, force_terminal=True, width=80)):
+        pass
+    assert "measuring things" in stream.getvalue()
+    quiet = io.StringIO()
+    with _progress("measuring things", Console(file=quiet, force_terminal=False)):
+        pass
+    assert quiet.getvalue() == ""
+    result = invoke("memory", "--seq-len", "32", "--measure", *CPU)
+    assert result.exit_code == 0 and result.stderr == ""
