@@ -8,6 +8,7 @@ characters show as escapes.
 
 from __future__ import annotations
 
+import heapq
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
@@ -210,15 +211,15 @@ def weight_tables(
                 table.add_column(f"top {rank + 1}", no_wrap=True)
         for row_index, query in enumerate(rows):
             weights = matrix[row_index]
-            ranked = sorted(range(count), key=weights.__getitem__, reverse=True)
             cells: list[RenderableType] = [Text(label(query))]
             if top_k is None:
+                best = max(range(count), key=weights.__getitem__)
                 for key in range(count):
-                    mark = "*" if key == ranked[0] else " "
+                    mark = "*" if key == best else " "
                     text = f"{weight_text(weights[key], digits)}{mark}"
                     cells.append(Text(text, style=_shade(weights[key])))
             else:
-                for key in ranked[:top_k]:
+                for key in heapq.nlargest(top_k, range(count), key=weights.__getitem__):
                     text = (
                         f"{key} {token_label(tokens[key], 6)} {weight_text(weights[key], digits)}"
                     )

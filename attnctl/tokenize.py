@@ -9,6 +9,7 @@ character span (an unmerged CJK character split into bytes) are numbered as piec
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,8 +97,10 @@ def _encode_bpe(text: str, path: Path, spec: str) -> Encoded:
         raise AttnctlError(f"malformed tokenizer {spec}: {reason}") from error
     encoding = tokenizer.encode(text)
     spans = list(encoding.offsets)
-    tokens = []
     special = encoding.special_tokens_mask
+    pieces = Counter(spans)  # tokens sharing one non-empty span are pieces of one character
+    seen: Counter[tuple[int, int]] = Counter()
+    tokens = []
     for i, (token_id, (start, end)) in enumerate(zip(encoding.ids, spans, strict=True)):
         if special[i]:  # [CLS], <s>: no text of their own, show the token itself
             label = encoding.tokens[i]
@@ -105,8 +108,10 @@ def _encode_bpe(text: str, path: Path, spec: str) -> Encoded:
             label = text[start:end]
         else:  # a whitespace token whose offsets were trimmed to nothing
             label = tokenizer.decode([token_id], skip_special_tokens=False)
-        pieces = spans.count((start, end)) if end > start else 1
-        piece = spans[: i + 1].count((start, end)) if end > start else 1
-        tokens.append(Token(token_id, label, start, end, pieces, piece))
+        shared = end > start and not special[i]
+        seen[(start, end)] += 1
+        count = pieces[(start, end)] if shared else 1
+        piece = seen[(start, end)] if shared else 1
+        tokens.append(Token(token_id, label, start, end, count, piece))
     name = "bundled BPE" if spec == "bundled" else str(path)
     return Encoded(tokens, tokenizer.get_vocab_size(), name)
