@@ -8,6 +8,7 @@ traceback. torch and tokenizers are imported only inside ``run``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -25,8 +26,8 @@ from typer.core import TyperGroup
 from attnctl import __version__
 from attnctl.config import LayerConfig, build_config, resolve_impl
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
-from attnctl.memory import estimate
-from attnctl.plan import build_plan
+from attnctl.memory import MemoryReport, estimate, fit, kv_cache_bytes, parse_size
+from attnctl.plan import Plan, build_plan
 from attnctl.render import (
     memory_json,
     memory_view,
@@ -300,7 +301,7 @@ def shapes(
     layer: LayerConfig,
 ) -> None:
     """Show the shape of every stage for a configuration, symbolically and with numbers."""
-    plan = build_plan(layer, seq_len, batch, vocab_size(layer.tokenizer, seq_len), layer.device)
+    plan = _plan(layer, seq_len, batch)
     if as_json:
         _print_json(shapes_json(plan))
         return
@@ -311,12 +312,24 @@ def shapes(
 @app.command()
 @layer_options
 def memory(
-    seq_len: SeqLenOption = 2048,
+    seq_len: Annotated[
+        str,
+        typer.Option("--seq-len", "-L", help="Sequence length L, or several: 512,2048,8192."),
+    ] = "2048",
     batch: BatchOption = 1,
+    layers: Annotated[int, typer.Option("--layers", help="Scale to a stack of N such layers.")] = 1,
     kv_cache: Annotated[
         int | None,
         typer.Option("--kv-cache", help="Tokens the KV cache holds.  Default: --seq-len."),
     ] = None,
+    budget: Annotated[
+        str | None,
+        typer.Option("--budget", help="Solve the longest L and largest B that fit, e.g. 16GiB."),
+    ] = None,
+    fit_device: Annotated[
+        bool,
+        typer.Option("--fit", help="Like --budget, with the free memory of --device."),
+    ] = False,
     measure: Annotated[
         bool,
         typer.Option(
@@ -331,22 +344,71 @@ def memory(
     layer: LayerConfig,
 ) -> None:
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
-    plan = build_plan(layer, seq_len, batch, vocab_size(layer.tokenizer, seq_len), layer.device)
-    result = estimate(plan)
+    lengths = _parse_lengths(seq_len)
     if kv_cache is not None and kv_cache < 0:
         raise AttnctlError(f"kv-cache must be a number of tokens >= 0, got {kv_cache}")
-    cache_tokens = seq_len if kv_cache is None else kv_cache
-    measured = None
-    if measure:
-        from attnctl.measure import measure_forward
+    if budget is not None and fit_device:
+        raise AttnctlError("give --budget SIZE or --fit, not both")
 
-        with _progress(f"measuring a forward pass over {seq_len} tokens"):
-            measured = measure_forward(layer, plan, None if force else result.peak_bytes)
+    reports = []
+    for length in lengths:
+        plan = _plan(layer, length, batch)
+        result = estimate(plan, layers)
+        tokens = length if kv_cache is None else kv_cache
+        report = MemoryReport(plan, result, tokens, kv_cache_bytes(plan, tokens, layers))
+        if measure:
+            from attnctl.measure import measure_forward
+
+            with _progress(f"measuring a forward pass over {length} tokens"):
+                need = None if force else result.peak_bytes
+                report.measured = measure_forward(layer, plan, need)
+        reports.append(report)
+    budget_bytes = _device_free_bytes(layer.device) if fit_device else None
+    if budget is not None:
+        budget_bytes = parse_size(budget)
+    fits = None
+    if budget_bytes is not None:
+        fits = {}
+        for impl in ("math", "sdpa"):
+            variant = dataclasses.replace(layer, impl=impl)
+            fits[impl] = fit(
+                functools.partial(_plan, variant), lengths[0], batch, budget_bytes, layers
+            )
     if as_json:
-        _print_json(memory_json(plan, result, cache_tokens, measured))
+        _print_json(memory_json(reports, fits, budget_bytes))
         return
     console = _console()
-    console.print(memory_view(plan, result, console.width, cache_tokens, measured))
+    console.print(memory_view(reports, console.width, fits, budget_bytes))
+
+
+def _plan(config: LayerConfig, seq_len: int, batch: int) -> Plan:
+    return build_plan(config, seq_len, batch, vocab_size(config.tokenizer, seq_len), config.device)
+
+
+def _parse_lengths(text: str) -> list[int]:
+    lengths = []
+    for part in text.split(","):
+        try:
+            length = int(part.strip())
+        except ValueError:
+            raise AttnctlError(
+                f"seq-len {text!r} is not a length or a list like 512,2048,8192"
+            ) from None
+        if length <= 0:
+            raise AttnctlError(f"seq-len must be a positive integer, got {length}")
+        lengths.append(length)
+    return list(dict.fromkeys(lengths))
+
+
+def _device_free_bytes(device_spec: str) -> int:
+    from attnctl.layer import resolve_device
+    from attnctl.runner import free_memory
+
+    device = resolve_device(device_spec)
+    free = free_memory(device)
+    if free is None:
+        raise AttnctlError(f"cannot tell how much memory {device} has free; use --budget SIZE")
+    return free
 
 
 def main() -> None:

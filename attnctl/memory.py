@@ -8,15 +8,19 @@ until the last stage that reads it (or a view of it) has been computed. Views
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from attnctl.config import DTYPE_BYTES, DTYPES
+from attnctl.errors import AttnctlError
 from attnctl.plan import Plan, build_plan
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    parameters: int
+    parameters: int  # for the whole stack: the embedding once, every layer's weights
     parameter_bytes: int
     activation_bytes: int  # every stage that allocates, summed (nothing freed)
     attention_matrix_bytes: int  # one B·H·L·L matrix in the layer's dtype
@@ -25,11 +29,23 @@ class MemoryEstimate:
     live_bytes: tuple[int, ...]  # per stage: activation bytes alive while it is computed
     peak_activation_bytes: int
     peak_stage: str
+    layers: int = 1  # layers in the stack; activations are one layer's (they run in turn)
 
     @property
     def peak_bytes(self) -> int:
         """Parameters plus the most activation memory alive at any one moment."""
         return self.parameter_bytes + self.peak_activation_bytes
+
+
+@dataclass
+class MemoryReport:
+    """Everything `memory` says about one sequence length."""
+
+    plan: Plan
+    estimate: MemoryEstimate
+    kv_cache_tokens: int
+    kv_cache_bytes: int
+    measured: Any = None  # a measure.Measurement when --measure ran
 
 
 def _storage_of(plan: Plan) -> dict[str, str]:
@@ -59,15 +75,26 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
     ]
 
 
-def estimate(plan: Plan) -> MemoryEstimate:
+def estimate(plan: Plan, layers: int = 1) -> MemoryEstimate:
+    """Memory of one forward pass; with ``layers`` > 1, of a stack of such layers.
+
+    A stack shares one embedding and repeats the rest of the weights; in inference its
+    layers run one after another and each frees its activations before the next starts,
+    so the activation peak is one layer's.
+    """
+    if layers < 1:
+        raise AttnctlError(f"layers must be a positive integer, got {layers}")
     by_name = {s.name: s for s in plan.stages}
     sizes = plan.sizes
     matrix_elems = sizes["B"] * sizes["H"] * sizes["L"] * sizes["L"]
     live = live_bytes_per_stage(plan)
     peak = max(live)
+    shared = sum(p.count for p in plan.parameters if p.name.startswith("embedding."))
+    parameters = shared + layers * (plan.parameter_count - shared)
     return MemoryEstimate(
-        parameters=plan.parameter_count,
-        parameter_bytes=plan.parameter_bytes,
+        layers=layers,
+        parameters=parameters,
+        parameter_bytes=parameters * DTYPE_BYTES[plan.config.dtype],
         activation_bytes=sum(s.bytes for s in plan.stages if s.allocates),
         attention_matrix_bytes=matrix_elems * DTYPE_BYTES[plan.config.dtype],
         scores_bytes=by_name["scores"].bytes if "scores" in by_name else 0,
@@ -78,25 +105,76 @@ def estimate(plan: Plan) -> MemoryEstimate:
     )
 
 
-def kv_cache_bytes(plan: Plan, tokens: int | None = None) -> int:
-    """K and V for ``tokens`` positions (default: the plan's length), every head, every row.
+def kv_cache_bytes(plan: Plan, tokens: int | None = None, layers: int = 1) -> int:
+    """K and V for ``tokens`` positions (default: the plan's length), every head and layer.
 
-    2 · B · tokens · H · d_k elements in the layer's dtype: what a decoder keeps so it does
-    not recompute the keys and values of earlier tokens.
+    2 · B · tokens · H · d_k elements per layer in the layer's dtype: what a decoder keeps
+    so it does not recompute the keys and values of earlier tokens.
     """
     count = plan.seq_len if tokens is None else tokens
     sizes = plan.sizes
-    return 2 * sizes["B"] * count * sizes["H"] * sizes["d_k"] * DTYPE_BYTES[plan.config.dtype]
+    per_layer = 2 * sizes["B"] * count * sizes["H"] * sizes["d_k"]
+    return layers * per_layer * DTYPE_BYTES[plan.config.dtype]
 
 
-def dtype_table(plan: Plan) -> list[tuple[str, MemoryEstimate]]:
-    """The same plan's estimate in every supported dtype."""
-    rows = []
+Sizer = Callable[[int, int], Plan]  # (seq_len, batch) -> plan
+
+
+def largest_fitting(peak_of: Callable[[int], int], budget: int, limit: int = 2**40) -> int:
+    """The largest n >= 1 with peak_of(n) <= budget (0 if none); peak_of must not decrease."""
+    if peak_of(1) > budget:
+        return 0
+    low, high = 1, 2
+    while high < limit and peak_of(high) <= budget:
+        low, high = high, high * 2
+    while high - low > 1:  # invariant: peak_of(low) fits, peak_of(high) does not
+        middle = (low + high) // 2
+        if peak_of(middle) <= budget:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def fit(sizer: Sizer, seq_len: int, batch: int, budget: int, layers: int = 1) -> dict[str, int]:
+    """Exactly solved from the model: the longest sequence at ``batch`` and the largest
+    batch at ``seq_len`` whose peak fits ``budget`` bytes."""
+
+    def peak(length: int, rows: int) -> int:
+        return estimate(sizer(length, rows), layers).peak_bytes
+
+    return {
+        "max_seq_len": largest_fitting(lambda n: peak(n, batch), budget),
+        "max_batch": largest_fitting(lambda n: peak(seq_len, n), budget),
+    }
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def parse_size(text: str) -> int:
+    """'16GiB', '512 MiB', '1.5GB', '1000' -> bytes (KiB/MiB/GiB are 1024-based)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = match.group(2).upper() if match else None
+    if not match or unit not in _UNITS:
+        raise AttnctlError(f"cannot read size {text!r}; write it like 16GiB, 512MiB or 2GB")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise AttnctlError(f"size must be positive, got {text!r}")
+    return size
+
+
+def variant_table(plan: Plan, layers: int = 1) -> dict[str, dict[str, MemoryEstimate]]:
+    """The same plan's estimate in every dtype and every implementation: [dtype][impl]."""
+    table: dict[str, dict[str, MemoryEstimate]] = {}
     for dtype in DTYPES:
-        config = dataclasses.replace(plan.config, dtype=dtype)
-        other = build_plan(config, plan.seq_len, plan.batch, plan.vocab_size)
-        rows.append((dtype, estimate(other)))
-    return rows
+        table[dtype] = {}
+        for impl in ("math", "sdpa"):
+            config = dataclasses.replace(plan.config, dtype=dtype, impl=impl)
+            other = build_plan(config, plan.seq_len, plan.batch, plan.vocab_size)
+            table[dtype][impl] = estimate(other, layers)
+    return table
 
 
 def format_bytes(n: int) -> str:

@@ -20,14 +20,14 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from attnctl.config import DTYPE_BYTES, LayerConfig
-from attnctl.memory import MemoryEstimate, dtype_table, format_bytes, kv_cache_bytes
+from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig
+from attnctl.memory import MemoryEstimate, MemoryReport, format_bytes, variant_table
 from attnctl.plan import MASK_CONVENTION, Plan
 from attnctl.trace import Stage, Token, Trace
 from attnctl.window import hidden_ranges
 
 if TYPE_CHECKING:  # measure.py imports torch; render only reads its result
-    from attnctl.measure import Measurement as Measured
+    pass
 
 LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
 MAX_TEXT = 200  # characters of the input shown in the header
@@ -330,24 +330,51 @@ def shapes_view(plan: Plan, width: int) -> Group:
 
 
 def memory_view(
-    plan: Plan,
-    estimate: MemoryEstimate,
+    reports: list[MemoryReport],
     width: int,
-    cache_tokens: int,
-    measured: Measured | None = None,
+    fits: dict[str, dict[str, int]] | None = None,
+    budget: int | None = None,
 ) -> Group:
-    config = plan.config
-    sizes = plan.sizes
+    """One length in detail, or several side by side with a bar chart; then what fits."""
+    first = reports[0]
+    config = first.plan.config
+    stack = f" · {first.estimate.layers} layers" if first.estimate.layers > 1 else ""
+    lengths = ", ".join(str(r.plan.seq_len) for r in reports)
+    parts: list[RenderableType] = [
+        header(
+            "attnctl memory",
+            [
+                ("layer", config_line(config) + stack),
+                ("dtype", config.dtype),
+                ("sizes", sizes_line(first.plan) if len(reports) == 1 else f"L = {lengths}"),
+            ],
+        ),
+        Text(""),
+    ]
+    if len(reports) == 1:
+        parts += _one_length(first)
+    else:
+        parts += _sweep(reports, width)
+    if fits is not None and budget is not None:
+        parts += [Text(""), _fit_table(fits, budget, first)]
+    return Group(*parts)
+
+
+def _one_length(report: MemoryReport) -> list[RenderableType]:
+    plan, estimate, measured = report.plan, report.estimate, report.measured
+    config, sizes = plan.config, plan.sizes
+    element = DTYPE_BYTES[config.dtype]
     params = _table("parameters")
     for name, justify in (("name", "left"), ("shape", "left"), ("count", "right")):
         params.add_column(name, justify=justify, no_wrap=True)
     params.add_column("bytes", justify="right", no_wrap=True)
-    element = DTYPE_BYTES[config.dtype]
     for p in plan.parameters:
         params.add_row(p.name, shape_text(p.shape), f"{p.count:,}", format_bytes(p.count * element))
+    if estimate.layers > 1:
+        params.add_row(f"× {estimate.layers} layers", "embedding shared", "", "")
     params.add_row("total", "", f"{estimate.parameters:,}", format_bytes(estimate.parameter_bytes))
 
-    stages = _table("activations")
+    stages = _table("activations" + (" (one layer at a time)" if estimate.layers > 1 else ""))
     # with a measurement, compare it with the estimate instead of repeating shapes
     headings = ["#", "stage"]
     headings += ["shape", "bytes", "alive during"] if measured is None else ["estimated"]
@@ -363,24 +390,19 @@ def memory_view(
             row = [str(i), stage.name, shape_text(stage.shape), size, alive]
         else:
             got = measured.stage_peak_bytes[i]
-            row = [
-                str(i),
-                stage.name,
-                alive,
-                format_bytes(got),
-                _percent(estimate.live_bytes[i], got),
-            ]
+            row = [str(i), stage.name, alive, format_bytes(got)]
+            row.append(_percent(estimate.live_bytes[i], got))
         stages.add_row(*row)
 
     summary = Table.grid(padding=(0, 2))
     summary.add_column(no_wrap=True)
     summary.add_column(justify="right", no_wrap=True)
     summary.add_column()
-    elem = DTYPE_BYTES[config.dtype]
+    b, h, length, d_k = sizes["B"], sizes["H"], sizes["L"], sizes["d_k"]
     summary.add_row(
         "one attention matrix",
         format_bytes(estimate.attention_matrix_bytes),
-        f"B·H·L·L·{elem} = {sizes['B']}·{sizes['H']}·{sizes['L']}·{sizes['L']}·{elem} bytes",
+        f"B·H·L·L·{element} = {b}·{h}·{length}·{length}·{element} bytes",
     )
     summary.add_row("scores", format_bytes(estimate.scores_bytes), _built(estimate.scores_bytes))
     summary.add_row("weights", format_bytes(estimate.weights_bytes), _built(estimate.weights_bytes))
@@ -392,11 +414,12 @@ def memory_view(
         format_bytes(estimate.peak_bytes),
         f"parameters + activations alive at once (at {estimate.peak_stage})",
     )
+    stack = f"·{estimate.layers} layers" if estimate.layers > 1 else ""
     summary.add_row(
         "KV cache",
-        format_bytes(kv_cache_bytes(plan, cache_tokens)),
-        f"K and V for {cache_tokens} tokens: 2·B·N·H·d_k·{elem} = "
-        f"2·{sizes['B']}·{cache_tokens}·{sizes['H']}·{sizes['d_k']}·{elem} bytes",
+        format_bytes(report.kv_cache_bytes),
+        f"K and V for {report.kv_cache_tokens} tokens: 2·B·N·H·d_k·{element}{stack} = "
+        f"2·{b}·{report.kv_cache_tokens}·{h}·{d_k}·{element} bytes{stack}",
     )
     if measured is not None:
         summary.add_row(
@@ -406,33 +429,83 @@ def memory_view(
             f"{_percent(estimate.peak_bytes, measured.peak_bytes)} vs measured",
         )
 
-    dtypes = _table("by dtype")
-    for name in ("dtype", "parameters", "activations", "attention matrix", "peak"):
-        dtypes.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
-    for dtype, other in dtype_table(plan):
-        dtypes.add_row(
+    variants = _table("by dtype and implementation")
+    columns = ("dtype", "parameters", "attention matrix", "peak (math)", "peak (sdpa)")
+    for name in columns:
+        variants.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
+    table = variant_table(plan, estimate.layers)
+    for dtype in DTYPES:
+        math, sdpa = table[dtype]["math"], table[dtype]["sdpa"]
+        variants.add_row(
             dtype,
-            format_bytes(other.parameter_bytes),
-            format_bytes(other.activation_bytes),
-            format_bytes(other.attention_matrix_bytes),
-            format_bytes(other.peak_bytes),
+            format_bytes(math.parameter_bytes),
+            format_bytes(math.attention_matrix_bytes),
+            format_bytes(math.peak_bytes),
+            format_bytes(sdpa.peak_bytes),
         )
-    return Group(
-        header(
-            "attnctl memory",
-            [
-                ("layer", config_line(config)),
-                ("dtype", config.dtype),
-                ("sizes", sizes_line(plan)),
-            ],
+    return [params, stages, summary, Text(""), variants]
+
+
+BAR_PARTS = (  # what a stacked bar is made of: (name, character, colour)
+    ("parameters", "█", "cyan"),
+    ("attention matrices", "▓", "red"),
+    ("other activations", "▒", "yellow"),
+    ("KV cache", "░", "green"),
+)
+
+
+def bar_parts(report: MemoryReport) -> list[int]:
+    """The peak split into parameters, B·H·L·L matrices, other activations; then KV cache."""
+    estimate = report.estimate
+    matrices = min(estimate.scores_bytes + estimate.weights_bytes, estimate.peak_activation_bytes)
+    other = estimate.peak_activation_bytes - matrices
+    return [estimate.parameter_bytes, matrices, other, report.kv_cache_bytes]
+
+
+def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
+    table = _table("by sequence length")
+    for name in ("L", "parameters", "attention matrices", "peak", "KV cache"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for report in reports:
+        params, _, _, cache = bar_parts(report)
+        table.add_row(
+            str(report.plan.seq_len),
+            format_bytes(params),
+            format_bytes(report.estimate.scores_bytes + report.estimate.weights_bytes),
+            format_bytes(report.estimate.peak_bytes),
+            format_bytes(cache),
+        )
+    totals = [sum(bar_parts(r)) for r in reports]
+    label_width = max(len(str(r.plan.seq_len)) for r in reports) + 2
+    bar_width = max(10, width - label_width - 12)
+    chart = Text()
+    for report, total in zip(reports, totals, strict=True):
+        chart.append(f"L={report.plan.seq_len}".ljust(label_width + 2))
+        for (_, char, colour), part in zip(BAR_PARTS, bar_parts(report), strict=True):
+            cells = round(bar_width * part / max(totals))
+            chart.append(char * (max(1, cells) if part else 0), style=colour)  # none vanish
+        chart.append(f" {format_bytes(total)}\n")
+    legend = "  ".join(f"{char} {name}" for name, char, _ in BAR_PARTS)
+    return [
+        table,
+        Text(
+            "peak + KV cache, to the scale of the largest (a part is at least one mark)",
+            style="bold",
         ),
-        Text(""),
-        params,
-        stages,
-        summary,
-        Text(""),
-        dtypes,
-    )
+        chart,
+        Text(legend, style="dim"),
+    ]
+
+
+def _fit_table(fits: dict[str, dict[str, int]], budget: int, first: MemoryReport) -> Table:
+    table = _table(f"fits in {format_bytes(budget)}")
+    plan = first.plan
+    table.add_column("impl", no_wrap=True)
+    table.add_column(f"longest L at B={plan.batch}", justify="right", no_wrap=True)
+    table.add_column(f"largest B at L={plan.seq_len}", justify="right", no_wrap=True)
+    for impl, found in fits.items():
+        table.add_row(impl, f"{found['max_seq_len']:,}", f"{found['max_batch']:,}")
+    return table
 
 
 def _percent(estimated: int, measured: int) -> str:
@@ -487,22 +560,51 @@ def shapes_json(plan: Plan) -> dict[str, Any]:
 
 
 def memory_json(
-    plan: Plan, estimate: MemoryEstimate, cache_tokens: int, measured: Measured | None = None
+    reports: list[MemoryReport],
+    fits: dict[str, dict[str, int]] | None = None,
+    budget: int | None = None,
 ) -> dict[str, Any]:
+    """One length: its document. Several: their documents under ``results``."""
+    documents = [_length_json(report) for report in reports]
+    extra: dict[str, Any] = {}
+    if fits is not None:
+        extra = {
+            "budget_bytes": budget,
+            "max_seq_len": {impl: found["max_seq_len"] for impl, found in fits.items()},
+            "max_batch": {impl: found["max_batch"] for impl, found in fits.items()},
+        }
+    if len(documents) == 1:
+        return {**documents[0], **extra}
+    first = reports[0].plan
+    return {
+        "config": first.config.to_dict(),
+        "batch": first.batch,
+        "layers": reports[0].estimate.layers,
+        "seq_lens": [r.plan.seq_len for r in reports],
+        "results": documents,
+        **extra,
+    }
+
+
+def _length_json(report: MemoryReport) -> dict[str, Any]:
+    plan, estimate, measured = report.plan, report.estimate, report.measured
     stages = []
     for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
         entry = {**stage.to_dict(), "live_bytes": live, "scratch_bytes": stage.scratch}
         if measured is not None:
             entry["measured_live_bytes"] = measured.stage_peak_bytes[i]
         stages.append(entry)
+    variants = variant_table(plan, estimate.layers)
     document: dict[str, Any] = {
         "config": plan.config.to_dict(),
         "seq_len": plan.seq_len,
         "batch": plan.batch,
+        "layers": estimate.layers,
         **memory_dict(estimate),
-        "kv_cache_tokens": cache_tokens,
-        "kv_cache_bytes": kv_cache_bytes(plan, cache_tokens),
-        "by_dtype": {dtype: memory_dict(other) for dtype, other in dtype_table(plan)},
+        "kv_cache_tokens": report.kv_cache_tokens,
+        "kv_cache_bytes": report.kv_cache_bytes,
+        "by_dtype": {dtype: memory_dict(row[plan.config.impl]) for dtype, row in variants.items()},
+        "by_impl": {impl: memory_dict(est) for impl, est in variants[plan.config.dtype].items()},
         "stages": stages,
     }
     if measured is not None:

@@ -8,6 +8,7 @@ character span (an unmerged CJK character split into bytes) are numbered as piec
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,12 +39,17 @@ def vocab_size(spec: str, seq_len: int) -> int:
     path = tokenizer_path(spec)
     if path is None:
         return seq_len
+    return _file_vocab_size(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _file_vocab_size(path: Path) -> int:
     data = _read_json(path)
     try:
         ids = set(data["model"]["vocab"].values())
         ids.update(t["id"] for t in data.get("added_tokens") or [])
     except (KeyError, TypeError, AttributeError) as error:
-        raise AttnctlError(f"malformed tokenizer {spec}: no model.vocab ({error})") from error
+        raise AttnctlError(f"malformed tokenizer {path}: no model.vocab ({error})") from error
     return max(ids) + 1 if ids else 0
 
 

@@ -102,3 +102,88 @@ def test_memory_kv_cache_option(invoke):
     assert default["kv_cache_bytes"] == 2 * 100 * 512 * 4
     bad = invoke("memory", "--kv-cache", "-1")
     assert bad.exit_code == 2 and "kv-cache must be" in bad.stderr
+
+
+# ---------------------------------------------------------------- sweeps, budgets, stacks
+
+
+def test_several_lengths_side_by_side(invoke):
+    result = invoke("memory", "--seq-len", "512,2048,8192")
+    assert result.exit_code == 0, result.output
+    assert "L=512" in result.stdout and "L=8192" in result.stdout
+    assert "█ parameters  ▓ attention matrices  ▒ other activations  ░ KV cache" in result.stdout
+    bars = [line for line in result.stdout.splitlines() if line.startswith("L=")]
+    assert [len(line.split()[1]) for line in bars] == sorted(len(line.split()[1]) for line in bars)
+    data = json.loads(invoke("memory", "--seq-len", "512,2048,8192", "--json").stdout)
+    assert data["seq_lens"] == [512, 2048, 8192]
+    peaks = [r["peak_bytes"] for r in data["results"]]
+    assert peaks == sorted(peaks) and len(set(peaks)) == 3
+    assert data["results"][2]["attention_matrix_bytes"] == 8 * 8192 * 8192 * 4
+
+
+@pytest.mark.parametrize("options", [[], ["--dtype", "bfloat16", "--batch", "2", "--layers", "3"]])
+def test_budget_is_solved_exactly(invoke, options):
+    from attnctl.memory import estimate
+
+    data = json.loads(
+        invoke("memory", "--seq-len", "1024", "--budget", "2GiB", *options, "--json").stdout
+    )
+    assert data["budget_bytes"] == 2 * 2**30
+    batch = data["batch"]
+    layers = data["layers"]
+    for impl in ("math", "sdpa"):
+        config = build_config(impl=impl, dtype=data["config"]["dtype"])
+
+        def peak(length, rows, config=config):
+            return estimate(build_plan(config, length, rows, 2214), layers).peak_bytes
+
+        longest, largest = data["max_seq_len"][impl], data["max_batch"][impl]
+        assert peak(longest, batch) <= 2 * 2**30 < peak(longest + 1, batch)
+        assert peak(1024, largest) <= 2 * 2**30 < peak(1024, largest + 1)
+    assert data["max_seq_len"]["sdpa"] > 10 * data["max_seq_len"]["math"]
+
+
+def test_fit_uses_the_free_memory_of_the_device(invoke, monkeypatch):
+    import attnctl.runner
+
+    monkeypatch.setattr(attnctl.runner, "free_memory", lambda device: 3 * 2**30)
+    fit_data = json.loads(invoke("memory", "--fit", "--device", "cpu", "--json").stdout)
+    budget_data = json.loads(invoke("memory", "--budget", "3GiB", "--json").stdout)
+    assert fit_data["budget_bytes"] == 3 * 2**30
+    assert fit_data["max_seq_len"] == budget_data["max_seq_len"]
+
+
+def test_layers_scale_weights_and_cache_but_not_the_activation_peak(invoke):
+    one = json.loads(invoke("memory", "--seq-len", "256", "--json").stdout)
+    six = json.loads(invoke("memory", "--seq-len", "256", "--layers", "6", "--json").stdout)
+    embedding = 2214 * 512
+    assert six["parameters"] - embedding == 6 * (one["parameters"] - embedding)
+    assert six["kv_cache_bytes"] == 6 * one["kv_cache_bytes"]
+    assert six["peak_activation_bytes"] == one["peak_activation_bytes"]
+    assert six["peak_bytes"] == six["parameters_bytes"] + six["peak_activation_bytes"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--seq-len", "512,x"], "is not a length or a list like 512,2048,8192"),
+        (["--seq-len", "512,0"], "seq-len must be a positive integer"),
+        (["--budget", "lots"], "cannot read size 'lots'"),
+        (["--budget", "0GiB"], "size must be positive"),
+        (["--budget", "1GiB", "--fit"], "give --budget SIZE or --fit, not both"),
+        (["--layers", "0"], "layers must be a positive integer"),
+    ],
+)
+def test_memory_rejects_bad_sizes(invoke, args, message):
+    result = invoke("memory", *args)
+    assert result.exit_code == 2 and message in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_parse_size_units():
+    from attnctl.memory import parse_size
+
+    assert parse_size("16GiB") == 16 * 2**30
+    assert parse_size("1.5GB") == 1_500_000_000
+    assert parse_size("512 mib") == 512 * 2**20
+    assert parse_size("1000") == 1000
