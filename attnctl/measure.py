@@ -43,14 +43,19 @@ class LiveStorages(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self._excluded: set[int] = set()  # storages counted elsewhere (the parameters)
         self.current = 0
         self.peak = 0
         self.window_peak = 0
 
+    def exclude(self, tensor: torch.Tensor) -> None:
+        """Never count this tensor's storage (e.g. a parameter, whose views ops return)."""
+        self._excluded.add(StorageWeakRef(tensor.untyped_storage()).cdata)
+
     def add(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         ref = StorageWeakRef(storage)
-        if ref.cdata not in self._live:
+        if ref.cdata not in self._live and ref.cdata not in self._excluded:
             self._live[ref.cdata] = (ref, storage.nbytes())
             self.current += storage.nbytes()
 
@@ -110,6 +115,8 @@ def _measure_dispatch(
         recorder(name, tensor, dims)
         stage_peaks.append(tracker.take_window_peak())
 
+    for parameter in layer.parameters():
+        tracker.exclude(parameter)
     tracker.add(token_ids)
     with torch.inference_mode(), tracker:
         tracker.take_window_peak()
