@@ -38,6 +38,7 @@ from attnctl.render import (
     shapes_view,
 )
 from attnctl.tokenize import encode, vocab_size
+from attnctl.training import estimate_training
 from attnctl.window import DEFAULT_HEADS_SHOWN, DEFAULT_ROWS, choose_heads, choose_rows
 
 # Newer Typer vendors click; its BadParameter's bases name the ClickException it raises.
@@ -159,6 +160,9 @@ LAYER_OPTIONS: dict[str, Any] = {
         help="math builds every weight; sdpa is the fused kernel; auto is math while every "
         "weight is shown, else sdpa. Default auto.",
     ),
+    "dropout": _option(
+        float, "--dropout", help="Dropout on the attention weights (memory --train). Default 0."
+    ),
     "seed": _option(int, "--seed", help="torch.manual_seed for the weights. Default 42."),
     "device": _option(str, "--device", help="auto, cpu, cuda, cuda:N or mps. Default auto."),
     "dtype": _option(DType, "--dtype", help="Parameter and activation dtype. Default float32."),
@@ -234,6 +238,8 @@ def run(
     layer: LayerConfig,
 ) -> None:
     """Run one attention layer on TEXT and show every stage and each head's weights."""
+    if layer.dropout:
+        raise AttnctlError("dropout acts only in training; see memory --train")
     if not 0 <= digits <= 8:
         raise AttnctlError(f"digits must be between 0 and 8, got {digits}")
     source = _read_text(text, file)
@@ -301,6 +307,8 @@ def shapes(
     layer: LayerConfig,
 ) -> None:
     """Show the shape of every stage for a configuration, symbolically and with numbers."""
+    if layer.dropout:
+        raise AttnctlError("dropout acts only in training; see memory --train")
     plan = _plan(layer, seq_len, batch)
     if as_json:
         _print_json(shapes_json(plan))
@@ -330,6 +338,10 @@ def memory(
         bool,
         typer.Option("--fit", help="Like --budget, with the free memory of --device."),
     ] = False,
+    train: Annotated[
+        bool,
+        typer.Option("--train", help="A training step: + gradients, Adam, saved activations."),
+    ] = False,
     measure: Annotated[
         bool,
         typer.Option(
@@ -350,18 +362,30 @@ def memory(
     if budget is not None and fit_device:
         raise AttnctlError("give --budget SIZE or --fit, not both")
 
+    if layer.dropout and not train:
+        raise AttnctlError("dropout acts only in training; add --train")
+
+    def peak_of(plan: Plan) -> int:
+        if train:
+            return estimate_training(plan, layers).peak_bytes
+        return estimate(plan, layers).peak_bytes
+
     reports = []
     for length in lengths:
         plan = _plan(layer, length, batch)
         result = estimate(plan, layers)
         tokens = length if kv_cache is None else kv_cache
         report = MemoryReport(plan, result, tokens, kv_cache_bytes(plan, tokens, layers))
+        if train:
+            report.training = estimate_training(plan, layers)
         if measure:
-            from attnctl.measure import measure_forward
+            from attnctl.measure import measure_forward, measure_training
 
-            with _progress(f"measuring a forward pass over {length} tokens"):
-                need = None if force else result.peak_bytes
-                report.measured = measure_forward(layer, plan, need)
+            what = "a training step" if train else "a forward pass"
+            with _progress(f"measuring {what} over {length} tokens"):
+                need = None if force else peak_of(plan)
+                measure_one = measure_training if train else measure_forward
+                report.measured = measure_one(plan.config, plan, need)
         reports.append(report)
     budget_bytes = _device_free_bytes(layer.device) if fit_device else None
     if budget is not None:
@@ -371,9 +395,10 @@ def memory(
         fits = {}
         for impl in ("math", "sdpa"):
             variant = dataclasses.replace(layer, impl=impl)
-            fits[impl] = fit(
-                functools.partial(_plan, variant), lengths[0], batch, budget_bytes, layers
-            )
+            if variant.dropout and impl == "sdpa":
+                continue  # dropout is modelled on the math path only
+            sizer = functools.partial(_plan, variant)
+            fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of)
     if as_json:
         _print_json(memory_json(reports, fits, budget_bytes))
         return

@@ -40,6 +40,7 @@ class LayerConfig:
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
     norm: str = "post"  # "post": LayerNorm(x + attention(x)); "none": attention(x) alone
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
+    dropout: float = 0.0  # on the attention weights, in training only (math path)
     seed: int = 42  # torch.manual_seed before the weights are created
     device: str = "auto"  # auto = cuda, else mps, else cpu
     dtype: str = "float32"
@@ -71,7 +72,8 @@ def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerC
     """
     if config.impl != "auto":
         return config
-    return dataclasses.replace(config, impl="math" if shows_every_weight else "sdpa")
+    math = shows_every_weight or config.dropout > 0  # dropout is modelled on math only
+    return dataclasses.replace(config, impl="math" if math else "sdpa")
 
 
 def divisors(n: int) -> list[int]:
@@ -96,6 +98,10 @@ def validate(config: LayerConfig) -> LayerConfig:
             raise AttnctlError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
     if not DEVICE_PATTERN.match(config.device):
         raise AttnctlError(f"unknown device {config.device!r}; use auto, cpu, cuda, cuda:N or mps")
+    if not 0.0 <= config.dropout < 1.0:
+        raise AttnctlError(f"dropout must be at least 0 and below 1, got {config.dropout}")
+    if config.dropout and config.impl == "sdpa":
+        raise AttnctlError("dropout is modelled on the math path only; use --impl math")
     if not config.tokenizer:
         raise AttnctlError("tokenizer must be 'bundled', 'char' or a path to a tokenizer.json")
     if not -(2**63) <= config.seed < 2**64:
@@ -108,6 +114,8 @@ def _check_value(key: str, value: Any, source: str) -> Any:
         known = ", ".join(_FIELD_TYPES)
         raise AttnctlError(f"{source}: unknown key {key!r} (known keys: {known})")
     expected = _FIELD_TYPES[key]
+    if expected is float and type(value) is int:  # dropout = 0 in TOML is fine
+        value = float(value)
     # bool is a subclass of int in Python; a TOML `true` is no head count.
     if type(value) is not expected:
         raise AttnctlError(

@@ -157,7 +157,13 @@ class AttentionLayer(nn.Module):
             weights = torch.softmax(scores, dim=-1)  # (B, H, L, L)
             del scores
             record("weights", weights, "B H L L")
-            attended = torch.matmul(weights, v)  # (B, H, L, d_k)
+            if self.training and config.dropout > 0:  # training only: zero some weights
+                dropped = F.dropout(weights, config.dropout)  # (B, H, L, L)
+                record("dropout", dropped, "B H L L")
+                attended = torch.matmul(dropped, v)  # (B, H, L, d_k)
+                del dropped
+            else:
+                attended = torch.matmul(weights, v)  # (B, H, L, d_k)
             if not keep_weights:
                 weights = None
         else:

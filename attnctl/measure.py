@@ -149,3 +149,61 @@ def _measure_cuda(
     return Measurement(
         str(device), parameter_bytes, peak, tuple(stage_peaks), "torch.cuda.max_memory_allocated"
     )
+
+
+def measure_training(config: LayerConfig, plan: Plan, need_bytes: int | None = None) -> Measurement:
+    """One training step at the plan's size: forward, loss.backward(), Adam.step().
+
+    The step ``training.py`` models: ``loss = output.sum()``; Adam with foreach=False on
+    the parameters in float32, or (float16/bfloat16) on float32 master weights whose
+    gradients are copied from the model's just before the step.
+    """
+    device = resolve_device(config.device)
+    if need_bytes is not None:
+        preflight(need_bytes, device)
+    torch.manual_seed(config.seed)
+    layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).train()
+    parameters = list(layer.parameters())
+    parameter_bytes = sum(p.numel() * p.element_size() for p in parameters)
+    token_ids = torch.randint(0, plan.vocab_size, (plan.batch, plan.seq_len), device=device)
+    mixed = config.dtype != "float32"
+    tracker = LiveStorages()
+    for parameter in parameters:
+        tracker.exclude(parameter)
+    tracker.add(token_ids)
+    try:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            base = torch.cuda.memory_allocated(device) - token_ids.untyped_storage().nbytes()
+            torch.cuda.reset_peak_memory_stats(device)
+            _training_step(layer, parameters, token_ids, mixed)
+            torch.cuda.synchronize(device)
+            peak, method = torch.cuda.max_memory_allocated(device) - base, "max_memory_allocated"
+        else:
+            with tracker:
+                _training_step(layer, parameters, token_ids, mixed)
+            peak, method = tracker.peak, "live tensor storages"
+    except torch.OutOfMemoryError as error:
+        raise AttnctlError(
+            f"out of memory on {device} while measuring", exit_code=RUNTIME
+        ) from error
+    return Measurement(str(device), parameter_bytes, peak, (), method)
+
+
+def _training_step(
+    layer: AttentionLayer, parameters: list[torch.Tensor], token_ids: torch.Tensor, mixed: bool
+) -> None:
+    masters = [p.detach().float() for p in parameters] if mixed else parameters
+    optimizer = torch.optim.Adam(masters, foreach=False)
+    result = layer(token_ids, keep_weights=False)
+    loss = result.output.sum()
+    del result
+    loss.backward()
+    if mixed:
+        for master, parameter in zip(masters, parameters, strict=True):
+            master.grad = parameter.grad.float()
+    optimizer.step()
+    if mixed:
+        with torch.no_grad():
+            for master, parameter in zip(masters, parameters, strict=True):
+                parameter.copy_(master)

@@ -45,7 +45,8 @@ class MemoryReport:
     estimate: MemoryEstimate
     kv_cache_tokens: int
     kv_cache_bytes: int
-    measured: Any = None  # a measure.Measurement when --measure ran
+    measured: Any = None  # a measure.Measurement when --measure ran (training step if --train)
+    training: Any = None  # a training.TrainingEstimate when --train
 
 
 def _storage_of(plan: Plan) -> dict[str, str]:
@@ -136,12 +137,19 @@ def largest_fitting(peak_of: Callable[[int], int], budget: int, limit: int = 2**
     return low
 
 
-def fit(sizer: Sizer, seq_len: int, batch: int, budget: int, layers: int = 1) -> dict[str, int]:
+def fit(
+    sizer: Sizer,
+    seq_len: int,
+    batch: int,
+    budget: int,
+    peak_of: Callable[[Plan], int] | None = None,
+) -> dict[str, int]:
     """Exactly solved from the model: the longest sequence at ``batch`` and the largest
-    batch at ``seq_len`` whose peak fits ``budget`` bytes."""
+    batch at ``seq_len`` whose peak (``peak_of``, default one forward) fits ``budget``."""
+    peak_of = peak_of or (lambda plan: estimate(plan).peak_bytes)
 
     def peak(length: int, rows: int) -> int:
-        return estimate(sizer(length, rows), layers).peak_bytes
+        return peak_of(sizer(length, rows))
 
     return {
         "max_seq_len": largest_fitting(lambda n: peak(n, batch), budget),

@@ -24,10 +24,11 @@ from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig
 from attnctl.memory import MemoryEstimate, MemoryReport, format_bytes, variant_table
 from attnctl.plan import MASK_CONVENTION, Plan
 from attnctl.trace import Stage, Token, Trace
+from attnctl.training import TrainingEstimate
 from attnctl.window import hidden_ranges
 
 if TYPE_CHECKING:  # measure.py imports torch; render only reads its result
-    pass
+    from attnctl.measure import Measurement as Measured
 
 LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
 MAX_TEXT = 200  # characters of the input shown in the header
@@ -362,6 +363,8 @@ def memory_view(
 
 def _one_length(report: MemoryReport) -> list[RenderableType]:
     plan, estimate, measured = report.plan, report.estimate, report.measured
+    # a forward measurement has a peak per stage; a training step's is compared below
+    per_stage = measured if measured is not None and report.training is None else None
     config, sizes = plan.config, plan.sizes
     element = DTYPE_BYTES[config.dtype]
     params = _table("parameters")
@@ -377,19 +380,19 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
     stages = _table("activations" + (" (one layer at a time)" if estimate.layers > 1 else ""))
     # with a measurement, compare it with the estimate instead of repeating shapes
     headings = ["#", "stage"]
-    headings += ["shape", "bytes", "alive during"] if measured is None else ["estimated"]
-    headings += ["measured", "diff"] if measured is not None else []
+    headings += ["shape", "bytes", "alive during"] if per_stage is None else ["estimated"]
+    headings += ["measured", "diff"] if per_stage is not None else []
     for name in headings:
         stages.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
     for i, stage in enumerate(plan.stages):
         alive = format_bytes(estimate.live_bytes[i])
         if stage.name == estimate.peak_stage:
             alive += " ◀ peak"
-        if measured is None:
+        if per_stage is None:
             size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
             row = [str(i), stage.name, shape_text(stage.shape), size, alive]
         else:
-            got = measured.stage_peak_bytes[i]
+            got = per_stage.stage_peak_bytes[i]
             row = [str(i), stage.name, alive, format_bytes(got)]
             row.append(_percent(estimate.live_bytes[i], got))
         stages.add_row(*row)
@@ -421,7 +424,8 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
         f"K and V for {report.kv_cache_tokens} tokens: 2·B·N·H·d_k·{element}{stack} = "
         f"2·{b}·{report.kv_cache_tokens}·{h}·{d_k}·{element} bytes{stack}",
     )
-    if measured is not None:
+    training = report.training
+    if measured is not None and training is None:
         summary.add_row(
             "measured peak",
             format_bytes(measured.peak_bytes),
@@ -443,7 +447,47 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
             format_bytes(math.peak_bytes),
             format_bytes(sdpa.peak_bytes),
         )
-    return [params, stages, summary, Text(""), variants]
+    parts: list[RenderableType] = [params, stages, summary]
+    if training is not None:
+        parts += [Text(""), _training_grid(training, measured)]
+    return [*parts, Text(""), variants]
+
+
+def _training_grid(training: TrainingEstimate, measured: Measured | None) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.title = "training step (forward, loss.backward(), Adam.step())"
+    grid.title_justify = "left"
+    grid.title_style = "bold"
+    grid.add_column(no_wrap=True)
+    grid.add_column(justify="right", no_wrap=True)
+    grid.add_column()
+    grid.add_row("parameters", format_bytes(training.parameter_bytes), "the model's dtype")
+    grid.add_row("gradients", format_bytes(training.gradient_bytes), "one per parameter")
+    if training.master_bytes:
+        grid.add_row(
+            "master weights", format_bytes(training.master_bytes), "float32 (mixed precision)"
+        )
+    grid.add_row(
+        "Adam moments", format_bytes(training.optimizer_bytes), "two float32 per parameter"
+    )
+    grid.add_row(
+        "saved for backward",
+        format_bytes(training.saved_bytes),
+        "what one layer keeps when its forward ends",
+    )
+    grid.add_row(
+        "training peak",
+        format_bytes(training.peak_bytes),
+        f"everything alive at once, during the {training.peak_phase}",
+    )
+    if measured is not None:
+        grid.add_row(
+            "measured peak",
+            format_bytes(measured.peak_bytes),
+            f"on {measured.device} by {measured.method}; estimate "
+            f"{_percent(training.peak_bytes, measured.peak_bytes)} vs measured",
+        )
+    return grid
 
 
 BAR_PARTS = (  # what a stacked bar is made of: (name, character, colour)
@@ -464,20 +508,25 @@ def bar_parts(report: MemoryReport) -> list[int]:
 
 def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
     table = _table("by sequence length")
-    for name in ("L", "parameters", "attention matrices", "peak", "KV cache"):
+    train = reports[0].training is not None
+    headings = ["L", "parameters", "attention matrices", "peak", "KV cache"]
+    for name in headings + (["training"] if train else []):
         table.add_column(name, justify="right", no_wrap=True)
     for report in reports:
         params, _, _, cache = bar_parts(report)
-        table.add_row(
+        row = [
             str(report.plan.seq_len),
             format_bytes(params),
             format_bytes(report.estimate.scores_bytes + report.estimate.weights_bytes),
             format_bytes(report.estimate.peak_bytes),
             format_bytes(cache),
-        )
+        ]
+        if train:
+            row.append(format_bytes(report.training.peak_bytes))
+        table.add_row(*row)
     totals = [sum(bar_parts(r)) for r in reports]
     label_width = max(len(str(r.plan.seq_len)) for r in reports) + 2
-    bar_width = max(10, width - label_width - 12)
+    bar_width = max(10, width - (label_width + 2) - len(" 1023.99 MiB") - 1)
     chart = Text()
     for report, total in zip(reports, totals, strict=True):
         chart.append(f"L={report.plan.seq_len}".ljust(label_width + 2))
@@ -498,7 +547,8 @@ def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
 
 
 def _fit_table(fits: dict[str, dict[str, int]], budget: int, first: MemoryReport) -> Table:
-    table = _table(f"fits in {format_bytes(budget)}")
+    what = "a training step" if first.training is not None else "one forward pass"
+    table = _table(f"{what} fits in {format_bytes(budget)}")
     plan = first.plan
     table.add_column("impl", no_wrap=True)
     table.add_column(f"longest L at B={plan.batch}", justify="right", no_wrap=True)
@@ -591,7 +641,7 @@ def _length_json(report: MemoryReport) -> dict[str, Any]:
     stages = []
     for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
         entry = {**stage.to_dict(), "live_bytes": live, "scratch_bytes": stage.scratch}
-        if measured is not None:
+        if measured is not None and measured.stage_peak_bytes:
             entry["measured_live_bytes"] = measured.stage_peak_bytes[i]
         stages.append(entry)
     variants = variant_table(plan, estimate.layers)
@@ -607,8 +657,21 @@ def _length_json(report: MemoryReport) -> dict[str, Any]:
         "by_impl": {impl: memory_dict(est) for impl, est in variants[plan.config.dtype].items()},
         "stages": stages,
     }
+    if report.training is not None:
+        training = report.training
+        document["training_bytes"] = training.peak_bytes
+        document["training"] = {
+            "parameters_bytes": training.parameter_bytes,
+            "gradient_bytes": training.gradient_bytes,
+            "master_bytes": training.master_bytes,
+            "optimizer_bytes": training.optimizer_bytes,
+            "saved_bytes": training.saved_bytes,
+            "peak_bytes": training.peak_bytes,
+            "peak_phase": training.peak_phase,
+        }
     if measured is not None:
         document["measured_peak_bytes"] = measured.peak_bytes
+        document["measured_what"] = "training step" if report.training else "forward pass"
         document["measured_device"] = measured.device
         document["measured_by"] = measured.method
     return document
