@@ -8,7 +8,6 @@ characters show as escapes.
 
 from __future__ import annotations
 
-import heapq
 import unicodedata
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +188,9 @@ def weight_tables(
     top_k = None
     if count > fit:
         top_width = len(str(count - 1)) + 1 + 6 + 1 + max(digits + 2, 7)  # "1523 token 3.1e-04"
-        top_k = max(1, (width - label_width - 2) // (top_width + 1))
+        top_k = min(
+            len(trace.top_keys[0][0][0]), max(1, (width - label_width - 2) // (top_width + 1))
+        )
         notes.append(
             f"{count} keys do not fit {width} columns: each row shows its {top_k} strongest "
             "keys as 'position token weight'"
@@ -200,7 +201,8 @@ def weight_tables(
 
     tables = []
     for head in heads:
-        matrix = trace.attention[batch_row][trace.attention_heads.index(head)]
+        head_index = trace.attention_heads.index(head)
+        matrix = trace.attention[batch_row][head_index]
         table = _table(f"head {head}")
         table.add_column(Text("query \\ key"), no_wrap=True)
         if top_k is None:
@@ -220,7 +222,8 @@ def weight_tables(
                     text = f"{weight_text(weights[key], digits)}{mark}"
                     cells.append(Text(text, style=_shade(weights[key])))
             else:
-                for key in heapq.nlargest(top_k, range(count), key=weights.__getitem__):
+                strongest = trace.top_keys[batch_row][head_index][row_index][:top_k]
+                for key in strongest:
                     text = (
                         f"{key} {token_label(tokens[key], 6)} {weight_text(weights[key], digits)}"
                     )

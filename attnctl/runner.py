@@ -10,6 +10,8 @@ from attnctl.memory import format_bytes
 from attnctl.tokenize import Encoded, encode
 from attnctl.trace import Trace
 
+TOP_KEYS = 64  # strongest keys kept per query row, for tables too narrow for every key
+
 
 def run_text(
     text: str, config: LayerConfig, heads: list[int] | None = None, rows: list[int] | None = None
@@ -59,7 +61,9 @@ def run_encoded(
             else:  # sdpa: compute just those weights
                 window = attention_window(layer, token_ids, heads, rows)  # (B, h, r, L)
             del result
+            top = window.topk(min(TOP_KEYS, seq_len), dim=-1).indices  # (B, h, r, K)
             attention = window.float().cpu().tolist()
+            top_keys = top.cpu().tolist()
     except torch.OutOfMemoryError as error:
         message = _first_line(error)
         raise AttnctlError(f"out of memory on {device}: {message}", exit_code=RUNTIME) from error
@@ -76,6 +80,7 @@ def run_encoded(
         attention=attention,
         attention_heads=heads,
         attention_rows=rows,
+        top_keys=top_keys,
         device=str(device),
         tokenizer=encoded.name,
         vocab_size=encoded.vocab_size,

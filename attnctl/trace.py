@@ -61,6 +61,7 @@ class Trace:
     attention: list  # nested lists (B, heads, rows, Lk): weights for the computed window
     attention_heads: list[int]  # which heads `attention` holds, in its order
     attention_rows: list[int]  # which query rows it holds
+    top_keys: list  # (B, heads, rows, K): each row's keys by weight, strongest first (K <= 64)
     device: str
     tokenizer: str  # "bundled BPE", "char", or a path
     vocab_size: int
