@@ -441,3 +441,15 @@ def test_progress_shows_on_a_terminal_and_not_elsewhere(invoke):
     assert quiet.getvalue() == ""
     result = invoke("memory", "--seq-len", "32", "--measure", *CPU)
     assert result.exit_code == 0 and result.stderr == ""
+
+
+def test_readme_examples_are_the_real_output():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "update_readme.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, "README examples are stale: run scripts/update_readme.py"

@@ -1,0 +1,90 @@
+"""Refresh the example output in README.md from the real commands.
+
+    python scripts/update_readme.py           # rewrite the blocks
+    python scripts/update_readme.py --check   # exit 1 if any block is out of date
+
+Each example is a ```text block whose first line is "$ attnctl ...". The command runs
+in-process at the width given below, without colour; some blocks show an excerpt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+# command -> (columns, excerpt's first line prefix, its last line: a substring, or
+# "<prefix" to stop before the line starting with prefix; None for the whole output)
+EXAMPLES = {
+    'attnctl run "Are you OK?" --heads 8 --device cpu': (100, None, None),
+    "attnctl run 猫吃鱼 --config cat-eats-fish --digits 8 --device cpu": (
+        100, "attention weights", "<memory"),
+    "attnctl run --file scripts/corpus/en.txt --head 0 --rows last:6 --device cpu": (
+        100, "attention weights", "strongest keys"),
+    "attnctl shapes": (100, None, None),
+    "attnctl memory --seq-len 2048": (100, None, None),
+    "attnctl memory --seq-len 1024 --measure --device cpu": (80, "activations", "vs measured"),
+    "attnctl memory --seq-len 512,2048,8192 --budget 16GiB": (80, None, None),
+    "attnctl memory --seq-len 2048 --train --dtype bfloat16 --measure --device cpu": (
+        80, "training step", "vs measured"),
+}  # fmt: skip
+
+
+def output_of(command: str, columns: int) -> str:
+    from typer.testing import CliRunner
+
+    from attnctl.cli import app
+
+    env = {"COLUMNS": str(columns), "NO_COLOR": "1", "TERM": "dumb"}
+    result = CliRunner().invoke(app, shlex.split(command)[1:], env=env)
+    if result.exit_code != 0:
+        raise SystemExit(f"{command!r} failed: {result.output}")
+    return "\n".join(line.rstrip() for line in result.stdout.rstrip("\n").splitlines())
+
+
+def excerpt(text: str, first: str | None, last: str | None) -> str:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first)) if first else 0
+    end = len(lines) - 1
+    if last and last.startswith("<"):  # stop before the line that starts so
+        end = next(i for i in range(start, len(lines)) if lines[i].startswith(last[1:])) - 1
+    elif last:  # stop at the line that contains it
+        end = next(i for i in range(start, len(lines)) if last in lines[i])
+    return "\n".join(lines[start : end + 1]).rstrip("\n")
+
+
+def refreshed(readme: str) -> str:
+    for command, (columns, first, last) in EXAMPLES.items():
+        head = f"```text\n$ {command}\n"
+        if head not in readme:
+            raise SystemExit(f"README.md has no example block for {command!r}")
+        start = readme.index(head) + len(head)
+        end = readme.index("```", start)
+        body = excerpt(output_of(command, columns), first, last)
+        readme = readme[:start] + body + "\n" + readme[end:]
+    return readme
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args()
+    import os
+
+    os.chdir(ROOT)  # examples name files relative to the repository
+    current = README.read_text(encoding="utf-8")
+    new = refreshed(current)
+    if args.check:
+        print("README examples are current" if new == current else "README examples are stale")
+        return 0 if new == current else 1
+    README.write_text(new, encoding="utf-8")
+    print("README examples refreshed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
