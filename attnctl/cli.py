@@ -20,7 +20,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
 from attnctl import __version__
@@ -291,6 +290,8 @@ def _progress(description: str, console: Console | None = None) -> Iterator[None
     if not console.is_terminal:
         yield
         return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         progress.add_task(description, total=None)
