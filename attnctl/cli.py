@@ -245,21 +245,24 @@ def run(
     encoded = encode(source, layer.tokenizer)
     seq_len = len(encoded.tokens)
     heads = choose_heads(head, layer.heads)
+    if not head and not as_json:  # compute only the weight tables that will be printed
+        heads = heads[:DEFAULT_HEADS_SHOWN]
     query_rows = choose_rows(rows, seq_len)
     layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
     plan = build_plan(layer, seq_len, 1, encoded.vocab_size)
     memory = estimate(plan)
+    # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
+    shown_bytes = len(heads) * len(query_rows) * seq_len * 36
     from attnctl.runner import run_encoded
 
     with _progress(f"running the layer over {seq_len} tokens"):
-        trace = run_encoded(
-            encoded, layer, heads, query_rows, need_bytes=None if force else memory.peak_bytes
-        )
+        need = None if force else memory.peak_bytes + shown_bytes
+        trace = run_encoded(encoded, layer, heads, query_rows, need_bytes=need)
     if as_json:
         _print_json(run_json(trace, plan, memory))
         return
     console = _console()
-    shown = heads if head else heads[:DEFAULT_HEADS_SHOWN]
+    shown = heads
     console.print(run_view(source, trace, plan, memory, shown, console.width, digits))
     if not head and layer.heads > len(shown):
         console.print(

@@ -453,3 +453,20 @@ def test_readme_examples_are_the_real_output():
         text=True,
     )
     assert done.returncode == 0, "README examples are stale: run scripts/update_readme.py"
+
+
+def test_text_output_computes_only_the_heads_it_prints(invoke, monkeypatch):
+    import attnctl.runner
+
+    seen = {}
+    original = attnctl.runner.run_encoded
+
+    def spy(encoded, config, heads=None, rows=None, need_bytes=None):
+        seen["heads"] = heads
+        return original(encoded, config, heads, rows, need_bytes)
+
+    monkeypatch.setattr(attnctl.runner, "run_encoded", spy)
+    invoke("run", LONG, "--heads", "16", "--d-model", "32", *CPU)
+    assert seen["heads"] == list(range(8))
+    run_json(invoke, "run", LONG, "--heads", "16", "--d-model", "32", *CPU)
+    assert seen["heads"] == list(range(16))
