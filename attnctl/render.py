@@ -233,14 +233,19 @@ def weight_tables(
     return tables, notes
 
 
-def memory_footer(estimate: MemoryEstimate) -> Table:
+def _size_grid(title: str = "") -> Table:
+    """Rows of three cells: what, how many bytes, why."""
     grid = Table.grid(padding=(0, 2))
-    grid.title = "memory"
-    grid.title_justify = "left"
-    grid.title_style = "bold"
+    if title:
+        grid.title, grid.title_justify, grid.title_style = title, "left", "bold"
     grid.add_column(no_wrap=True)
     grid.add_column(justify="right", no_wrap=True)
     grid.add_column()
+    return grid
+
+
+def memory_footer(estimate: MemoryEstimate) -> Table:
+    grid = _size_grid("memory")
     grid.add_row(
         "parameters",
         format_bytes(estimate.parameter_bytes),
@@ -400,10 +405,7 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
             row.append(_percent(estimate.live_bytes[i], got))
         stages.add_row(*row)
 
-    summary = Table.grid(padding=(0, 2))
-    summary.add_column(no_wrap=True)
-    summary.add_column(justify="right", no_wrap=True)
-    summary.add_column()
+    summary = _size_grid()
     b, h, length, d_k = sizes["B"], sizes["H"], sizes["L"], sizes["d_k"]
     summary.add_row(
         "one attention matrix",
@@ -457,13 +459,7 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
 
 
 def _training_grid(training: TrainingEstimate, measured: Measured | None) -> Table:
-    grid = Table.grid(padding=(0, 2))
-    grid.title = "training step (forward, loss.backward(), Adam.step())"
-    grid.title_justify = "left"
-    grid.title_style = "bold"
-    grid.add_column(no_wrap=True)
-    grid.add_column(justify="right", no_wrap=True)
-    grid.add_column()
+    grid = _size_grid("training step (forward, loss.backward(), Adam.step())")
     grid.add_row("parameters", format_bytes(training.parameter_bytes), "the model's dtype")
     grid.add_row("gradients", format_bytes(training.gradient_bytes), "one per parameter")
     if training.master_bytes:
