@@ -28,6 +28,8 @@ from attnctl.errors import RUNTIME, USAGE, AttnctlError
 from attnctl.memory import MemoryReport, estimate, fit, kv_cache_bytes, parse_size
 from attnctl.plan import Plan, build_plan
 from attnctl.render import (
+    check_json,
+    check_view,
     memory_json,
     memory_view,
     printable,
@@ -438,6 +440,32 @@ def _device_free_bytes(device_spec: str) -> int:
     if free is None:
         raise AttnctlError(f"cannot tell how much memory {device} has free; use --budget SIZE")
     return free
+
+
+@app.command()
+@layer_options
+def check(
+    seq_len: SeqLenOption = 16,
+    batch: BatchOption = 2,
+    as_json: JsonOption = False,
+    *,
+    layer: LayerConfig,
+) -> None:
+    """Compare the math path, SDPA and nn.MultiheadAttention, and gradcheck the layer."""
+    if layer.dropout:
+        raise AttnctlError("dropout acts only in training; check compares inference")
+    plan = _plan(layer, seq_len, batch)  # validates the sizes before torch is imported
+    from attnctl.check import run_check
+
+    with _progress("comparing implementations and running gradcheck"):
+        result = run_check(layer, batch, seq_len, plan.vocab_size)
+    if as_json:
+        _print_json(check_json(result, plan))
+    else:
+        console = _console()
+        console.print(check_view(result, plan))
+    if not result.ok:
+        raise typer.Exit(RUNTIME)
 
 
 def main() -> None:

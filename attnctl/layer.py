@@ -107,17 +107,22 @@ class AttentionLayer(nn.Module):
 
     def forward(
         self,
-        token_ids: torch.Tensor,
+        token_ids: torch.Tensor | None,
         record: Callable[[str, torch.Tensor, str], None] = _no_record,
         keep_weights: bool = True,
+        embeddings: torch.Tensor | None = None,
     ) -> LayerOutput:
+        """Run the layer on token ids, or on ``embeddings`` (B, L, D) given instead of them."""
         config = self.config
-        batch, seq_len = token_ids.shape
         heads, d_k, d_model = config.heads, config.d_k, config.d_model
-        record("token_ids", token_ids, "B L")
 
         # 1. tokens -> vectors (+ positions)
-        x = self.embedding(token_ids)  # (B, L, D)
+        if embeddings is None:
+            record("token_ids", token_ids, "B L")
+            x = self.embedding(token_ids)  # (B, L, D)
+        else:
+            x = embeddings  # (B, L, D), e.g. float64 inputs for gradcheck
+        batch, seq_len = x.shape[:2]
         record("embeddings", x, "B L D")
         if config.pos == "sinusoidal":
             positions = sinusoidal_positions(seq_len, d_model, x.device, x.dtype)  # (L, D)

@@ -26,7 +26,8 @@ from attnctl.trace import Stage, Token, Trace
 from attnctl.training import TrainingEstimate
 from attnctl.window import hidden_ranges
 
-if TYPE_CHECKING:  # measure.py imports torch; render only reads its result
+if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
+    from attnctl.check import CheckResult
     from attnctl.measure import Measurement as Measured
 
 LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
@@ -674,3 +675,50 @@ def _length_json(report: MemoryReport) -> dict[str, Any]:
         document["measured_device"] = measured.device
         document["measured_by"] = measured.method
     return document
+
+
+def check_view(result: CheckResult, plan: Plan) -> Group:
+    table = _table("implementations compared (same weights)")
+    for name in ("a", "b", "what", "max |a - b|", "tolerance", ""):
+        table.add_column(name, no_wrap=True, justify="right" if "|" in name else "left")
+    for c in result.comparisons:
+        verdict = Text("ok", style="green") if c.ok else Text("FAIL", style="bold red")
+        table.add_row(c.a, c.b, c.what, f"{c.max_abs_diff:.2e}", f"{c.tolerance:.0e}", verdict)
+    verdict = "ok" if result.gradcheck else "FAIL"
+    return Group(
+        header(
+            "attnctl check",
+            [
+                ("layer", config_line(plan.config)),
+                ("input", f"random token ids {sizes_line(plan)} on {result.device}, "
+                          f"{plan.config.dtype}"),
+            ],
+        ),
+        Text(""),
+        table,
+        Text(f"gradcheck: {verdict} ({result.gradcheck_note})"),
+        Text("all agree" if result.ok else "MISMATCH: see the rows marked FAIL", style="bold"),
+    )  # fmt: skip
+
+
+def check_json(result: CheckResult, plan: Plan) -> dict[str, Any]:
+    return {
+        "config": plan.config.to_dict(),
+        "seq_len": plan.seq_len,
+        "batch": plan.batch,
+        "device": result.device,
+        "comparisons": [
+            {
+                "a": c.a,
+                "b": c.b,
+                "what": c.what,
+                "max_abs_diff": c.max_abs_diff,
+                "tolerance": c.tolerance,
+                "ok": c.ok,
+            }
+            for c in result.comparisons
+        ],
+        "gradcheck": result.gradcheck,
+        "gradcheck_note": result.gradcheck_note,
+        "ok": result.ok,
+    }

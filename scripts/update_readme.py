@@ -26,6 +26,7 @@ EXAMPLES = {
     "attnctl run --file scripts/corpus/en.txt --head 0 --rows last:6 --device cpu": (
         100, "attention weights", "strongest keys"),
     "attnctl shapes": (100, None, None),
+    "attnctl check --device cpu": (80, None, None),
     "attnctl memory --seq-len 2048": (100, None, None),
     "attnctl memory --seq-len 1024 --measure --device cpu": (80, "activations", "vs measured"),
     "attnctl memory --seq-len 512,2048,8192 --budget 16GiB": (80, None, None),

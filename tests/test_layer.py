@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
+from attnctl.check import reference_mha
 from attnctl.config import build_config
 from attnctl.layer import AttentionLayer, Recorder, causal_mask, sinusoidal_positions
 from attnctl.plan import layer_parameters
@@ -35,19 +35,6 @@ def make_layer(seed: int = 0, vocab: int = 50, **options) -> AttentionLayer:
     config = build_config(**options)
     torch.manual_seed(seed)
     return AttentionLayer(config, vocab).eval()
-
-
-def reference_mha(layer: AttentionLayer) -> nn.MultiheadAttention:
-    """torch's own module with our W_q, W_k, W_v, W_o copied in."""
-    config = layer.config
-    mha = nn.MultiheadAttention(config.d_model, config.heads, bias=config.bias, batch_first=True)
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([layer.W_q.weight, layer.W_k.weight, layer.W_v.weight]))
-        mha.out_proj.weight.copy_(layer.W_o.weight)
-        if config.bias:
-            mha.in_proj_bias.copy_(torch.cat([layer.W_q.bias, layer.W_k.bias, layer.W_v.bias]))
-            mha.out_proj.bias.copy_(layer.W_o.bias)
-    return mha.eval()
 
 
 def layer_input(layer: AttentionLayer, ids: torch.Tensor) -> torch.Tensor:
