@@ -40,6 +40,7 @@ class CheckResult:
     gradcheck: bool
     gradcheck_note: str  # what was checked, or why it failed
     device: str
+    skipped: list[str] = dataclasses.field(default_factory=list)  # comparisons not possible
 
     @property
     def ok(self) -> bool:
@@ -73,31 +74,39 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
         return layer.to(device=device, dtype=dtype).eval()
 
     math_layer, sdpa_layer = build("math"), build("sdpa")
-    with torch.no_grad():
-        math = math_layer(token_ids)
-        sdpa = sdpa_layer(token_ids)
-        x = _layer_input(math_layer, token_ids)
-        blocked = ~causal_mask(seq_len, device) if config.mask == "causal" else None
-        mha_output, mha_weights = reference_mha(math_layer)(
-            x, x, x, attn_mask=blocked, need_weights=True, average_attn_weights=False
-        )
     tolerance = TOLERANCE[config.dtype]
 
     def diff(a: torch.Tensor, b: torch.Tensor) -> float:
         return (a.double() - b.double()).abs().max().item()
 
-    comparisons = [
-        Comparison("math", "sdpa", "output", diff(math.attention_output, sdpa.attention_output),
-                   tolerance),
-        Comparison("math", "nn.MultiheadAttention", "output",
-                   diff(math.attention_output, mha_output), tolerance),
-        Comparison("math", "nn.MultiheadAttention", "weights", diff(math.weights, mha_weights),
-                   tolerance),
-        Comparison("sdpa", "nn.MultiheadAttention", "output",
-                   diff(sdpa.attention_output, mha_output), tolerance),
-    ]  # fmt: skip
+    with torch.no_grad():
+        math = math_layer(token_ids)
+        sdpa = sdpa_layer(token_ids)
+        comparisons = [
+            Comparison(
+                "math", "sdpa", "output", diff(math.attention_output, sdpa.attention_output),
+                tolerance,
+            )
+        ]  # fmt: skip
+        skipped = []
+        if config.kv_heads != config.heads:
+            skipped.append("nn.MultiheadAttention has no grouped K/V heads (--kv-heads)")
+        else:
+            x = _layer_input(math_layer, token_ids)
+            blocked = ~causal_mask(seq_len, device) if config.mask == "causal" else None
+            mha_output, mha_weights = reference_mha(math_layer)(
+                x, x, x, attn_mask=blocked, need_weights=True, average_attn_weights=False
+            )
+            comparisons += [
+                Comparison("math", "nn.MultiheadAttention", "output",
+                           diff(math.attention_output, mha_output), tolerance),
+                Comparison("math", "nn.MultiheadAttention", "weights",
+                           diff(math.weights, mha_weights), tolerance),
+                Comparison("sdpa", "nn.MultiheadAttention", "output",
+                           diff(sdpa.attention_output, mha_output), tolerance),
+            ]  # fmt: skip
     passed, note = _gradcheck(config, vocab_size)
-    return CheckResult(comparisons, passed, note, str(device))
+    return CheckResult(comparisons, passed, note, str(device), skipped)
 
 
 def _layer_input(layer: AttentionLayer, token_ids: torch.Tensor) -> torch.Tensor:
@@ -113,6 +122,7 @@ def _layer_input(layer: AttentionLayer, token_ids: torch.Tensor) -> torch.Tensor
 def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:
     """gradcheck in float64 on the CPU, small sizes: embeddings -> the layer's output."""
     small = dataclasses.replace(config, d_model=config.heads * 2, impl="math", device="cpu")
+    # (kv_heads still divides heads, so the grouped path is checked too)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(small, vocab_size).double()
     embeddings = torch.randn(2, 3, small.d_model, dtype=torch.float64, requires_grad=True)

@@ -151,6 +151,11 @@ LAYER_OPTIONS: dict[str, Any] = {
     ),
     "d_model": _option(int, "--d-model", help="Model width D. Default 512."),
     "heads": _option(int, "--heads", help="Attention heads H (must divide D). Default 8."),
+    "kv_heads": _option(
+        int,
+        "--kv-heads",
+        help="Key/value heads for GQA (divides --heads; 1 = MQA). Default --heads.",
+    ),
     "bias": _option(bool, "--bias/--no-bias", help="Bias in W_q, W_k, W_v, W_o. Default --bias."),
     "pos": _option(Pos, "--pos", help="Positional encoding. Default sinusoidal."),
     "mask": _option(Mask, "--mask", help="Attention mask. Default none."),

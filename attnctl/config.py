@@ -35,6 +35,7 @@ class LayerConfig:
     tokenizer: str = "bundled"  # "bundled", "char", or a path to a tokenizer.json
     d_model: int = 512  # width of every token vector (D)
     heads: int = 8  # attention heads (H); d_k = d_model // heads
+    kv_heads: int = 0  # key/value heads (Hkv) for grouped-query attention; 0 = heads
     bias: bool = True  # bias in W_q, W_k, W_v, W_o
     pos: str = "sinusoidal"  # positional encoding added to the embeddings
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
@@ -48,6 +49,11 @@ class LayerConfig:
     @property
     def d_k(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1 = ordinary multi-head attention)."""
+        return self.heads // self.kv_heads
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -91,6 +97,14 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(
             f"heads={config.heads} does not divide d_model={config.d_model}; "
             f"head counts that work: {choices}"
+        )
+    if config.kv_heads == 0:
+        config = dataclasses.replace(config, kv_heads=config.heads)
+    if config.kv_heads < 0 or config.heads % config.kv_heads:
+        choices = ", ".join(map(str, divisors(config.heads)))
+        raise AttnctlError(
+            f"kv-heads={config.kv_heads} does not divide heads={config.heads}; "
+            f"kv-head counts that work: {choices} (1 = multi-query)"
         )
     for key, allowed in _CHOICES.items():
         value = getattr(config, key)

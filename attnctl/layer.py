@@ -100,8 +100,9 @@ class AttentionLayer(nn.Module):
         d_model = config.d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.W_q = nn.Linear(d_model, d_model, bias=config.bias)
-        self.W_k = nn.Linear(d_model, d_model, bias=config.bias)
-        self.W_v = nn.Linear(d_model, d_model, bias=config.bias)
+        kv_width = config.kv_heads * config.d_k  # narrower than d_model under GQA
+        self.W_k = nn.Linear(d_model, kv_width, bias=config.bias)
+        self.W_v = nn.Linear(d_model, kv_width, bias=config.bias)
         self.W_o = nn.Linear(d_model, d_model, bias=config.bias)
         self.norm = nn.LayerNorm(d_model) if config.norm == "post" else None
 
@@ -134,18 +135,25 @@ class AttentionLayer(nn.Module):
         # 2. project, then split D into H heads of d_k (a view: no copy)
         q = self.W_q(x)  # (B, L, D)
         record("q", q, "B L D")
-        k = self.W_k(x)  # (B, L, D)
-        record("k", k, "B L D")
-        v = self.W_v(x)  # (B, L, D)
+        kv_heads, grouped = config.kv_heads, config.kv_heads != heads
+        kv_dims, kv_split = ("B L D_kv", "B Hkv L d_k") if grouped else ("B L D", "B H L d_k")
+        k = self.W_k(x)  # (B, L, Hkv * d_k)
+        record("k", k, kv_dims)
+        v = self.W_v(x)  # (B, L, Hkv * d_k)
         if self.norm is None:
             del x  # no residual: x is not needed again
-        record("v", v, "B L D")
+        record("v", v, kv_dims)
         q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
         record("q_heads", q, "B H L d_k")
-        k = k.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
-        record("k_heads", k, "B H L d_k")
-        v = v.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
-        record("v_heads", v, "B H L d_k")
+        k = k.view(batch, seq_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
+        record("k_heads", k, kv_split)
+        v = v.view(batch, seq_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
+        record("v_heads", v, kv_split)
+        if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
+            k = k.repeat_interleave(config.groups, dim=1)  # (B, H, L, d_k)
+            record("k_repeated", k, "B H L d_k")
+            v = v.repeat_interleave(config.groups, dim=1)  # (B, H, L, d_k)
+            record("v_repeated", v, "B H L d_k")
 
         # 3. scaled dot-product attention, per head
         causal = config.mask == "causal"
@@ -172,7 +180,9 @@ class AttentionLayer(nn.Module):
             if not keep_weights:
                 weights = None
         else:
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, H, L, d_k)
+            gqa = {"enable_gqa": True} if grouped else {}  # the kernel groups K/V natively
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
+            # attended: (B, H, L, d_k)
             del q, k
         del v
         record("weighted_values", attended, "B H L d_k")
@@ -213,10 +223,9 @@ def attention_window(
     x = layer.embedding(token_ids)  # (B, L, D)
     if config.pos == "sinusoidal":
         x = x + sinusoidal_positions(seq_len, config.d_model, x.device, x.dtype)  # (B, L, D)
-    k = layer.W_k(x)  # (B, L, D)
-    k = k.view(batch, seq_len, config.heads, config.d_k).transpose(1, 2)[
-        :, heads_t
-    ]  # (B, h, L, d_k)
+    k = layer.W_k(x)  # (B, L, Hkv * d_k)
+    k = k.view(batch, seq_len, config.kv_heads, config.d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
+    k = k[:, heads_t // config.groups]  # (B, h, L, d_k): the K head each query head reads
     q = layer.W_q(x[:, rows_t])  # (B, r, D)
     del x
     q = q.view(batch, len(rows), config.heads, config.d_k).transpose(1, 2)[

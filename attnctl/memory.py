@@ -107,14 +107,14 @@ def estimate(plan: Plan, layers: int = 1) -> MemoryEstimate:
 
 
 def kv_cache_bytes(plan: Plan, tokens: int | None = None, layers: int = 1) -> int:
-    """K and V for ``tokens`` positions (default: the plan's length), every head and layer.
+    """K and V for ``tokens`` positions (default: the plan's length), every KV head and layer.
 
-    2 · B · tokens · H · d_k elements per layer in the layer's dtype: what a decoder keeps
+    2 · B · tokens · Hkv · d_k elements per layer in the layer's dtype: what a decoder keeps
     so it does not recompute the keys and values of earlier tokens.
     """
     count = plan.seq_len if tokens is None else tokens
     sizes = plan.sizes
-    per_layer = 2 * sizes["B"] * count * sizes["H"] * sizes["d_k"]
+    per_layer = 2 * sizes["B"] * count * sizes["Hkv"] * sizes["d_k"]
     return layers * per_layer * DTYPE_BYTES[plan.config.dtype]
 
 

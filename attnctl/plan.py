@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnctl.config import DTYPE_BYTES, LayerConfig, resolve_impl
+from attnctl.config import DTYPE_BYTES, LayerConfig, resolve_impl, validate
 from attnctl.errors import AttnctlError
 from attnctl.trace import Stage
 
@@ -58,11 +58,12 @@ def _product(shape: tuple[int, ...]) -> int:
 def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
     """Every learnable tensor, named as ``AttentionLayer.named_parameters()`` names it."""
     d = config.d_model
+    kv = config.kv_heads * config.d_k  # narrower K and V projections under GQA
     params = [Parameter("embedding.weight", (vocab_size, d))]
-    for proj in ("W_q", "W_k", "W_v", "W_o"):
-        params.append(Parameter(f"{proj}.weight", (d, d)))
+    for proj, width in (("W_q", d), ("W_k", kv), ("W_v", kv), ("W_o", d)):
+        params.append(Parameter(f"{proj}.weight", (width, d)))
         if config.bias:
-            params.append(Parameter(f"{proj}.bias", (d,)))
+            params.append(Parameter(f"{proj}.bias", (width,)))
     if config.norm == "post":
         params += [Parameter("norm.weight", (d,)), Parameter("norm.bias", (d,))]
     return params
@@ -72,7 +73,7 @@ def build_plan(
     config: LayerConfig, seq_len: int, batch: int = 1, vocab_size: int = 1, device: str = ""
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens."""
-    config = resolve_impl(config)
+    config = resolve_impl(validate(config))
     if seq_len <= 0:
         raise AttnctlError(f"seq-len must be a positive integer, got {seq_len}")
     if batch <= 0:
@@ -82,6 +83,8 @@ def build_plan(
         "L": seq_len,
         "D": config.d_model,
         "H": config.heads,
+        "Hkv": config.kv_heads,
+        "D_kv": config.kv_heads * config.d_k,
         "d_k": config.d_k,
         "V": vocab_size,
     }
@@ -112,18 +115,34 @@ def build_plan(
         )
         x = add("x", "B L D", (x, pos), what="embeddings + positions")
 
+    grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
+    kv_width, kv_heads = ("B L D_kv", "B Hkv L d_k") if grouped else ("B L D", "B H L d_k")
     for name in ("q", "k", "v"):
-        add(name, "B L D", (x,), what=f"x · W_{name}" + (" + b" if config.bias else ""))
+        add(
+            name,
+            "B L D" if name == "q" else kv_width,
+            (x,),
+            what=f"x · W_{name}" + (" + b" if config.bias else ""),
+        )
     heads = {
         name: add(
             f"{name}_heads",
-            "B H L d_k",
+            "B H L d_k" if name == "q" else kv_heads,
             (name,),
             view_of=name,
-            what="view (B, L, H, d_k), transpose(1, 2): no copy",
+            what=f"view (B, L, {'H' if name == 'q' or not grouped else 'Hkv'}, d_k), "
+            "transpose(1, 2): no copy",
         )
         for name in ("q", "k", "v")
     }
+    if grouped and config.impl == "math":  # each K/V head serves H / Hkv query heads
+        for name in ("k", "v"):
+            heads[name] = add(
+                f"{name}_repeated",
+                "B H L d_k",
+                (heads[name],),
+                what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
+            )
 
     if config.impl == "math":
         scores = add(

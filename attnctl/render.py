@@ -63,15 +63,18 @@ def shape_text(shape: tuple[int, ...]) -> str:
 
 
 def config_line(config: LayerConfig) -> str:
+    kv = f", kv {config.kv_heads}" if config.kv_heads != config.heads else ""
     return (
-        f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}) · "
+        f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}{kv}) · "
         f"pos {config.pos} · mask {config.mask} · norm {config.norm} · "
         f"impl {config.impl} · bias {'on' if config.bias else 'off'}"
     )
 
 
 def sizes_line(plan: Plan) -> str:
-    return "  ".join(f"{k}={v}" for k, v in plan.sizes.items())
+    grouped = plan.sizes["Hkv"] != plan.sizes["H"]  # K/V widths only matter under GQA
+    shown = {k: v for k, v in plan.sizes.items() if grouped or k not in ("Hkv", "D_kv")}
+    return "  ".join(f"{k}={v}" for k, v in shown.items())
 
 
 def _table(title: str) -> Table:
@@ -696,6 +699,7 @@ def check_view(result: CheckResult, plan: Plan) -> Group:
         ),
         Text(""),
         table,
+        *(Text(f"not compared: {reason}", style="dim") for reason in result.skipped),
         Text(f"gradcheck: {verdict} ({result.gradcheck_note})"),
         Text("all agree" if result.ok else "MISMATCH: see the rows marked FAIL", style="bold"),
     )  # fmt: skip
@@ -718,6 +722,7 @@ def check_json(result: CheckResult, plan: Plan) -> dict[str, Any]:
             }
             for c in result.comparisons
         ],
+        "skipped": result.skipped,
         "gradcheck": result.gradcheck,
         "gradcheck_note": result.gradcheck_note,
         "ok": result.ok,

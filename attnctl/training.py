@@ -61,6 +61,8 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     config, sizes = plan.config, plan.sizes
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
+    if config.kv_heads != config.heads:
+        raise AttnctlError("memory --train does not model --kv-heads yet (inference does)")
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
     b, length, d, h = sizes["B"], sizes["L"], sizes["D"], sizes["H"]

@@ -8,14 +8,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnctl.config import LayerConfig, build_config, divisors, load_preset, preset_names
+from attnctl.config import (
+    LayerConfig,
+    build_config,
+    divisors,
+    load_preset,
+    preset_names,
+    validate,
+)
 from attnctl.errors import AttnctlError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_are_the_transformer_base_preset():
-    assert build_config() == build_config("transformer-base") == LayerConfig()
+    assert build_config() == build_config("transformer-base") == validate(LayerConfig())
+    assert build_config().kv_heads == 8  # 0 in a preset means "as many as heads"
     assert (LayerConfig().d_model, LayerConfig().heads) == (512, 8)
 
 

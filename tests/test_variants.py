@@ -1,0 +1,115 @@
+"""The attention variants of issue 5, each against an independent reference written here."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from attnctl.config import build_config
+from attnctl.layer import AttentionLayer, Recorder, causal_mask, sinusoidal_positions
+from attnctl.measure import measure_forward
+from attnctl.memory import estimate, kv_cache_bytes
+from attnctl.plan import build_plan
+
+CPU = ("--device", "cpu")
+
+
+def gqa_reference(layer: AttentionLayer, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention by the formula: query head h reads K/V head h // (H / Hkv)."""
+    config = layer.config
+    b, length = ids.shape
+    h, hkv, d_k = config.heads, config.kv_heads, config.d_k
+    x = layer.embedding(ids) + sinusoidal_positions(length, config.d_model)
+    q = layer.W_q(x).view(b, length, h, d_k)
+    k = layer.W_k(x).view(b, length, hkv, d_k)
+    v = layer.W_v(x).view(b, length, hkv, d_k)
+    weights = torch.empty(b, h, length, length)
+    heads_out = []
+    for head in range(h):
+        kv = head // (h // hkv)
+        scores = q[:, :, head] @ k[:, :, kv].transpose(1, 2) / math.sqrt(d_k)  # (B, L, L)
+        if config.mask == "causal":
+            scores = scores.masked_fill(~causal_mask(length), float("-inf"))
+        weights[:, head] = scores.softmax(-1)
+        heads_out.append(weights[:, head] @ v[:, :, kv])  # (B, L, d_k)
+    return layer.W_o(torch.cat(heads_out, dim=-1)), weights
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_grouped_query_attention_matches_the_formula(kv_heads, mask):
+    config = build_config(d_model=32, heads=4, kv_heads=kv_heads, mask=mask, norm="none")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids = torch.randint(0, 30, (2, 7))
+    with torch.no_grad():
+        ours = layer(ids)
+        expected_out, expected_weights = gqa_reference(layer, ids)
+        sdpa = AttentionLayer(build_config(**{**config.to_dict(), "impl": "sdpa"}), 30)
+        sdpa.load_state_dict(layer.state_dict())
+        sdpa_out = sdpa.eval()(ids).attention_output
+    assert (ours.weights - expected_weights).abs().max() <= 1e-6
+    assert (ours.attention_output - expected_out).abs().max() <= 1e-5
+    assert (sdpa_out - expected_out).abs().max() <= 1e-5
+    assert layer.W_k.weight.shape == (kv_heads * 8, 32)
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_gqa_plan_equals_trace_and_measurement(impl, kv_heads):
+    config = build_config(d_model=64, heads=4, kv_heads=kv_heads, impl=impl, device="cpu")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20).eval()
+    record = Recorder()
+    with torch.inference_mode():
+        layer(torch.randint(0, 20, (2, 9)), record)
+    plan = build_plan(config, 9, 2, 20, device="cpu")
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    names = [s.name for s in plan.stages]
+    assert ("k_repeated" in names) == (impl == "math")
+    assert plan.stage("k_heads").dims == ("B", "Hkv", "L", "d_k")
+    big = build_plan(config, 256, 2, 20)
+    measured = measure_forward(config, big)
+    assert list(measured.stage_peak_bytes) == list(estimate(big).live_bytes)
+
+
+def test_gqa_shrinks_the_kv_cache_and_the_weights(invoke):
+    full = json.loads(invoke("memory", "--seq-len", "1024", "--json").stdout)
+    mqa = json.loads(invoke("memory", "--seq-len", "1024", "--kv-heads", "1", "--json").stdout)
+    assert mqa["kv_cache_bytes"] * 8 == full["kv_cache_bytes"] == 2 * 1024 * 512 * 4
+    saved = 2 * (512 * 512 + 512) - 2 * (64 * 512 + 64)  # W_k and W_v shrink to 64 rows
+    assert full["parameters"] - mqa["parameters"] == saved
+    plan = build_plan(build_config(kv_heads=2), 100, 1, 10)
+    assert kv_cache_bytes(plan) == 2 * 100 * 2 * 64 * 4
+
+
+def test_gqa_in_the_cli(invoke):
+    data = json.loads(invoke("run", "Are you OK?", "--kv-heads", "2", *CPU, "--json").stdout)
+    stages = {s["name"]: s for s in data["stages"]}
+    assert stages["k_heads"]["shape"] == [1, 2, 4, 64] and stages["k_repeated"]["shape"] == [
+        1,
+        8,
+        4,
+        64,
+    ]
+    assert torch.tensor(data["attention"]).shape == (1, 8, 4, 4)  # weights per query head
+    shapes = invoke("shapes", "--kv-heads", "2").stdout
+    assert "B Hkv L d_k" in shapes and "Hkv=2" in shapes
+    check = json.loads(invoke("check", "--kv-heads", "2", *CPU, "--json").stdout)
+    assert check["ok"] and check["skipped"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["shapes", "--kv-heads", "3"], "kv-heads=3 does not divide heads=8; kv-head counts"),
+        (["shapes", "--kv-heads", "-1"], "kv-heads=-1 does not divide heads=8"),
+        (["memory", "--kv-heads", "2", "--train"], "does not model --kv-heads yet"),
+    ],
+)
+def test_gqa_misuse_exits_2(invoke, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.stderr
