@@ -116,6 +116,8 @@ def _layer_input(layer: AttentionLayer, token_ids: torch.Tensor) -> torch.Tensor
     x = layer.embedding(token_ids)  # (B, L, D)
     if layer.config.pos == "sinusoidal":
         x = x + sinusoidal_positions(token_ids.shape[1], layer.config.d_model, x.device, x.dtype)
+    if layer.config.norm == "pre":
+        x = layer.norm(x)  # (B, L, D)
     return x
 
 

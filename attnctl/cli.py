@@ -122,7 +122,13 @@ class Mask(StrEnum):
 
 class Norm(StrEnum):
     post = "post"
+    pre = "pre"
     none = "none"
+
+
+class NormType(StrEnum):
+    layer = "layer"
+    rms = "rms"
 
 
 class Impl(StrEnum):
@@ -159,7 +165,12 @@ LAYER_OPTIONS: dict[str, Any] = {
     "bias": _option(bool, "--bias/--no-bias", help="Bias in W_q, W_k, W_v, W_o. Default --bias."),
     "pos": _option(Pos, "--pos", help="Positional encoding. Default sinusoidal."),
     "mask": _option(Mask, "--mask", help="Attention mask. Default none."),
-    "norm": _option(Norm, "--norm", help="Residual + LayerNorm after attention. Default post."),
+    "norm": _option(
+        Norm,
+        "--norm",
+        help="post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x). Default post.",
+    ),
+    "norm_type": _option(NormType, "--norm-type", help="LayerNorm or RMSNorm. Default layer."),
     "impl": _option(
         Impl,
         "--impl",

@@ -17,7 +17,8 @@ from attnctl.errors import AttnctlError
 
 POSITIONS = ("sinusoidal", "none")
 MASKS = ("none", "causal")
-NORMS = ("post", "none")
+NORMS = ("post", "pre", "none")
+NORM_TYPES = ("layer", "rms")
 IMPLS = ("auto", "math", "sdpa")
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
@@ -39,7 +40,8 @@ class LayerConfig:
     bias: bool = True  # bias in W_q, W_k, W_v, W_o
     pos: str = "sinusoidal"  # positional encoding added to the embeddings
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
-    norm: str = "post"  # "post": LayerNorm(x + attention(x)); "none": attention(x) alone
+    norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
+    norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
     dropout: float = 0.0  # on the attention weights, in training only (math path)
     seed: int = 42  # torch.manual_seed before the weights are created
@@ -63,6 +65,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "pos": POSITIONS,
     "mask": MASKS,
     "norm": NORMS,
+    "norm_type": NORM_TYPES,
     "impl": IMPLS,
     "dtype": DTYPES,
 }

@@ -104,7 +104,11 @@ class AttentionLayer(nn.Module):
         self.W_k = nn.Linear(d_model, kv_width, bias=config.bias)
         self.W_v = nn.Linear(d_model, kv_width, bias=config.bias)
         self.W_o = nn.Linear(d_model, d_model, bias=config.bias)
-        self.norm = nn.LayerNorm(d_model) if config.norm == "post" else None
+        self.norm = None
+        if config.norm != "none":
+            self.norm = (
+                nn.LayerNorm(d_model) if config.norm_type == "layer" else nn.RMSNorm(d_model)
+            )
 
     def forward(
         self,
@@ -132,14 +136,19 @@ class AttentionLayer(nn.Module):
             del positions
             record("x", x, "B L D")
 
-        # 2. project, then split D into H heads of d_k (a view: no copy)
-        q = self.W_q(x)  # (B, L, D)
+        # 2. project (from Norm(x) in a pre-norm layer), then split D into heads: views
+        h = x
+        if config.norm == "pre":
+            h = self.norm(x)  # (B, L, D)
+            record("norm", h, "B L D")
+        q = self.W_q(h)  # (B, L, D)
         record("q", q, "B L D")
         kv_heads, grouped = config.kv_heads, config.kv_heads != heads
         kv_dims, kv_split = ("B L D_kv", "B Hkv L d_k") if grouped else ("B L D", "B H L d_k")
-        k = self.W_k(x)  # (B, L, Hkv * d_k)
+        k = self.W_k(h)  # (B, L, Hkv * d_k)
         record("k", k, kv_dims)
-        v = self.W_v(x)  # (B, L, Hkv * d_k)
+        v = self.W_v(h)  # (B, L, Hkv * d_k)
+        del h
         if self.norm is None:
             del x  # no residual: x is not needed again
         record("v", v, kv_dims)
@@ -195,14 +204,14 @@ class AttentionLayer(nn.Module):
         del concat
         record("output_projection", attention_output, "B L D")
 
-        # 5. residual + LayerNorm (post-norm, as in the original Transformer)
+        # 5. residual, then the norm in a post-norm layer (as in the original Transformer)
         output = attention_output
         if self.norm is not None:
-            residual = x + attention_output  # (B, L, D)
+            output = x + attention_output  # (B, L, D)
             del x
-            record("residual", residual, "B L D")
-            output = self.norm(residual)  # (B, L, D)
-            del residual
+            record("residual", output, "B L D")
+        if config.norm == "post":
+            output = self.norm(output)  # (B, L, D)
             record("norm", output, "B L D")
         return LayerOutput(output, attention_output, weights)
 
@@ -223,6 +232,8 @@ def attention_window(
     x = layer.embedding(token_ids)  # (B, L, D)
     if config.pos == "sinusoidal":
         x = x + sinusoidal_positions(seq_len, config.d_model, x.device, x.dtype)  # (B, L, D)
+    if config.norm == "pre":
+        x = layer.norm(x)  # (B, L, D): the projections read Norm(x)
     k = layer.W_k(x)  # (B, L, Hkv * d_k)
     k = k.view(batch, seq_len, config.kv_heads, config.d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
     k = k[:, heads_t // config.groups]  # (B, h, L, d_k): the K head each query head reads

@@ -64,8 +64,10 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
         params.append(Parameter(f"{proj}.weight", (width, d)))
         if config.bias:
             params.append(Parameter(f"{proj}.bias", (width,)))
-    if config.norm == "post":
-        params += [Parameter("norm.weight", (d,)), Parameter("norm.bias", (d,))]
+    if config.norm != "none":
+        params.append(Parameter("norm.weight", (d,)))
+        if config.norm_type == "layer":  # RMSNorm has no bias
+            params.append(Parameter("norm.bias", (d,)))
     return params
 
 
@@ -117,11 +119,15 @@ def build_plan(
 
     grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
     kv_width, kv_heads = ("B L D_kv", "B Hkv L d_k") if grouped else ("B L D", "B H L d_k")
+    norm_name = "LayerNorm" if config.norm_type == "layer" else "RMSNorm"
+    h = x  # what the projections read: x, or Norm(x) in a pre-norm layer
+    if config.norm == "pre":
+        h = add("norm", "B L D", (x,), what=f"{norm_name} over D, before attention (pre-norm)")
     for name in ("q", "k", "v"):
         add(
             name,
             "B L D" if name == "q" else kv_width,
-            (x,),
+            (h,),
             what=f"x · W_{name}" + (" + b" if config.bias else ""),
         )
     heads = {
@@ -180,9 +186,10 @@ def build_plan(
         + (" (already in order: no copy)" if no_copy else " (a copy)"),
     )
     out = add("output_projection", "B L D", (concat,), what="concat · W_o")
-    if config.norm == "post":
+    if config.norm != "none":
         residual = add("residual", "B L D", (x, out), what="x + attention output")
-        add("norm", "B L D", (residual,), what="LayerNorm over D")
+    if config.norm == "post":
+        add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
 
     return Plan(
         config=config,

@@ -66,7 +66,8 @@ def config_line(config: LayerConfig) -> str:
     kv = f", kv {config.kv_heads}" if config.kv_heads != config.heads else ""
     return (
         f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}{kv}) · "
-        f"pos {config.pos} · mask {config.mask} · norm {config.norm} · "
+        f"pos {config.pos} · mask {config.mask} · norm {config.norm}"
+        f"{' (rms)' if config.norm_type == 'rms' and config.norm != 'none' else ''} · "
         f"impl {config.impl} · bias {'on' if config.bias else 'off'}"
     )
 

@@ -61,8 +61,15 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     config, sizes = plan.config, plan.sizes
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
-    if config.kv_heads != config.heads:
-        raise AttnctlError("memory --train does not model --kv-heads yet (inference does)")
+    for option, value, modelled in (
+        ("--kv-heads", config.kv_heads, config.heads),
+        ("--norm", config.norm, None if config.norm == "pre" else config.norm),
+        ("--norm-type", config.norm_type, "layer"),
+    ):
+        if value != modelled:
+            raise AttnctlError(
+                f"memory --train does not model {option} {value} yet (inference does)"
+            )
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
     b, length, d, h = sizes["B"], sizes["L"], sizes["D"], sizes["H"]

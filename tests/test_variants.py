@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnctl.config import build_config
 from attnctl.layer import AttentionLayer, Recorder, causal_mask, sinusoidal_positions
@@ -107,9 +108,66 @@ def test_gqa_in_the_cli(invoke):
     [
         (["shapes", "--kv-heads", "3"], "kv-heads=3 does not divide heads=8; kv-head counts"),
         (["shapes", "--kv-heads", "-1"], "kv-heads=-1 does not divide heads=8"),
-        (["memory", "--kv-heads", "2", "--train"], "does not model --kv-heads yet"),
+        (["memory", "--kv-heads", "2", "--train"], "does not model --kv-heads 2 yet"),
     ],
 )
 def test_gqa_misuse_exits_2(invoke, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) · w, with torch's default eps for the dtype."""
+    eps = torch.finfo(x.dtype).eps
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("norm_type", ["layer", "rms"])
+def test_norms_match_their_formulas(norm, norm_type):
+    config = build_config(d_model=32, heads=4, norm=norm, norm_type=norm_type)
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    bare = AttentionLayer(build_config(d_model=32, heads=4, norm="none"), 30).eval()
+    bare.load_state_dict(layer.state_dict(), strict=False)  # same embedding and projections
+    ids = torch.randint(0, 30, (2, 6))
+
+    def normalise(t):
+        if norm_type == "rms":
+            return rms_norm_reference(t, layer.norm.weight)
+        return F.layer_norm(t, (32,), layer.norm.weight, layer.norm.bias)
+
+    with torch.no_grad():
+        x = layer.embedding(ids) + sinusoidal_positions(6, 32)
+        ours = layer(ids).output
+        if norm == "post":  # Norm(x + attention(x))
+            expected = normalise(x + bare(ids).attention_output)
+        else:  # x + attention(Norm(x))
+            expected = x + bare(None, embeddings=normalise(x) - sinusoidal_positions(6, 32)).output
+    assert (ours - expected).abs().max() <= 1e-5
+    names = [name for name, _ in layer.named_parameters() if name.startswith("norm.")]
+    assert names == (["norm.weight", "norm.bias"] if norm_type == "layer" else ["norm.weight"])
+
+
+def test_pre_norm_stage_order(invoke):
+    stages = [
+        s["name"] for s in json.loads(invoke("shapes", "--norm", "pre", "--json").stdout)["stages"]
+    ]
+    assert stages.index("norm") < stages.index("q") and stages[-1] == "residual"
+    post = [s["name"] for s in json.loads(invoke("shapes", "--json").stdout)["stages"]]
+    assert post[-2:] == ["residual", "norm"]
+    out = invoke("run", "Are you OK?", "--norm", "pre", "--norm-type", "rms", *CPU, columns=200)
+    assert "norm pre (rms)" in out.stdout and "RMSNorm over D, before attention" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["memory", "--norm", "pre", "--train"], "does not model --norm pre yet"),
+        (["memory", "--norm-type", "rms", "--train"], "does not model --norm-type rms yet"),
+        (["shapes", "--norm-type", "batch"], "'batch' is not one of"),
+    ],
+)
+def test_norm_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr
