@@ -91,6 +91,8 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
         skipped = []
         if config.kv_heads != config.heads:
             skipped.append("nn.MultiheadAttention has no grouped K/V heads (--kv-heads)")
+        elif config.pos in ("rope", "alibi"):
+            skipped.append(f"nn.MultiheadAttention cannot apply --pos {config.pos} inside")
         else:
             x = _layer_input(math_layer, token_ids)
             blocked = ~causal_mask(seq_len, device) if config.mask == "causal" else None
@@ -114,8 +116,11 @@ def _layer_input(layer: AttentionLayer, token_ids: torch.Tensor) -> torch.Tensor
     from attnctl.layer import sinusoidal_positions
 
     x = layer.embedding(token_ids)  # (B, L, D)
+    seq_len = token_ids.shape[1]
     if layer.config.pos == "sinusoidal":
-        x = x + sinusoidal_positions(token_ids.shape[1], layer.config.d_model, x.device, x.dtype)
+        x = x + sinusoidal_positions(seq_len, layer.config.d_model, x.device, x.dtype)
+    elif layer.config.pos == "learned":
+        x = x + layer.positions(torch.arange(seq_len, device=x.device))
     if layer.config.norm == "pre":
         x = layer.norm(x)  # (B, L, D)
     return x

@@ -112,6 +112,9 @@ def _main(
 
 class Pos(StrEnum):
     sinusoidal = "sinusoidal"
+    learned = "learned"
+    rope = "rope"
+    alibi = "alibi"
     none = "none"
 
 
@@ -163,7 +166,12 @@ LAYER_OPTIONS: dict[str, Any] = {
         help="Key/value heads for GQA (divides --heads; 1 = MQA). Default --heads.",
     ),
     "bias": _option(bool, "--bias/--no-bias", help="Bias in W_q, W_k, W_v, W_o. Default --bias."),
-    "pos": _option(Pos, "--pos", help="Positional encoding. Default sinusoidal."),
+    "pos": _option(
+        Pos,
+        "--pos",
+        help="Added to the embeddings (sinusoidal, learned), rotating Q and K (rope) or "
+        "biasing the scores (alibi). Default sinusoidal.",
+    ),
     "mask": _option(Mask, "--mask", help="Attention mask. Default none."),
     "norm": _option(
         Norm,

@@ -15,7 +15,7 @@ from typing import Any
 
 from attnctl.errors import AttnctlError
 
-POSITIONS = ("sinusoidal", "none")
+POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 MASKS = ("none", "causal")
 NORMS = ("post", "pre", "none")
 NORM_TYPES = ("layer", "rms")
@@ -38,7 +38,9 @@ class LayerConfig:
     heads: int = 8  # attention heads (H); d_k = d_model // heads
     kv_heads: int = 0  # key/value heads (Hkv) for grouped-query attention; 0 = heads
     bias: bool = True  # bias in W_q, W_k, W_v, W_o
-    pos: str = "sinusoidal"  # positional encoding added to the embeddings
+    pos: str = "sinusoidal"  # added to the embeddings (sinusoidal, learned), rotating Q and K
+    # (rope), or biasing the scores (alibi)
+    max_positions: int = 2048  # rows of the learned position table
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
@@ -81,7 +83,8 @@ def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerC
     """
     if config.impl != "auto":
         return config
-    math = shows_every_weight or config.dropout > 0  # dropout is modelled on math only
+    # dropout is modelled on math only; alibi's bias would make SDPA build the weights anyway
+    math = shows_every_weight or config.dropout > 0 or config.pos == "alibi"
     return dataclasses.replace(config, impl="math" if math else "sdpa")
 
 
@@ -117,8 +120,17 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(f"unknown device {config.device!r}; use auto, cpu, cuda, cuda:N or mps")
     if not 0.0 <= config.dropout < 1.0:
         raise AttnctlError(f"dropout must be at least 0 and below 1, got {config.dropout}")
+    if config.pos == "alibi" and config.impl == "sdpa":
+        raise AttnctlError(
+            "alibi adds a (H, L, L) bias that CPU SDPA handles by building the weights "
+            "out of sight; use --impl math (auto picks it)"
+        )
     if config.dropout and config.impl == "sdpa":
         raise AttnctlError("dropout is modelled on the math path only; use --impl math")
+    if config.pos == "rope" and config.d_k % 2:
+        raise AttnctlError(f"rope rotates pairs of dims: d_k={config.d_k} must be even")
+    if config.max_positions <= 0:
+        raise AttnctlError(f"max_positions must be positive, got {config.max_positions}")
     if not config.tokenizer:
         raise AttnctlError("tokenizer must be 'bundled', 'char' or a path to a tokenizer.json")
     if not -(2**63) <= config.seed < 2**64:

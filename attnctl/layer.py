@@ -80,6 +80,37 @@ def sinusoidal_positions(
     return table
 
 
+def rotary_angles(seq_len: int, d_k: int, device: torch.device | None = None) -> torch.Tensor:
+    """RoPE angles pos·θ_i, θ_i = 10000^(-2i/d_k), laid out for half-rotation: (L, d_k)."""
+    inv_freq = torch.pow(
+        10000.0, torch.arange(0, d_k, 2, device=device, dtype=torch.float32).div_(-d_k)
+    )
+    position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
+    angles = torch.outer(position, inv_freq)  # (L, d_k/2)
+    return torch.cat((angles, angles), dim=-1)  # (L, d_k): dims i and i + d_k/2 share θ_i
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin: each pair (i, i + d_k/2) turns by its angle (RoPE)."""
+    half = x.shape[-1] // 2
+    rotated = x * cos  # (B, heads, L, d_k)
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # rotate_half(x)
+    rotated += turned * sin
+    return rotated
+
+
+def alibi_bias(
+    heads: int, seq_len: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """ALiBi: bias[h, i, j] = -m_h·|i - j|, slopes m_h = 2^(-8(h+1)/H): (H, L, L)."""
+    exponents = torch.arange(1, heads + 1, device=device, dtype=torch.float32).mul_(-8.0 / heads)
+    slopes = torch.pow(2.0, exponents)  # (H,)
+    position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
+    distance = (position.unsqueeze(0) - position.unsqueeze(1)).abs_()  # (L, L): |i - j|
+    bias = distance * slopes.neg_().view(heads, 1, 1)  # (H, L, L), float32
+    return bias.to(dtype or torch.float32)
+
+
 @dataclass
 class LayerOutput:
     output: torch.Tensor  # (B, L, D): after residual + norm when norm == "post"
@@ -104,6 +135,8 @@ class AttentionLayer(nn.Module):
         self.W_k = nn.Linear(d_model, kv_width, bias=config.bias)
         self.W_v = nn.Linear(d_model, kv_width, bias=config.bias)
         self.W_o = nn.Linear(d_model, d_model, bias=config.bias)
+        if config.pos == "learned":  # created after W_o so earlier weights keep their values
+            self.positions = nn.Embedding(config.max_positions, d_model)
         self.norm = None
         if config.norm != "none":
             self.norm = (
@@ -129,8 +162,11 @@ class AttentionLayer(nn.Module):
             x = embeddings  # (B, L, D), e.g. float64 inputs for gradcheck
         batch, seq_len = x.shape[:2]
         record("embeddings", x, "B L D")
-        if config.pos == "sinusoidal":
-            positions = sinusoidal_positions(seq_len, d_model, x.device, x.dtype)  # (L, D)
+        if config.pos in ("sinusoidal", "learned"):
+            if config.pos == "sinusoidal":
+                positions = sinusoidal_positions(seq_len, d_model, x.device, x.dtype)  # (L, D)
+            else:
+                positions = self.positions(torch.arange(seq_len, device=x.device))  # (L, D)
             record("positions", positions, "L D")
             x = x + positions  # (B, L, D), positions broadcast over the batch
             del positions
@@ -158,6 +194,19 @@ class AttentionLayer(nn.Module):
         record("k_heads", k, kv_split)
         v = v.view(batch, seq_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
         record("v_heads", v, kv_split)
+        if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
+            angles = rotary_angles(seq_len, d_k, q.device)  # (L, d_k), float32
+            record("rope_angles", angles, "L d_k")
+            cos = angles.cos().to(q.dtype)  # (L, d_k)
+            record("rope_cos", cos, "L d_k")
+            sin = angles.sin().to(q.dtype)  # (L, d_k)
+            del angles
+            record("rope_sin", sin, "L d_k")
+            q = rotate(q, cos, sin)  # (B, H, L, d_k)
+            record("q_rotated", q, "B H L d_k")
+            k = rotate(k, cos, sin)  # (B, Hkv, L, d_k)
+            del cos, sin
+            record("k_rotated", k, kv_split)
         if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
             k = k.repeat_interleave(config.groups, dim=1)  # (B, H, L, d_k)
             record("k_repeated", k, "B H L d_k")
@@ -171,6 +220,11 @@ class AttentionLayer(nn.Module):
             scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, L)
             del q, k
             record("scores", scores, "B H L L")
+            if config.pos == "alibi":  # distance penalties, one slope per head
+                bias = alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
+                scores += bias  # (B, H, L, L), in place
+                record("alibi", bias, "H L L")  # after use: the add belongs to this stage
+                del bias
             if causal:
                 allowed = causal_mask(seq_len, scores.device)  # (L, L), True = may attend
                 record("mask", allowed, "L L")
@@ -232,6 +286,8 @@ def attention_window(
     x = layer.embedding(token_ids)  # (B, L, D)
     if config.pos == "sinusoidal":
         x = x + sinusoidal_positions(seq_len, config.d_model, x.device, x.dtype)  # (B, L, D)
+    elif config.pos == "learned":
+        x = x + layer.positions(torch.arange(seq_len, device=x.device))  # (B, L, D)
     if config.norm == "pre":
         x = layer.norm(x)  # (B, L, D): the projections read Norm(x)
     k = layer.W_k(x)  # (B, L, Hkv * d_k)
@@ -242,6 +298,11 @@ def attention_window(
     q = q.view(batch, len(rows), config.heads, config.d_k).transpose(1, 2)[
         :, heads_t
     ]  # (B, h, r, d_k)
+    if config.pos == "rope":  # keys at every position, queries at theirs
+        angles = rotary_angles(seq_len, config.d_k, q.device)  # (L, d_k)
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        k = rotate(k, cos, sin)  # (B, h, L, d_k)
+        q = rotate(q, cos[rows_t], sin[rows_t])  # (B, h, r, d_k)
     scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, L)
     if config.mask == "causal":
         keys = torch.arange(seq_len, device=token_ids.device)

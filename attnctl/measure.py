@@ -46,7 +46,7 @@ class LiveStorages(TorchDispatchMode):
         self._excluded: set[int] = set()  # storages counted elsewhere (the parameters)
         self.current = 0
         self.peak = 0
-        self.window_peak = 0
+        self.window_peak: int | None = None
 
     def exclude(self, tensor: torch.Tensor) -> None:
         """Never count this tensor's storage (e.g. a parameter, whose views ops return)."""
@@ -66,9 +66,14 @@ class LiveStorages(TorchDispatchMode):
                 self.current -= nbytes
 
     def take_window_peak(self) -> int:
-        """The peak since the last call (one stage's window); starts the next window."""
+        """The peak since the last call (one stage's window); starts the next window.
+
+        A window opens at its first op, after the frees (``del``) that come between two
+        stages; a stage whose ops never reach the dispatcher gets the bytes alive now.
+        """
         self._forget_freed()
-        peak, self.window_peak = self.window_peak, self.current
+        peak = self.current if self.window_peak is None else self.window_peak
+        self.window_peak = None
         return peak
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -78,7 +83,7 @@ class LiveStorages(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 self.add(leaf)
         self.peak = max(self.peak, self.current)
-        self.window_peak = max(self.window_peak, self.current)
+        self.window_peak = max(self.window_peak or 0, self.current)
         return out
 
 

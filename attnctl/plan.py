@@ -64,6 +64,8 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
         params.append(Parameter(f"{proj}.weight", (width, d)))
         if config.bias:
             params.append(Parameter(f"{proj}.bias", (width,)))
+    if config.pos == "learned":
+        params.append(Parameter("positions.weight", (config.max_positions, d)))
     if config.norm != "none":
         params.append(Parameter("norm.weight", (d,)))
         if config.norm_type == "layer":  # RMSNorm has no bias
@@ -105,6 +107,11 @@ def build_plan(
 
     ids = add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
     x = add("embeddings", "B L D", (ids,), what="embedding lookup: one D-vector per token")
+    if config.pos == "learned" and seq_len > config.max_positions:
+        raise AttnctlError(
+            f"seq-len {seq_len} is longer than the {config.max_positions} learned positions; "
+            "raise max_positions or use --pos rope|sinusoidal"
+        )
     if config.pos == "sinusoidal":
         # float32 scratch while the table is built: positions (L), frequencies (⌈D/2⌉),
         # angles (L·⌈D/2⌉) and sin(angles) (L·⌈D/2⌉) before it is written into the table
@@ -114,6 +121,11 @@ def build_plan(
             "L D",
             what="sinusoidal position table",
             scratch=4 * (seq_len + half + 2 * seq_len * half),
+        )
+        x = add("x", "B L D", (x, pos), what="embeddings + positions")
+    elif config.pos == "learned":  # the int64 position ids live during the lookup
+        pos = add(
+            "positions", "L D", what="learned position table rows 0..L-1", scratch=8 * seq_len
         )
         x = add("x", "B L D", (x, pos), what="embeddings + positions")
 
@@ -141,6 +153,29 @@ def build_plan(
         )
         for name in ("q", "k", "v")
     }
+    if config.pos == "rope":
+        half = config.d_k // 2
+        float32_table = seq_len * config.d_k * 4
+        add(
+            "rope_angles",
+            "L d_k",
+            dtype="float32",
+            what="RoPE angles pos·θ_i, θ_i = 10000^(-2i/d_k)",
+            scratch=4 * (half + seq_len + seq_len * half),  # frequencies, positions, outer
+        )
+        cast = float32_table if config.dtype != "float32" else 0  # cos() in float32, then .to
+        add("rope_cos", "L d_k", ("rope_angles",), what="cos of the angles", scratch=cast)
+        add("rope_sin", "L d_k", ("rope_angles",), what="sin of the angles", scratch=cast)
+        for name in ("q", "k"):
+            dims = "B H L d_k" if name == "q" or not grouped else "B Hkv L d_k"
+            size = _product(tuple(sizes[d] for d in dims.split())) * DTYPE_BYTES[config.dtype]
+            heads[name] = add(
+                f"{name}_rotated",
+                dims,
+                (heads[name], "rope_cos", "rope_sin"),
+                what="x·cos + rotate_half(x)·sin: RoPE turns each pair of dims",
+                scratch=2 * size,  # rotate_half(x) and its product with sin
+            )
     if grouped and config.impl == "math":  # each K/V head serves H / Hkv query heads
         for name in ("k", "v"):
             heads[name] = add(
@@ -154,6 +189,17 @@ def build_plan(
         scores = add(
             "scores", "B H L L", (heads["q"], heads["k"]), what="Q · Kᵀ / √d_k, one L×L per head"
         )
+        if config.pos == "alibi":
+            h, length = config.heads, seq_len
+            # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
+            # and the float32 bias itself before .to() when the dtype is narrower
+            narrow = 4 * h * length * length if config.dtype != "float32" else 0
+            add(
+                "alibi",
+                "H L L",
+                what="ALiBi bias -m_h·|i - j| added to the scores in place",
+                scratch=8 * h + 4 * length + 4 * length * length + narrow,
+            )
         if config.mask == "causal":
             add(
                 "mask",

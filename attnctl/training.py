@@ -65,6 +65,7 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         ("--kv-heads", config.kv_heads, config.heads),
         ("--norm", config.norm, None if config.norm == "pre" else config.norm),
         ("--norm-type", config.norm_type, "layer"),
+        ("--pos", config.pos, config.pos if config.pos in ("sinusoidal", "none") else None),
     ):
         if value != modelled:
             raise AttnctlError(

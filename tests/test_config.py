@@ -54,7 +54,7 @@ def test_command_line_overrides_the_file():
         ("heads = 'eight'\n", "heads must be int"),
         ("heads = true\n", "heads must be int"),
         ("bias = 1\n", "bias must be bool"),
-        ("pos = 'rope'\n", "pos must be one of sinusoidal, none"),
+        ("pos = 'spiral'\n", "pos must be one of sinusoidal, learned, rope, alibi, none"),
         ("heads = [\n", "malformed config"),
         ("d_model = 10\nheads = 4\n", "head counts that work: 1, 2, 5, 10"),
     ],

@@ -171,3 +171,118 @@ def test_pre_norm_stage_order(invoke):
 def test_norm_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr
+
+
+# ---------------------------------------------------------------- positions
+
+
+def attention_weights_reference(layer, ids, rotate_qk=None, bias=None):
+    """softmax(Q·Kᵀ/√d_k + bias) per head, Q and K optionally rotated: (B, H, L, L)."""
+    config = layer.config
+    b, length = ids.shape
+    x = layer.embedding(ids)
+    if config.pos == "learned":
+        x = x + layer.positions.weight[:length]
+    q = layer.W_q(x).view(b, length, config.heads, config.d_k).transpose(1, 2)
+    k = layer.W_k(x).view(b, length, config.heads, config.d_k).transpose(1, 2)
+    if rotate_qk is not None:
+        q, k = rotate_qk(q), rotate_qk(k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(config.d_k)
+    if bias is not None:
+        scores = scores + bias
+    return scores.softmax(-1)
+
+
+def rope_by_pairs(t: torch.Tensor) -> torch.Tensor:
+    """Turn each pair (i, i + d/2) at position p by p·10000^(-2i/d), one pair at a time."""
+    out = t.clone()
+    d = t.shape[-1]
+    half = d // 2
+    for p in range(t.shape[-2]):
+        for i in range(half):
+            theta = p * 10000 ** (-2 * i / d)
+            a, b = t[..., p, i], t[..., p, i + half]
+            out[..., p, i] = a * math.cos(theta) - b * math.sin(theta)
+            out[..., p, i + half] = b * math.cos(theta) + a * math.sin(theta)
+    return out
+
+
+def alibi_reference(heads: int, length: int) -> torch.Tensor:
+    bias = torch.empty(heads, length, length)
+    for h in range(heads):
+        slope = 2 ** (-8 * (h + 1) / heads)
+        for i in range(length):
+            for j in range(length):
+                bias[h, i, j] = -slope * abs(i - j)
+    return bias
+
+
+@pytest.mark.parametrize(
+    "pos,reference",
+    [
+        ("learned", lambda layer, ids: attention_weights_reference(layer, ids)),
+        ("rope", lambda layer, ids: attention_weights_reference(layer, ids, rope_by_pairs)),
+        ("alibi", lambda layer, ids: attention_weights_reference(
+            layer, ids, bias=alibi_reference(layer.config.heads, ids.shape[1]))),
+    ],
+)  # fmt: skip
+def test_positions_match_their_formulas(pos, reference):
+    config = build_config(d_model=32, heads=4, pos=pos, norm="none", max_positions=16)
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids = torch.randint(0, 30, (2, 7))
+    with torch.no_grad():
+        assert (layer(ids).weights - reference(layer, ids)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_position_window_and_sdpa_agree_with_math(invoke, pos, tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(f"w{i}" for i in range(30)))
+    common = ("--file", str(path), "--pos", pos, "--d-model", "32", "--heads", "4", *CPU)
+    window = json.loads(invoke("run", *common, "--rows", "last:3", "--json").stdout)
+    full = json.loads(invoke("run", *common, "--rows", "all", "--json").stdout)
+    assert (window["impl"], full["impl"]) == ("sdpa", "math")
+    rows = window["attention_rows"]
+    expected = torch.tensor(full["attention"])[:, :, rows]
+    assert (torch.tensor(window["attention"]) - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize(  # alibi with sdpa is a usage error, tested below
+    "pos,impl",
+    [
+        ("learned", "math"),
+        ("learned", "sdpa"),
+        ("rope", "math"),
+        ("rope", "sdpa"),
+        ("alibi", "math"),
+    ],
+)
+def test_positions_plan_trace_and_measurement(pos, impl):
+    config = build_config(d_model=64, heads=4, kv_heads=2, pos=pos, impl=impl, device="cpu")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20).eval()
+    record = Recorder()
+    with torch.inference_mode():
+        layer(torch.randint(0, 20, (2, 9)), record)
+    assert [s.to_dict() for s in record.stages] == [
+        s.to_dict() for s in build_plan(config, 9, 2, 20, device="cpu").stages
+    ]
+    big = build_plan(config, 200, 2, 20)
+    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    where = {"learned": "positions", "rope": "q_rotated", "alibi": "alibi"}[pos]
+    assert where in [s.name for s in big.stages]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["shapes", "--pos", "rope", "--d-model", "24", "--heads", "8"], "d_k=3 must be even"),
+        (["shapes", "--pos", "alibi", "--impl", "sdpa"], "use --impl math"),
+        (["shapes", "--pos", "learned", "--seq-len", "4096"], "longer than the 2048 learned"),
+        (["memory", "--pos", "rope", "--train"], "does not model --pos rope yet"),
+    ],
+)
+def test_position_misuse_exits_2(invoke, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.stderr
