@@ -38,7 +38,7 @@ from attnctl.render import (
     shapes_json,
     shapes_view,
 )
-from attnctl.tokenize import encode, vocab_size
+from attnctl.tokenize import encode_batch, vocab_size
 from attnctl.training import estimate_training
 from attnctl.window import DEFAULT_HEADS_SHOWN, DEFAULT_ROWS, choose_heads, choose_rows
 
@@ -235,8 +235,11 @@ BatchOption = Annotated[int, typer.Option("--batch", "-B", help="Batch size B.")
 @layer_options
 def run(
     text: Annotated[
-        str | None,
-        typer.Argument(help="The sentence to tokenize and run (or use --file).", metavar="TEXT"),
+        list[str] | None,
+        typer.Argument(
+            help="The sentence to run (or use --file); several make a batch, padded on the right.",
+            metavar="TEXT...",
+        ),
     ] = None,
     file: Annotated[
         str | None,
@@ -262,50 +265,52 @@ def run(
     *,
     layer: LayerConfig,
 ) -> None:
-    """Run one attention layer on TEXT and show every stage and each head's weights."""
+    """Run one attention layer on TEXT (a batch for several) and show every stage and weights."""
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
     if not 0 <= digits <= 8:
         raise AttnctlError(f"digits must be between 0 and 8, got {digits}")
-    source = _read_text(text, file)
-    encoded = encode(source, layer.tokenizer)
-    seq_len = len(encoded.tokens)
+    texts = _read_texts(text, file)
+    batch = encode_batch(texts, layer.tokenizer)
+    seq_len = batch.seq_len
     heads = choose_heads(head, layer.heads)
     if not head and not as_json:  # compute only the weight tables that will be printed
         heads = heads[:DEFAULT_HEADS_SHOWN]
     query_rows = choose_rows(rows, seq_len)
     layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
-    plan = build_plan(layer, seq_len, 1, encoded.vocab_size)
+    from attnctl.runner import needs_padding_mask, run_batch
+
+    padded = needs_padding_mask(batch, layer)
+    plan = build_plan(layer, seq_len, len(texts), batch.vocab_size, padded=padded)
     memory = estimate(plan)
     # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
-    shown_bytes = len(heads) * len(query_rows) * seq_len * 36
-    from attnctl.runner import run_encoded
+    shown_bytes = len(texts) * len(heads) * len(query_rows) * seq_len * 36
 
-    with _progress(f"running the layer over {seq_len} tokens"):
+    with _progress(f"running the layer over {len(texts)} x {seq_len} tokens"):
         need = None if force else memory.peak_bytes + shown_bytes
-        trace = run_encoded(encoded, layer, heads, query_rows, need_bytes=need)
+        trace = run_batch(batch, layer, heads, query_rows, need_bytes=need)
     if as_json:
         _print_json(run_json(trace, plan, memory))
         return
     console = _console()
     shown = heads
-    console.print(run_view(source, trace, plan, memory, shown, console.width, digits))
+    console.print(run_view(texts, trace, plan, memory, shown, console.width, digits))
     if not head and layer.heads > len(shown):
         console.print(
             f"heads {len(shown)}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
         )
 
 
-def _read_text(text: str | None, file: str | None) -> str:
-    if (text is None) == (file is None):
+def _read_texts(texts: list[str] | None, file: str | None) -> list[str]:
+    if bool(texts) == (file is not None):
         raise AttnctlError("give the text either as TEXT or with --file PATH, not both or neither")
     if file is None:
-        return text
+        return texts
     try:
         if file == "-":
-            return sys.stdin.read()
+            return [sys.stdin.read()]
         with open(file, encoding="utf-8") as handle:
-            return handle.read()
+            return [handle.read()]
     except FileNotFoundError:
         raise AttnctlError(f"text file not found: {file}") from None
     except (OSError, UnicodeDecodeError) as error:

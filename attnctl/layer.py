@@ -149,14 +149,21 @@ class AttentionLayer(nn.Module):
         record: Callable[[str, torch.Tensor, str], None] = _no_record,
         keep_weights: bool = True,
         embeddings: torch.Tensor | None = None,
+        padding: torch.Tensor | None = None,
     ) -> LayerOutput:
-        """Run the layer on token ids, or on ``embeddings`` (B, L, D) given instead of them."""
+        """Run the layer on token ids, or on ``embeddings`` (B, L, D) given instead of them.
+
+        ``padding`` (B, L) bool, True = a real token (SDPA's convention), makes padded keys
+        get weight exactly 0; ``nn.MultiheadAttention``'s key_padding_mask is its negation.
+        """
         config = self.config
         heads, d_k, d_model = config.heads, config.d_k, config.d_model
 
         # 1. tokens -> vectors (+ positions)
         if embeddings is None:
             record("token_ids", token_ids, "B L")
+            if padding is not None:
+                record("padding_mask", padding, "B L")
             x = self.embedding(token_ids)  # (B, L, D)
         else:
             x = embeddings  # (B, L, D), e.g. float64 inputs for gradcheck
@@ -219,6 +226,8 @@ class AttentionLayer(nn.Module):
         if config.impl == "math":
             scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, L)
             del q, k
+            if padding is not None:  # padded keys: -inf before the softmax
+                scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
             record("scores", scores, "B H L L")
             if config.pos == "alibi":  # distance penalties, one slope per head
                 bias = alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
@@ -244,7 +253,10 @@ class AttentionLayer(nn.Module):
                 weights = None
         else:
             gqa = {"enable_gqa": True} if grouped else {}  # the kernel groups K/V natively
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
+            keys = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L) view
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keys, is_causal=causal, **gqa
+            )
             # attended: (B, H, L, d_k)
             del q, k
         del v
@@ -271,7 +283,11 @@ class AttentionLayer(nn.Module):
 
 
 def attention_window(
-    layer: AttentionLayer, token_ids: torch.Tensor, heads: list[int], rows: list[int]
+    layer: AttentionLayer,
+    token_ids: torch.Tensor,
+    heads: list[int],
+    rows: list[int],
+    padding: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax weights for some heads and query rows only: (B, len(heads), len(rows), L).
 
@@ -308,6 +324,8 @@ def attention_window(
         keys = torch.arange(seq_len, device=token_ids.device)
         allowed = keys.unsqueeze(0) <= rows_t.unsqueeze(1)  # (r, L), True = may attend
         scores.masked_fill_(allowed.logical_not(), float("-inf"))
+    if padding is not None:  # (B, L), True = a real token
+        scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1)  # (B, h, r, L)
 
 

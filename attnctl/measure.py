@@ -99,10 +99,14 @@ def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = No
     layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).eval()
     parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
     token_ids = torch.randint(0, plan.vocab_size, (plan.batch, plan.seq_len), device=device)
+    padding = None
+    if "padding_mask" in {s.name for s in plan.stages}:  # the last row: half of it padding
+        padding = torch.ones(plan.batch, plan.seq_len, dtype=torch.bool, device=device)
+        padding[-1, (plan.seq_len + 1) // 2 :] = False
     try:
         if device.type == "cuda":
-            return _measure_cuda(layer, token_ids, parameter_bytes)
-        return _measure_dispatch(layer, token_ids, parameter_bytes, str(device))
+            return _measure_cuda(layer, token_ids, parameter_bytes, padding)
+        return _measure_dispatch(layer, token_ids, parameter_bytes, str(device), padding)
     except torch.OutOfMemoryError as error:
         raise AttnctlError(
             f"out of memory on {device} while measuring", exit_code=RUNTIME
@@ -110,7 +114,11 @@ def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = No
 
 
 def _measure_dispatch(
-    layer: AttentionLayer, token_ids: torch.Tensor, parameter_bytes: int, device: str
+    layer: AttentionLayer,
+    token_ids: torch.Tensor,
+    parameter_bytes: int,
+    device: str,
+    padding: torch.Tensor | None = None,
 ) -> Measurement:
     tracker = LiveStorages()
     stage_peaks: list[int] = []
@@ -123,9 +131,11 @@ def _measure_dispatch(
     for parameter in layer.parameters():
         tracker.exclude(parameter)
     tracker.add(token_ids)
+    if padding is not None:
+        tracker.add(padding)
     with torch.inference_mode(), tracker:
         tracker.take_window_peak()
-        output = layer(token_ids, record, keep_weights=False)
+        output = layer(token_ids, record, keep_weights=False, padding=padding)
     del output
     return Measurement(
         device, parameter_bytes, tracker.peak, tuple(stage_peaks), "live tensor storages"
@@ -133,12 +143,18 @@ def _measure_dispatch(
 
 
 def _measure_cuda(
-    layer: AttentionLayer, token_ids: torch.Tensor, parameter_bytes: int
+    layer: AttentionLayer,
+    token_ids: torch.Tensor,
+    parameter_bytes: int,
+    padding: torch.Tensor | None = None,
 ) -> Measurement:
     device = token_ids.device
     stage_peaks: list[int] = []
     torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device) - token_ids.untyped_storage().nbytes()
+    inputs = token_ids.untyped_storage().nbytes()
+    if padding is not None:
+        inputs += padding.untyped_storage().nbytes()
+    base = torch.cuda.memory_allocated(device) - inputs
     torch.cuda.reset_peak_memory_stats(device)
 
     def record(name: str, tensor: torch.Tensor, dims: str) -> None:
@@ -147,7 +163,7 @@ def _measure_cuda(
         torch.cuda.reset_peak_memory_stats(device)
 
     with torch.inference_mode():
-        output = layer(token_ids, record, keep_weights=False)
+        output = layer(token_ids, record, keep_weights=False, padding=padding)
         torch.cuda.synchronize(device)
     del output
     peak = max(stage_peaks)

@@ -65,9 +65,14 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
     for i, stage in enumerate(plan.stages):
         for read in stage.reads:
             last_use[owner[read]] = max(last_use[owner[read]], i)
-    # the caller holds the input ids; the layer returns its output and the attention output
-    for held in ("token_ids", "output_projection", plan.stages[-1].name):
-        last_use[held] = last
+    # the caller makes the inputs before the layer runs and holds them throughout; the layer
+    # returns its output and the attention output
+    for held in ("token_ids", "padding_mask", "output_projection", plan.stages[-1].name):
+        if held in last_use:
+            last_use[held] = last
+    for given in ("token_ids", "padding_mask"):
+        if given in index:
+            index[given] = 0
     nbytes = {s.name: s.bytes for s in plan.stages}
     return [
         stage.scratch

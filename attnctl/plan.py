@@ -74,9 +74,18 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
 
 
 def build_plan(
-    config: LayerConfig, seq_len: int, batch: int = 1, vocab_size: int = 1, device: str = ""
+    config: LayerConfig,
+    seq_len: int,
+    batch: int = 1,
+    vocab_size: int = 1,
+    device: str = "",
+    padded: bool = False,
 ) -> Plan:
-    """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens."""
+    """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens.
+
+    ``padded``: some sequences are padded on the right and a key-padding mask is applied
+    (not with a causal mask, which never lets a real token see right padding anyway).
+    """
     config = resolve_impl(validate(config))
     if seq_len <= 0:
         raise AttnctlError(f"seq-len must be a positive integer, got {seq_len}")
@@ -106,6 +115,9 @@ def build_plan(
         return name
 
     ids = add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
+    padding = padded and config.mask != "causal"
+    if padding:
+        add("padding_mask", "B L", dtype="bool", what=f"key padding; {MASK_CONVENTION}")
     x = add("embeddings", "B L D", (ids,), what="embedding lookup: one D-vector per token")
     if config.pos == "learned" and seq_len > config.max_positions:
         raise AttnctlError(
@@ -187,7 +199,13 @@ def build_plan(
 
     if config.impl == "math":
         scores = add(
-            "scores", "B H L L", (heads["q"], heads["k"]), what="Q · Kᵀ / √d_k, one L×L per head"
+            "scores",
+            "B H L L",
+            (heads["q"], heads["k"]),
+            # the negated padding mask (B·L bools) is made after q and k are freed, so it
+            # never raises this stage's peak
+            what="Q · Kᵀ / √d_k, one L×L per head"
+            + ("; padded keys set to -inf" if padding else ""),
         )
         if config.pos == "alibi":
             h, length = config.heads, seq_len

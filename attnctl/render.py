@@ -133,9 +133,9 @@ def header(title: str, rows: list[tuple[str, str]]) -> Table:
     return grid
 
 
-def token_table(tokens: list[Token], rows: list[int]) -> Table:
-    """The tokens of the query rows computed (all of them for short inputs)."""
-    table = _table("tokens")
+def token_table(tokens: list[Token], rows: list[int], title: str = "tokens") -> Table:
+    """The tokens of the query rows computed (all of them for short inputs), padding marked."""
+    table = _table(title)
     table.add_column("pos", justify="right", no_wrap=True)
     table.add_column("id", justify="right", no_wrap=True)
     table.add_column("token", no_wrap=True)
@@ -148,9 +148,10 @@ def token_table(tokens: list[Token], rows: list[int]) -> Table:
         previous = i
         token = tokens[i]
         note = f"piece {token.piece}/{token.pieces} of one character" if token.pieces > 1 else ""
-        table.add_row(
-            str(i), str(token.id), Text(token_label(token)), f"{token.start}:{token.end}", note
-        )
+        chars = f"{token.start}:{token.end}"
+        if token.pad:
+            note, chars = "padding: weight 0 as a key", "—"
+        table.add_row(str(i), str(token.id), Text(token_label(token)), chars, note)
     if previous < len(tokens) - 1:
         table.add_row("⋮", "", "", "", f"tokens {previous + 1}–{len(tokens) - 1} not listed")
     return table
@@ -179,8 +180,11 @@ def weight_tables(
     When the keys do not fit the width, each row lists its strongest keys instead.
     """
     tokens = trace.tokens[batch_row]
-    count = len(tokens)
-    rows = trace.attention_rows
+    count = sum(not t.pad for t in tokens)  # this text's own tokens; padding follows them
+    computed = [(i, r) for i, r in enumerate(trace.attention_rows) if r < count]
+    if not computed:
+        return [], [f"text {batch_row}: none of its {count} tokens is among the rows computed"]
+    rows = [r for _, r in computed]
     cell = digits + 3  # "0.28*"
     label_width = min(LABEL_WIDTH, max(len(token_label(tokens[r])) for r in rows))
     label_width += len(str(rows[-1])) + 1
@@ -208,7 +212,8 @@ def weight_tables(
     for head in heads:
         head_index = trace.attention_heads.index(head)
         matrix = trace.attention[batch_row][head_index]
-        table = _table(f"head {head}")
+        batch_label = f" · text {batch_row}" if len(trace.tokens) > 1 else ""
+        table = _table(f"head {head}{batch_label}")
         table.add_column(Text("query \\ key"), no_wrap=True)
         if top_k is None:
             for key in range(count):
@@ -217,7 +222,7 @@ def weight_tables(
         else:
             for rank in range(top_k):
                 table.add_column(f"top {rank + 1}", no_wrap=True)
-        for row_index, query in enumerate(rows):
+        for row_index, query in computed:
             weights = matrix[row_index]
             cells: list[RenderableType] = [Text(label(query))]
             if top_k is None:
@@ -227,7 +232,8 @@ def weight_tables(
                     text = f"{weight_text(weights[key], digits)}{mark}"
                     cells.append(Text(text, style=_shade(weights[key])))
             else:
-                strongest = trace.top_keys[batch_row][head_index][row_index][:top_k]
+                ranked = trace.top_keys[batch_row][head_index][row_index]
+                strongest = [key for key in ranked if key < count][:top_k]  # no padding
                 for key in strongest:
                     text = (
                         f"{key} {token_label(tokens[key], 6)} {weight_text(weights[key], digits)}"
@@ -279,7 +285,7 @@ def memory_footer(estimate: MemoryEstimate) -> Table:
 
 
 def run_view(
-    text: str,
+    texts: list[str],
     trace: Trace,
     plan: Plan,
     estimate: MemoryEstimate,
@@ -288,15 +294,23 @@ def run_view(
     digits: int = 2,
 ) -> Group:
     config = plan.config
-    shown_text = printable(text)
-    if len(shown_text) > MAX_TEXT:
-        shown_text = f"{shown_text[:MAX_TEXT]}… ({len(text):,} characters in all)"
+    lines = []
+    for number, text in enumerate(texts):
+        shown_text = printable(text)
+        if len(shown_text) > MAX_TEXT:
+            shown_text = f"{shown_text[:MAX_TEXT]}… ({len(text):,} characters in all)"
+        lines.append(("text" if len(texts) == 1 else f"text {number}", shown_text))
     how = "every weight built" if trace.impl == "math" else "weights only for the rows shown"
+    batched = len(texts) > 1
+    tables = [
+        token_table(row, trace.attention_rows, f"tokens · text {b}" if batched else "tokens")
+        for b, row in enumerate(trace.tokens)
+    ]
     parts: list[RenderableType] = [
         header(
             "attnctl run",
             [
-                ("text", shown_text),
+                *lines,
                 ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
                 ("layer", config_line(config)),
                 ("device", f"{trace.device} · dtype {config.dtype} · seed {config.seed}"),
@@ -304,12 +318,33 @@ def run_view(
             ],
         ),
         Text(""),
-        token_table(trace.tokens[0], trace.attention_rows),
+        *tables,
         stage_table(trace.stages, width, plan),
     ]
     if config.mask == "causal":
         parts.append(Text(f"mask: {MASK_CONVENTION}", style="dim"))
-    tables, notes = weight_tables(trace, heads, width, digits)
+    if any(t.pad for row in trace.tokens for t in row):
+        if "padding_mask" in {s.name for s in trace.stages}:
+            parts.append(
+                Text(
+                    f"padding_mask: {MASK_CONVENTION}; nn.MultiheadAttention's key_padding_mask "
+                    "is its negation (True = padding). Padded keys get weight 0.",
+                    style="dim",
+                )
+            )
+        else:
+            parts.append(
+                Text(
+                    "padding needs no mask here: with padding on the right, the causal mask "
+                    "never lets a real token see it.",
+                    style="dim",
+                )
+            )
+    tables, notes = [], []
+    for batch_row in range(len(trace.tokens)):
+        row_tables, row_notes = weight_tables(trace, heads, width, digits, batch_row)
+        tables += row_tables
+        notes += [note for note in row_notes if note not in notes]
     parts.append(
         Text(
             "attention weights: rows = queries, columns = keys, each row sums to 1, "

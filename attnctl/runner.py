@@ -7,27 +7,37 @@ import os
 from attnctl.config import LayerConfig, resolve_impl
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.memory import format_bytes
-from attnctl.tokenize import Encoded, encode
+from attnctl.tokenize import Batch, encode_batch
 from attnctl.trace import Trace
 
 TOP_KEYS = 64  # strongest keys kept per query row, for tables too narrow for every key
 
 
 def run_text(
-    text: str, config: LayerConfig, heads: list[int] | None = None, rows: list[int] | None = None
+    text: str | list[str],
+    config: LayerConfig,
+    heads: list[int] | None = None,
+    rows: list[int] | None = None,
 ) -> Trace:
-    """Tokenize ``text`` and run one seeded attention layer over it (every weight by default)."""
-    return run_encoded(encode(text, config.tokenizer), config, heads, rows)
+    """Tokenize ``text`` (or a batch of texts) and run one seeded attention layer over it."""
+    texts = [text] if isinstance(text, str) else text
+    return run_batch(encode_batch(texts, config.tokenizer), config, heads, rows)
 
 
-def run_encoded(
-    encoded: Encoded,
+def needs_padding_mask(batch: Batch, config: LayerConfig) -> bool:
+    """Rows of unequal length need a key-padding mask, unless a causal mask is there: with
+    padding on the right, no real token can see a later position anyway."""
+    return batch.padded and config.mask != "causal"
+
+
+def run_batch(
+    batch: Batch,
     config: LayerConfig,
     heads: list[int] | None = None,
     rows: list[int] | None = None,
     need_bytes: int | None = None,
 ) -> Trace:
-    """Run the layer over tokens; weights only for ``heads`` x ``rows`` (default: all).
+    """Run the layer over a (padded) batch; weights only for ``heads`` x ``rows``.
 
     ``need_bytes``, when given, is checked against the device's free memory first.
     """
@@ -41,7 +51,7 @@ def run_encoded(
         resolve_device,
     )
 
-    seq_len = len(encoded.tokens)
+    seq_len = batch.seq_len
     heads = list(range(config.heads)) if heads is None else heads
     rows = list(range(seq_len)) if rows is None else rows
     config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
@@ -49,17 +59,22 @@ def run_encoded(
     if need_bytes is not None:
         preflight(need_bytes, device)
     torch.manual_seed(config.seed)
-    layer = AttentionLayer(config, encoded.vocab_size)  # float32 on CPU: same weights anywhere
+    layer = AttentionLayer(config, batch.vocab_size)  # float32 on CPU: same weights anywhere
     layer = layer.to(device=device, dtype=TORCH_DTYPES[config.dtype]).eval()
-    token_ids = torch.tensor([[t.id for t in encoded.tokens]], device=device)  # (B, L)
+    padded_rows = batch.padded_rows()
+    token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
+    padding = None
+    if needs_padding_mask(batch, config):
+        lengths = torch.tensor([len(row) for row in batch.rows], device=device)
+        padding = torch.arange(seq_len, device=device) < lengths[:, None]  # (B, L), True = real
     record = Recorder()
     try:
         with torch.inference_mode():
-            result = layer(token_ids, record)
+            result = layer(token_ids, record, padding=padding)
             if result.weights is not None:  # math: slice what was asked from the full weights
                 window = result.weights[:, heads][:, :, rows]  # (B, h, r, L)
             else:  # sdpa: compute just those weights
-                window = attention_window(layer, token_ids, heads, rows)  # (B, h, r, L)
+                window = attention_window(layer, token_ids, heads, rows, padding)  # (B, h, r, L)
             del result
             top = window.topk(min(TOP_KEYS, seq_len), dim=-1).indices  # (B, h, r, K)
             attention = window.float().cpu().tolist()
@@ -75,15 +90,15 @@ def run_encoded(
             ) from error
         raise AttnctlError(f"the layer failed on {device}: {message}", exit_code=RUNTIME) from error
     return Trace(
-        tokens=[encoded.tokens],
+        tokens=padded_rows,
         stages=record.stages,
         attention=attention,
         attention_heads=heads,
         attention_rows=rows,
         top_keys=top_keys,
         device=str(device),
-        tokenizer=encoded.name,
-        vocab_size=encoded.vocab_size,
+        tokenizer=batch.name,
+        vocab_size=batch.vocab_size,
         impl=config.impl,
     )
 

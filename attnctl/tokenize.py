@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,37 +70,88 @@ class Encoded:
     tokens: list[Token]
     vocab_size: int
     name: str  # for the header: "bundled BPE", "char", or the path
-    vocab: dict[str, int] = field(default_factory=dict)
+
+
+PAD_TOKENS = ("<pad>", "[PAD]", "<|pad|>", "<|endoftext|>")  # tried in order for padding
+
+
+@dataclass
+class Batch:
+    """Several texts tokenized with one vocabulary, to be padded on the right."""
+
+    rows: list[list[Token]]  # each text's own tokens, no padding
+    vocab_size: int
+    name: str
+    pad_id: int
+
+    @property
+    def seq_len(self) -> int:
+        return max(len(row) for row in self.rows)
+
+    @property
+    def padded(self) -> bool:
+        return len({len(row) for row in self.rows}) > 1
+
+    def padded_rows(self) -> list[list[Token]]:
+        """Each row filled up to ``seq_len`` with pad tokens (visible, marked ``pad``)."""
+        return [
+            row + [Token(self.pad_id, "<pad>", -1, -1, pad=True)] * (self.seq_len - len(row))
+            for row in self.rows
+        ]
 
 
 def encode(text: str, spec: str) -> Encoded:
-    if text == "":
-        raise AttnctlError("the sentence is empty; give some text to tokenize")
+    """One text; see :func:`encode_batch` for several."""
+    batch = encode_batch([text], spec)
+    return Encoded(batch.rows[0], batch.vocab_size, batch.name)
+
+
+def encode_batch(texts: list[str], spec: str) -> Batch:
+    for text in texts:
+        if text == "":
+            raise AttnctlError("the sentence is empty; give some text to tokenize")
     path = tokenizer_path(spec)
-    encoded = _encode_chars(text) if path is None else _encode_bpe(text, path, spec)
-    if not encoded.tokens:
-        raise AttnctlError(f"the tokenizer produced no tokens for {text!r}")
-    return encoded
+    if path is None:
+        batch = _encode_chars(texts)
+    else:
+        tokenizer = _load(path, spec)
+        rows = [_encode_bpe(text, tokenizer) for text in texts]
+        pad_id = next((i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), 0)
+        name = "bundled BPE" if spec == "bundled" else str(path)
+        batch = Batch(rows, tokenizer.get_vocab_size(), name, pad_id)
+    for text, row in zip(texts, batch.rows, strict=True):
+        if not row:
+            raise AttnctlError(f"the tokenizer produced no tokens for {text!r}")
+    return batch
 
 
-def _encode_chars(text: str) -> Encoded:
-    """One token per character; ids in order of first appearance (猫吃鱼 -> 0, 1, 2)."""
+def _encode_chars(texts: list[str]) -> Batch:
+    """One token per character; ids in order of first appearance (猫吃鱼 -> 0, 1, 2).
+
+    One vocabulary for the whole batch; padding, when needed, gets the next id.
+    """
     vocab: dict[str, int] = {}
-    tokens = []
-    for i, char in enumerate(text):
-        token_id = vocab.setdefault(char, len(vocab))
-        tokens.append(Token(token_id, char, i, i + 1))
-    return Encoded(tokens, len(vocab), "char", vocab)
+    rows = []
+    for text in texts:
+        row = []
+        for i, char in enumerate(text):
+            row.append(Token(vocab.setdefault(char, len(vocab)), char, i, i + 1))
+        rows.append(row)
+    padded = len({len(row) for row in rows}) > 1
+    return Batch(rows, len(vocab) + padded, "char", len(vocab))
 
 
-def _encode_bpe(text: str, path: Path, spec: str) -> Encoded:
+def _load(path: Path, spec: str):
     from tokenizers import Tokenizer
 
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        return Tokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises plain Exception on bad files
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise AttnctlError(f"malformed tokenizer {spec}: {reason}") from error
+
+
+def _encode_bpe(text: str, tokenizer) -> list[Token]:
     encoding = tokenizer.encode(text)
     spans = list(encoding.offsets)
     special = encoding.special_tokens_mask
@@ -119,5 +170,4 @@ def _encode_bpe(text: str, path: Path, spec: str) -> Encoded:
         count = pieces[(start, end)] if shared else 1
         piece = seen[(start, end)] if shared else 1
         tokens.append(Token(token_id, label, start, end, count, piece))
-    name = "bundled BPE" if spec == "bundled" else str(path)
-    return Encoded(tokens, tokenizer.get_vocab_size(), name)
+    return tokens

@@ -47,9 +47,16 @@ class Token:
     end: int
     pieces: int = 1  # >1 when several tokens share one character span (a CJK char in bytes)
     piece: int = 1  # which of those pieces this is, 1-based
+    pad: bool = False  # padding appended to a shorter text of a batch
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "text": self.text, "start": self.start, "end": self.end}
+        return {
+            "id": self.id,
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "pad": self.pad,
+        }
 
 
 @dataclass

@@ -199,7 +199,7 @@ def test_run_json_schema(invoke):
     data = run_json(invoke, "run", "Are you OK?", "--heads", "8", *CPU)
     assert {"config", "tokens", "stages", "attention", "memory"} <= set(data)
     assert data["tokens"] == [
-        [{"id": t["id"], "text": text, "start": s, "end": e}
+        [{"id": t["id"], "text": text, "start": s, "end": e, "pad": False}
          for t, text, (s, e) in zip(data["tokens"][0], ["Are", "you", "OK", "?"],
                                     [(0, 3), (4, 7), (8, 10), (10, 11)], strict=True)]
     ]  # fmt: skip
@@ -459,13 +459,13 @@ def test_text_output_computes_only_the_heads_it_prints(invoke, monkeypatch):
     import attnctl.runner
 
     seen = {}
-    original = attnctl.runner.run_encoded
+    original = attnctl.runner.run_batch
 
-    def spy(encoded, config, heads=None, rows=None, need_bytes=None):
+    def spy(batch, config, heads=None, rows=None, need_bytes=None):
         seen["heads"] = heads
-        return original(encoded, config, heads, rows, need_bytes)
+        return original(batch, config, heads, rows, need_bytes)
 
-    monkeypatch.setattr(attnctl.runner, "run_encoded", spy)
+    monkeypatch.setattr(attnctl.runner, "run_batch", spy)
     invoke("run", LONG, "--heads", "16", "--d-model", "32", *CPU)
     assert seen["heads"] == list(range(8))
     run_json(invoke, "run", LONG, "--heads", "16", "--d-model", "32", *CPU)

@@ -286,3 +286,90 @@ def test_positions_plan_trace_and_measurement(pos, impl):
 def test_position_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr
+
+
+# ---------------------------------------------------------------- batches with padding
+
+PAIR = ("Are you OK?", "Fine, thanks, and you?")  # 4 and 8 tokens
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_each_text_of_a_batch_equals_running_it_alone(invoke, impl):
+    common = ("--d-model", "64", "--impl", impl, "--rows", "all", *CPU)
+    batch = json.loads(invoke("run", *PAIR, *common, "--json").stdout)
+    assert [len(row) for row in batch["tokens"]] == [8, 8]
+    assert [t["pad"] for t in batch["tokens"][0]] == [False] * 4 + [True] * 4
+    weights = torch.tensor(batch["attention"])  # (2, 8, 8, 8)
+    assert weights.shape == (2, 8, 8, 8)
+    assert torch.all(weights[0, :, :4, 4:] == 0)  # padded keys: exactly 0
+    for row, text in enumerate(PAIR):
+        alone = torch.tensor(json.loads(invoke("run", text, *common, "--json").stdout)["attention"])
+        n = alone.shape[-1]
+        assert (weights[row, :, :n, :n] - alone[0]).abs().max() <= 1e-6
+    stages = {s["name"]: s for s in batch["stages"]}
+    assert stages["padding_mask"]["shape"] == [2, 8] and stages["padding_mask"]["dtype"] == "bool"
+    assert stages["scores" if impl == "math" else "weighted_values"]["shape"][0] == 2
+
+
+def test_padding_agrees_with_nn_multihead_attention_under_its_own_convention():
+    from attnctl.check import reference_mha
+
+    config = build_config(d_model=32, heads=4, norm="none", pos="none")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids = torch.randint(0, 30, (2, 6))
+    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])  # SDPA: True = may attend
+    with torch.no_grad():
+        ours = layer(ids, padding=keep)
+        x = layer.embedding(ids)
+        out, weights = reference_mha(layer)(
+            x, x, x, key_padding_mask=~keep, need_weights=True, average_attn_weights=False
+        )  # nn.MultiheadAttention: True = padding
+    assert (ours.weights - weights).abs().max() <= 1e-6
+    assert (ours.attention_output - out).abs().max() <= 1e-5
+    assert torch.all(ours.weights[1, :, :, 4:] == 0)
+
+
+def test_causal_batches_need_no_padding_mask(invoke):
+    result = invoke("run", *PAIR, "--mask", "causal", "--d-model", "64", *CPU)
+    assert "padding needs no mask here" in result.stdout
+    data = json.loads(
+        invoke("run", *PAIR, "--mask", "causal", "--d-model", "64", *CPU, "--json").stdout
+    )
+    assert "padding_mask" not in {s["name"] for s in data["stages"]}
+    weights = torch.tensor(data["attention"])
+    assert torch.all(weights[0, :, :4, 4:] == 0)  # real tokens never see the padding
+
+
+def test_batch_output_shows_each_texts_own_tables(invoke):
+    out = invoke("run", *PAIR, "--head", "0", "--d-model", "64", *CPU, columns=200).stdout
+    assert "tokens · text 0" in out and "tokens · text 1" in out
+    assert "head 0 · text 0" in out and "head 0 · text 1" in out
+    assert out.count("padding: weight 0 as a key") == 4
+    assert "key_padding_mask is its negation (True = padding)" in out
+    text0 = out.split("head 0 · text 0")[1].split("head 0 · text 1")[0]
+    assert "<pad>" not in text0  # tables show each text's own tokens only
+
+
+def test_char_tokenizer_shares_one_vocabulary_across_a_batch():
+    from attnctl.tokenize import encode_batch
+
+    batch = encode_batch(["猫吃鱼", "鱼吃"], "char")
+    assert [[t.id for t in row] for row in batch.rows] == [[0, 1, 2], [2, 1]]
+    assert batch.pad_id == 3 and batch.vocab_size == 4  # padding gets the next id
+    assert [t.pad for t in batch.padded_rows()[1]] == [False, False, True]
+
+
+def test_batches_plan_equals_trace_and_measurement():
+    config = build_config(d_model=64, heads=4, kv_heads=2, device="cpu")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20).eval()
+    keep = torch.ones(3, 9, dtype=torch.bool)
+    keep[2, 5:] = False
+    record = Recorder()
+    with torch.inference_mode():
+        layer(torch.randint(0, 20, (3, 9)), record, padding=keep)
+    plan = build_plan(config, 9, 3, 20, device="cpu", padded=True)
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    big = build_plan(config, 256, 3, 20, padded=True)
+    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
