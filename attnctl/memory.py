@@ -179,11 +179,15 @@ def parse_size(text: str) -> int:
 
 
 def variant_table(plan: Plan, layers: int = 1) -> dict[str, dict[str, MemoryEstimate]]:
-    """The same plan's estimate in every dtype and every implementation: [dtype][impl]."""
+    """The same plan's estimate in every dtype and implementation: [dtype][impl].
+
+    An implementation the configuration rules out (sdpa with dropout or alibi) is left out.
+    """
     table: dict[str, dict[str, MemoryEstimate]] = {}
+    math_only = plan.config.dropout > 0 or plan.config.pos == "alibi"
     for dtype in DTYPES:
         table[dtype] = {}
-        for impl in ("math", "sdpa"):
+        for impl in ("math",) if math_only else ("math", "sdpa"):
             config = dataclasses.replace(plan.config, dtype=dtype, impl=impl)
             other = build_plan(config, plan.seq_len, plan.batch, plan.vocab_size)
             table[dtype][impl] = estimate(other, layers)

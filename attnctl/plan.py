@@ -227,6 +227,13 @@ def build_plan(
                 what=f"causal; {MASK_CONVENTION}; blocked scores set to -inf in place",
             )
         weights = add("weights", "B H L L", (scores,), what="softmax over keys: rows sum to 1")
+        if config.dropout > 0:  # training only: the plan of a --train configuration
+            weights = add(
+                "dropout",
+                "B H L L",
+                (weights,),
+                what=f"dropout p={config.dropout} on the weights (training only), seeded",
+            )
         attended = add("weighted_values", "B H L d_k", (weights, heads["v"]), what="weights · V")
     else:
         attended = add(

@@ -484,13 +484,13 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
         variants.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
     table = variant_table(plan, estimate.layers)
     for dtype in DTYPES:
-        math, sdpa = table[dtype]["math"], table[dtype]["sdpa"]
+        math, sdpa = table[dtype]["math"], table[dtype].get("sdpa")
         variants.add_row(
             dtype,
             format_bytes(math.parameter_bytes),
             format_bytes(math.attention_matrix_bytes),
             format_bytes(math.peak_bytes),
-            format_bytes(sdpa.peak_bytes),
+            format_bytes(sdpa.peak_bytes) if sdpa else "n/a",
         )
     parts: list[RenderableType] = [params, stages, summary]
     if training is not None:

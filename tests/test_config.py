@@ -118,3 +118,13 @@ def test_installed_wheel_carries_the_presets_and_tokenizer(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "attnctl/configs/cat-eats-fish.toml" in names
     assert "attnctl/data/tokenizer.json" in names
+
+
+def test_decoder_and_modern_decoder_presets():
+    decoder = build_config("decoder")
+    assert (decoder.mask, decoder.d_model, decoder.heads, decoder.norm) == ("causal", 64, 8, "post")
+    modern = build_config("modern-decoder")
+    assert (modern.kv_heads, modern.pos, modern.norm, modern.norm_type, modern.bias) == (
+        2, "rope", "pre", "rms", False,
+    )  # fmt: skip
+    assert modern.mask == "causal"

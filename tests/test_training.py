@@ -129,3 +129,14 @@ def test_budget_with_train_solves_the_training_peak(invoke):
 def test_dropout_misuse_is_a_usage_error(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr
+
+
+def test_dropout_is_a_stage_of_the_training_plan(invoke):
+    out = invoke("memory", "--seq-len", "64", "--train", "--dropout", "0.1").stdout
+    assert " dropout " in out and "n/a" in out  # sdpa cannot model dropout: no column value
+    data = json.loads(
+        invoke("memory", "--seq-len", "64", "--train", "--dropout", "0.1", "--json").stdout
+    )
+    names = [s["name"] for s in data["stages"]]
+    assert names.index("weights") + 1 == names.index("dropout")
+    assert set(data["by_impl"]) == {"math"}
