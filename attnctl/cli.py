@@ -226,6 +226,10 @@ def _print_json(document: dict[str, Any]) -> None:
 JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
 SeqLenOption = Annotated[int, typer.Option("--seq-len", "-L", help="Sequence length L.")]
 BatchOption = Annotated[int, typer.Option("--batch", "-B", help="Batch size B.")]
+ContextLenOption = Annotated[
+    int | None,
+    typer.Option("--context-len", help="Cross-attention: keys and values from a context of N."),
+]
 
 
 # ---------------------------------------------------------------- commands
@@ -244,6 +248,18 @@ def run(
     file: Annotated[
         str | None,
         typer.Option("--file", "-f", help="Read the text from this file ('-' for stdin)."),
+    ] = None,
+    context: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--context",
+            help="Cross-attention: keys and values from this text (once for every TEXT, or "
+            "once per TEXT).",
+        ),
+    ] = None,
+    context_file: Annotated[
+        str | None,
+        typer.Option("--context-file", help="Like --context, reading the context from a file."),
     ] = None,
     head: Annotated[
         list[int] | None,
@@ -271,7 +287,12 @@ def run(
     if not 0 <= digits <= 8:
         raise AttnctlError(f"digits must be between 0 and 8, got {digits}")
     texts = _read_texts(text, file)
-    batch = encode_batch(texts, layer.tokenizer)
+    contexts = _read_contexts(context, context_file, len(texts))
+    if layer.cross and not contexts:
+        raise AttnctlError("this layer is cross-attention: give --context TEXT (or --context-file)")
+    both = encode_batch(texts + contexts, layer.tokenizer)  # one vocabulary for both
+    batch, context_batch = both.split(len(texts))
+    cross = context_batch if contexts else None
     seq_len = batch.seq_len
     heads = choose_heads(head, layer.heads)
     if not head and not as_json:  # compute only the weight tables that will be printed
@@ -280,21 +301,24 @@ def run(
     layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
     from attnctl.runner import needs_padding_mask, run_batch
 
-    padded = needs_padding_mask(batch, layer)
-    plan = build_plan(layer, seq_len, len(texts), batch.vocab_size, padded=padded)
+    padded = needs_padding_mask(cross or batch, layer)
+    context_len = cross.seq_len if cross else None
+    plan = build_plan(
+        layer, seq_len, len(texts), batch.vocab_size, padded=padded, context_len=context_len
+    )
     memory = estimate(plan)
     # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
-    shown_bytes = len(texts) * len(heads) * len(query_rows) * seq_len * 36
+    shown_bytes = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
 
     with _progress(f"running the layer over {len(texts)} x {seq_len} tokens"):
         need = None if force else memory.peak_bytes + shown_bytes
-        trace = run_batch(batch, layer, heads, query_rows, need_bytes=need)
+        trace = run_batch(batch, layer, heads, query_rows, need_bytes=need, context=cross)
     if as_json:
         _print_json(run_json(trace, plan, memory))
         return
     console = _console()
     shown = heads
-    console.print(run_view(texts, trace, plan, memory, shown, console.width, digits))
+    console.print(run_view(texts, trace, plan, memory, shown, console.width, digits, contexts))
     if not head and layer.heads > len(shown):
         console.print(
             f"heads {len(shown)}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
@@ -317,6 +341,21 @@ def _read_texts(texts: list[str] | None, file: str | None) -> list[str]:
         raise AttnctlError(f"cannot read text file {file}: {error}") from error
 
 
+def _read_contexts(contexts: list[str] | None, file: str | None, texts: int) -> list[str]:
+    """No context, or one per text (a single one serves every text)."""
+    if contexts and file is not None:
+        raise AttnctlError("give the context either as --context or --context-file, not both")
+    if file is not None:
+        contexts = _read_texts(None, file)
+    if not contexts:
+        return []
+    if len(contexts) == 1:
+        return contexts * texts
+    if len(contexts) != texts:
+        raise AttnctlError(f"{len(contexts)} contexts for {texts} texts: give one, or one per text")
+    return contexts
+
+
 @contextlib.contextmanager
 def _progress(description: str, console: Console | None = None) -> Iterator[None]:
     """A spinner with elapsed time on stderr while work runs; nothing unless it is a terminal."""
@@ -337,6 +376,7 @@ def _progress(description: str, console: Console | None = None) -> Iterator[None
 def shapes(
     seq_len: SeqLenOption = 16,
     batch: BatchOption = 1,
+    context_len: ContextLenOption = None,
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
@@ -344,7 +384,7 @@ def shapes(
     """Show the shape of every stage for a configuration, symbolically and with numbers."""
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
-    plan = _plan(layer, seq_len, batch)
+    plan = _plan(layer, seq_len, batch, context_len)
     if as_json:
         _print_json(shapes_json(plan))
         return
@@ -360,6 +400,7 @@ def memory(
         typer.Option("--seq-len", "-L", help="Sequence length L, or several: 512,2048,8192."),
     ] = "2048",
     batch: BatchOption = 1,
+    context_len: ContextLenOption = None,
     layers: Annotated[int, typer.Option("--layers", help="Scale to a stack of N such layers.")] = 1,
     kv_cache: Annotated[
         int | None,
@@ -407,9 +448,9 @@ def memory(
 
     reports = []
     for length in lengths:
-        plan = _plan(layer, length, batch)
+        plan = _plan(layer, length, batch, context_len)
         result = estimate(plan, layers)
-        tokens = length if kv_cache is None else kv_cache
+        tokens = kv_cache if kv_cache is not None else context_len or length  # K/V's length
         report = MemoryReport(plan, result, tokens, kv_cache_bytes(plan, tokens, layers))
         if train:
             report.training = estimate_training(plan, layers)
@@ -432,7 +473,7 @@ def memory(
             variant = dataclasses.replace(layer, impl=impl)
             if variant.dropout and impl == "sdpa":
                 continue  # dropout is modelled on the math path only
-            sizer = functools.partial(_plan, variant)
+            sizer = functools.partial(_plan, variant, context_len=context_len)
             fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of)
     if as_json:
         _print_json(memory_json(reports, fits, budget_bytes))
@@ -441,8 +482,9 @@ def memory(
     console.print(memory_view(reports, console.width, fits, budget_bytes))
 
 
-def _plan(config: LayerConfig, seq_len: int, batch: int) -> Plan:
-    return build_plan(config, seq_len, batch, vocab_size(config.tokenizer, seq_len), config.device)
+def _plan(config: LayerConfig, seq_len: int, batch: int, context_len: int | None = None) -> Plan:
+    vocab = vocab_size(config.tokenizer, seq_len + (context_len or 0))
+    return build_plan(config, seq_len, batch, vocab, config.device, context_len=context_len)
 
 
 def _parse_lengths(text: str) -> list[int]:

@@ -42,6 +42,7 @@ class LayerConfig:
     # (rope), or biasing the scores (alibi)
     max_positions: int = 2048  # rows of the learned position table
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
+    cross: bool = False  # cross-attention: keys and values from a second text, the context
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
@@ -120,6 +121,15 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(f"unknown device {config.device!r}; use auto, cpu, cuda, cuda:N or mps")
     if not 0.0 <= config.dropout < 1.0:
         raise AttnctlError(f"dropout must be at least 0 and below 1, got {config.dropout}")
+    if config.cross and config.mask == "causal":
+        raise AttnctlError(
+            "cross-attention has no causal mask: every query may see the whole context"
+        )
+    if config.cross and config.pos in ("rope", "alibi"):
+        raise AttnctlError(
+            f"--pos {config.pos} relates positions within one sequence; with a context use "
+            "sinusoidal, learned or none"
+        )
     if config.pos == "alibi" and config.impl == "sdpa":
         raise AttnctlError(
             "alibi adds a (H, L, L) bias that CPU SDPA handles by building the weights "

@@ -143,6 +143,22 @@ class AttentionLayer(nn.Module):
                 nn.LayerNorm(d_model) if config.norm_type == "layer" else nn.RMSNorm(d_model)
             )
 
+    def _embed(self, x: torch.Tensor, record: Callable, prefix: str, length: str) -> torch.Tensor:
+        """Embeddings (B, len, D), plus positions when they are added to the embeddings."""
+        config = self.config
+        record(f"{prefix}embeddings", x, f"B {length} D")
+        if config.pos in ("sinusoidal", "learned"):
+            n = x.shape[1]
+            if config.pos == "sinusoidal":
+                positions = sinusoidal_positions(n, config.d_model, x.device, x.dtype)  # (len, D)
+            else:
+                positions = self.positions(torch.arange(n, device=x.device))  # (len, D)
+            record(f"{prefix}positions", positions, f"{length} D")
+            x = x + positions  # (B, len, D), positions broadcast over the batch
+            del positions
+            record(f"{prefix}x", x, f"B {length} D")
+        return x
+
     def forward(
         self,
         token_ids: torch.Tensor | None,
@@ -150,34 +166,34 @@ class AttentionLayer(nn.Module):
         keep_weights: bool = True,
         embeddings: torch.Tensor | None = None,
         padding: torch.Tensor | None = None,
+        context_ids: torch.Tensor | None = None,
     ) -> LayerOutput:
         """Run the layer on token ids, or on ``embeddings`` (B, L, D) given instead of them.
 
-        ``padding`` (B, L) bool, True = a real token (SDPA's convention), makes padded keys
-        get weight exactly 0; ``nn.MultiheadAttention``'s key_padding_mask is its negation.
+        ``padding`` (B, Lk) bool, True = a real key (SDPA's convention), gives padded keys
+        weight exactly 0; ``nn.MultiheadAttention``'s key_padding_mask is its negation.
+        ``context_ids`` (B, Lc) make it cross-attention: keys and values come from that text.
         """
         config = self.config
         heads, d_k, d_model = config.heads, config.d_k, config.d_model
+        cross = context_ids is not None
+        key_len_dim = "Lc" if cross else "L"
 
-        # 1. tokens -> vectors (+ positions)
+        # 1. tokens -> vectors (+ positions), for the text and for a context
         if embeddings is None:
             record("token_ids", token_ids, "B L")
+            if cross:
+                record("context_ids", context_ids, "B Lc")
             if padding is not None:
-                record("padding_mask", padding, "B L")
-            x = self.embedding(token_ids)  # (B, L, D)
-        else:
-            x = embeddings  # (B, L, D), e.g. float64 inputs for gradcheck
+                record("padding_mask", padding, f"B {key_len_dim}")
+            x = self._embed(self.embedding(token_ids), record, "", "L")  # (B, L, D)
+        else:  # (B, L, D), e.g. float64 inputs for gradcheck
+            x = self._embed(embeddings, record, "", "L")
+        context = None
+        if cross:
+            context = self._embed(self.embedding(context_ids), record, "context_", "Lc")
         batch, seq_len = x.shape[:2]
-        record("embeddings", x, "B L D")
-        if config.pos in ("sinusoidal", "learned"):
-            if config.pos == "sinusoidal":
-                positions = sinusoidal_positions(seq_len, d_model, x.device, x.dtype)  # (L, D)
-            else:
-                positions = self.positions(torch.arange(seq_len, device=x.device))  # (L, D)
-            record("positions", positions, "L D")
-            x = x + positions  # (B, L, D), positions broadcast over the batch
-            del positions
-            record("x", x, "B L D")
+        key_len = context.shape[1] if cross else seq_len
 
         # 2. project (from Norm(x) in a pre-norm layer), then split D into heads: views
         h = x
@@ -187,19 +203,26 @@ class AttentionLayer(nn.Module):
         q = self.W_q(h)  # (B, L, D)
         record("q", q, "B L D")
         kv_heads, grouped = config.kv_heads, config.kv_heads != heads
-        kv_dims, kv_split = ("B L D_kv", "B Hkv L d_k") if grouped else ("B L D", "B H L d_k")
-        k = self.W_k(h)  # (B, L, Hkv * d_k)
+        kv_width = "D_kv" if grouped else "D"
+        kv_dims = f"B {key_len_dim} {kv_width}"
+        kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
+        if cross:  # keys and values from the context (an encoder's output, in a decoder)
+            h = context
+            del context
+            if self.norm is None:
+                del x  # no residual, and K and V come from the context: x is done
+        k = self.W_k(h)  # (B, Lk, Hkv * d_k)
         record("k", k, kv_dims)
-        v = self.W_v(h)  # (B, L, Hkv * d_k)
+        v = self.W_v(h)  # (B, Lk, Hkv * d_k)
         del h
-        if self.norm is None:
+        if self.norm is None and not cross:
             del x  # no residual: x is not needed again
         record("v", v, kv_dims)
         q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
         record("q_heads", q, "B H L d_k")
-        k = k.view(batch, seq_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
+        k = k.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
         record("k_heads", k, kv_split)
-        v = v.view(batch, seq_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
+        v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
         record("v_heads", v, kv_split)
         if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
             angles = rotary_angles(seq_len, d_k, q.device)  # (L, d_k), float32
@@ -215,20 +238,20 @@ class AttentionLayer(nn.Module):
             del cos, sin
             record("k_rotated", k, kv_split)
         if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
-            k = k.repeat_interleave(config.groups, dim=1)  # (B, H, L, d_k)
-            record("k_repeated", k, "B H L d_k")
-            v = v.repeat_interleave(config.groups, dim=1)  # (B, H, L, d_k)
-            record("v_repeated", v, "B H L d_k")
+            k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+            record("k_repeated", k, f"B H {key_len_dim} d_k")
+            v = v.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+            record("v_repeated", v, f"B H {key_len_dim} d_k")
 
         # 3. scaled dot-product attention, per head
         causal = config.mask == "causal"
         weights = None
         if config.impl == "math":
-            scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, L)
+            scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, Lk)
             del q, k
             if padding is not None:  # padded keys: -inf before the softmax
                 scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
-            record("scores", scores, "B H L L")
+            record("scores", scores, f"B H L {key_len_dim}")
             if config.pos == "alibi":  # distance penalties, one slope per head
                 bias = alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
                 scores += bias  # (B, H, L, L), in place
@@ -239,12 +262,12 @@ class AttentionLayer(nn.Module):
                 record("mask", allowed, "L L")
                 scores.masked_fill_(allowed.logical_not(), float("-inf"))
                 del allowed
-            weights = torch.softmax(scores, dim=-1)  # (B, H, L, L)
+            weights = torch.softmax(scores, dim=-1)  # (B, H, L, Lk)
             del scores
-            record("weights", weights, "B H L L")
+            record("weights", weights, f"B H L {key_len_dim}")
             if self.training and config.dropout > 0:  # training only: zero some weights
-                dropped = F.dropout(weights, config.dropout)  # (B, H, L, L)
-                record("dropout", dropped, "B H L L")
+                dropped = F.dropout(weights, config.dropout)  # (B, H, L, Lk)
+                record("dropout", dropped, f"B H L {key_len_dim}")
                 attended = torch.matmul(dropped, v)  # (B, H, L, d_k)
                 del dropped
             else:
@@ -288,6 +311,7 @@ def attention_window(
     heads: list[int],
     rows: list[int],
     padding: torch.Tensor | None = None,
+    context_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax weights for some heads and query rows only: (B, len(heads), len(rows), L).
 
@@ -299,15 +323,15 @@ def attention_window(
     batch, seq_len = token_ids.shape
     heads_t = torch.tensor(heads, device=token_ids.device)
     rows_t = torch.tensor(rows, device=token_ids.device)
-    x = layer.embedding(token_ids)  # (B, L, D)
-    if config.pos == "sinusoidal":
-        x = x + sinusoidal_positions(seq_len, config.d_model, x.device, x.dtype)  # (B, L, D)
-    elif config.pos == "learned":
-        x = x + layer.positions(torch.arange(seq_len, device=x.device))  # (B, L, D)
+    x = layer._embed(layer.embedding(token_ids), _no_record, "", "L")  # (B, L, D)
     if config.norm == "pre":
         x = layer.norm(x)  # (B, L, D): the projections read Norm(x)
-    k = layer.W_k(x)  # (B, L, Hkv * d_k)
-    k = k.view(batch, seq_len, config.kv_heads, config.d_k).transpose(1, 2)  # (B, Hkv, L, d_k)
+    source = x  # keys from the text itself, or from a context
+    if context_ids is not None:
+        source = layer._embed(layer.embedding(context_ids), _no_record, "context_", "Lc")
+    key_len = source.shape[1]
+    k = layer.W_k(source)  # (B, Lk, Hkv * d_k)
+    k = k.view(batch, key_len, config.kv_heads, config.d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
     k = k[:, heads_t // config.groups]  # (B, h, L, d_k): the K head each query head reads
     q = layer.W_q(x[:, rows_t])  # (B, r, D)
     del x

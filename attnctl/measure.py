@@ -99,14 +99,20 @@ def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = No
     layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).eval()
     parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
     token_ids = torch.randint(0, plan.vocab_size, (plan.batch, plan.seq_len), device=device)
-    padding = None
+    inputs: dict[str, torch.Tensor] = {}  # the layer's other inputs, made before it runs
+    key_len = plan.sizes.get("Lc", plan.seq_len)
+    if "Lc" in plan.sizes:  # cross-attention: a context of its own length
+        inputs["context_ids"] = torch.randint(
+            0, plan.vocab_size, (plan.batch, key_len), device=device
+        )
     if "padding_mask" in {s.name for s in plan.stages}:  # the last row: half of it padding
-        padding = torch.ones(plan.batch, plan.seq_len, dtype=torch.bool, device=device)
-        padding[-1, (plan.seq_len + 1) // 2 :] = False
+        padding = torch.ones(plan.batch, key_len, dtype=torch.bool, device=device)
+        padding[-1, (key_len + 1) // 2 :] = False
+        inputs["padding"] = padding
     try:
         if device.type == "cuda":
-            return _measure_cuda(layer, token_ids, parameter_bytes, padding)
-        return _measure_dispatch(layer, token_ids, parameter_bytes, str(device), padding)
+            return _measure_cuda(layer, token_ids, parameter_bytes, inputs)
+        return _measure_dispatch(layer, token_ids, parameter_bytes, str(device), inputs)
     except torch.OutOfMemoryError as error:
         raise AttnctlError(
             f"out of memory on {device} while measuring", exit_code=RUNTIME
@@ -118,7 +124,7 @@ def _measure_dispatch(
     token_ids: torch.Tensor,
     parameter_bytes: int,
     device: str,
-    padding: torch.Tensor | None = None,
+    inputs: dict[str, torch.Tensor],
 ) -> Measurement:
     tracker = LiveStorages()
     stage_peaks: list[int] = []
@@ -131,11 +137,11 @@ def _measure_dispatch(
     for parameter in layer.parameters():
         tracker.exclude(parameter)
     tracker.add(token_ids)
-    if padding is not None:
-        tracker.add(padding)
+    for tensor in inputs.values():
+        tracker.add(tensor)
     with torch.inference_mode(), tracker:
         tracker.take_window_peak()
-        output = layer(token_ids, record, keep_weights=False, padding=padding)
+        output = layer(token_ids, record, keep_weights=False, **inputs)
     del output
     return Measurement(
         device, parameter_bytes, tracker.peak, tuple(stage_peaks), "live tensor storages"
@@ -146,15 +152,13 @@ def _measure_cuda(
     layer: AttentionLayer,
     token_ids: torch.Tensor,
     parameter_bytes: int,
-    padding: torch.Tensor | None = None,
+    inputs: dict[str, torch.Tensor],
 ) -> Measurement:
     device = token_ids.device
     stage_peaks: list[int] = []
     torch.cuda.synchronize(device)
-    inputs = token_ids.untyped_storage().nbytes()
-    if padding is not None:
-        inputs += padding.untyped_storage().nbytes()
-    base = torch.cuda.memory_allocated(device) - inputs
+    given = [token_ids, *inputs.values()]
+    base = torch.cuda.memory_allocated(device) - sum(t.untyped_storage().nbytes() for t in given)
     torch.cuda.reset_peak_memory_stats(device)
 
     def record(name: str, tensor: torch.Tensor, dims: str) -> None:
@@ -163,7 +167,7 @@ def _measure_cuda(
         torch.cuda.reset_peak_memory_stats(device)
 
     with torch.inference_mode():
-        output = layer(token_ids, record, keep_weights=False, padding=padding)
+        output = layer(token_ids, record, keep_weights=False, **inputs)
         torch.cuda.synchronize(device)
     del output
     peak = max(stage_peaks)

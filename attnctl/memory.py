@@ -67,10 +67,11 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
             last_use[owner[read]] = max(last_use[owner[read]], i)
     # the caller makes the inputs before the layer runs and holds them throughout; the layer
     # returns its output and the attention output
-    for held in ("token_ids", "padding_mask", "output_projection", plan.stages[-1].name):
+    for held in ("token_ids", "context_ids", "padding_mask", "output_projection"):
         if held in last_use:
             last_use[held] = last
-    for given in ("token_ids", "padding_mask"):
+    last_use[plan.stages[-1].name] = last
+    for given in ("token_ids", "context_ids", "padding_mask"):
         if given in index:
             index[given] = 0
     nbytes = {s.name: s.bytes for s in plan.stages}
@@ -92,7 +93,8 @@ def estimate(plan: Plan, layers: int = 1) -> MemoryEstimate:
         raise AttnctlError(f"layers must be a positive integer, got {layers}")
     by_name = {s.name: s for s in plan.stages}
     sizes = plan.sizes
-    matrix_elems = sizes["B"] * sizes["H"] * sizes["L"] * sizes["L"]
+    keys = sizes.get("Lc", sizes["L"])  # a context's length in cross-attention
+    matrix_elems = sizes["B"] * sizes["H"] * sizes["L"] * keys
     live = live_bytes_per_stage(plan)
     peak = max(live)
     shared = sum(p.count for p in plan.parameters if p.name.startswith("embedding."))
@@ -143,7 +145,7 @@ def largest_fitting(peak_of: Callable[[int], int], budget: int, limit: int = 2**
 
 
 def fit(
-    sizer: Sizer,
+    sizer: Callable[..., Plan],
     seq_len: int,
     batch: int,
     budget: int,
@@ -189,7 +191,9 @@ def variant_table(plan: Plan, layers: int = 1) -> dict[str, dict[str, MemoryEsti
         table[dtype] = {}
         for impl in ("math",) if math_only else ("math", "sdpa"):
             config = dataclasses.replace(plan.config, dtype=dtype, impl=impl)
-            other = build_plan(config, plan.seq_len, plan.batch, plan.vocab_size)
+            other = build_plan(
+                config, plan.seq_len, plan.batch, plan.vocab_size, context_len=plan.sizes.get("Lc")
+            )
             table[dtype][impl] = estimate(other, layers)
     return table
 

@@ -7,6 +7,7 @@ hold the two equal, so what ``shapes`` predicts is what ``run`` does.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from attnctl.config import DTYPE_BYTES, LayerConfig, resolve_impl, validate
@@ -80,13 +81,22 @@ def build_plan(
     vocab_size: int = 1,
     device: str = "",
     padded: bool = False,
+    context_len: int | None = None,
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens.
 
-    ``padded``: some sequences are padded on the right and a key-padding mask is applied
+    ``padded``: some key sequences are padded on the right and a key-padding mask is applied
     (not with a causal mask, which never lets a real token see right padding anyway).
+    ``context_len``: cross-attention; keys and values come from a context of that length.
     """
+    if context_len is not None:
+        config = dataclasses.replace(config, cross=True)
     config = resolve_impl(validate(config))
+    cross = config.cross
+    if cross:
+        context_len = seq_len if context_len is None else context_len  # a preset says cross
+        if context_len <= 0:
+            raise AttnctlError(f"context-len must be a positive integer, got {context_len}")
     if seq_len <= 0:
         raise AttnctlError(f"seq-len must be a positive integer, got {seq_len}")
     if batch <= 0:
@@ -101,6 +111,9 @@ def build_plan(
         "d_k": config.d_k,
         "V": vocab_size,
     }
+    if cross:
+        sizes["Lc"] = context_len
+    key_len = "Lc" if cross else "L"  # the keys' length: the context's, or the text's own
     stages: list[Stage] = []
 
     def add(name, dims, reads=(), *, dtype=config.dtype, view_of=None, what="", scratch=0):
@@ -115,34 +128,52 @@ def build_plan(
         return name
 
     ids = add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
+    if cross:
+        add("context_ids", "B Lc", dtype="int64", what="the context's token ids (keys, values)")
     padding = padded and config.mask != "causal"
     if padding:
-        add("padding_mask", "B L", dtype="bool", what=f"key padding; {MASK_CONVENTION}")
-    x = add("embeddings", "B L D", (ids,), what="embedding lookup: one D-vector per token")
-    if config.pos == "learned" and seq_len > config.max_positions:
-        raise AttnctlError(
-            f"seq-len {seq_len} is longer than the {config.max_positions} learned positions; "
-            "raise max_positions or use --pos rope|sinusoidal"
+        add("padding_mask", f"B {key_len}", dtype="bool", what=f"key padding; {MASK_CONVENTION}")
+
+    def embed(prefix: str, length_dim: str, length: int, reads: str) -> str:
+        """Embedding lookup, plus positions when they are added to the embeddings."""
+        if config.pos == "learned" and length > config.max_positions:
+            raise AttnctlError(
+                f"length {length} is longer than the {config.max_positions} learned positions; "
+                "raise max_positions or use --pos rope|sinusoidal"
+            )
+        x = add(
+            f"{prefix}embeddings",
+            f"B {length_dim} D",
+            (reads,),
+            what="embedding lookup: one D-vector per token",
         )
-    if config.pos == "sinusoidal":
-        # float32 scratch while the table is built: positions (L), frequencies (⌈D/2⌉),
-        # angles (L·⌈D/2⌉) and sin(angles) (L·⌈D/2⌉) before it is written into the table
-        half = (config.d_model + 1) // 2
-        pos = add(
-            "positions",
-            "L D",
-            what="sinusoidal position table",
-            scratch=4 * (seq_len + half + 2 * seq_len * half),
-        )
-        x = add("x", "B L D", (x, pos), what="embeddings + positions")
-    elif config.pos == "learned":  # the int64 position ids live during the lookup
-        pos = add(
-            "positions", "L D", what="learned position table rows 0..L-1", scratch=8 * seq_len
-        )
-        x = add("x", "B L D", (x, pos), what="embeddings + positions")
+        if config.pos == "sinusoidal":
+            # float32 scratch while the table is built: positions (L), frequencies (⌈D/2⌉),
+            # angles (L·⌈D/2⌉) and sin(angles) (L·⌈D/2⌉) before it is written into the table
+            half = (config.d_model + 1) // 2
+            pos = add(
+                f"{prefix}positions",
+                f"{length_dim} D",
+                what="sinusoidal position table",
+                scratch=4 * (length + half + 2 * length * half),
+            )
+        elif config.pos == "learned":  # the int64 position ids live during the lookup
+            pos = add(
+                f"{prefix}positions",
+                f"{length_dim} D",
+                what="learned position table rows",
+                scratch=8 * length,
+            )
+        else:
+            return x
+        return add(f"{prefix}x", f"B {length_dim} D", (x, pos), what="embeddings + positions")
+
+    x = embed("", "L", seq_len, ids)
+    context = embed("context_", "Lc", context_len, "context_ids") if cross else None
 
     grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
-    kv_width, kv_heads = ("B L D_kv", "B Hkv L d_k") if grouped else ("B L D", "B H L d_k")
+    kv_width = f"B {key_len} {'D_kv' if grouped else 'D'}"
+    kv_heads = f"B {'Hkv' if grouped else 'H'} {key_len} d_k"
     norm_name = "LayerNorm" if config.norm_type == "layer" else "RMSNorm"
     h = x  # what the projections read: x, or Norm(x) in a pre-norm layer
     if config.norm == "pre":
@@ -151,7 +182,7 @@ def build_plan(
         add(
             name,
             "B L D" if name == "q" else kv_width,
-            (h,),
+            (h,) if name == "q" or not cross else (context,),
             what=f"x · W_{name}" + (" + b" if config.bias else ""),
         )
     heads = {
@@ -192,7 +223,7 @@ def build_plan(
         for name in ("k", "v"):
             heads[name] = add(
                 f"{name}_repeated",
-                "B H L d_k",
+                f"B H {key_len} d_k",
                 (heads[name],),
                 what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
             )
@@ -200,7 +231,7 @@ def build_plan(
     if config.impl == "math":
         scores = add(
             "scores",
-            "B H L L",
+            f"B H L {key_len}",
             (heads["q"], heads["k"]),
             # the negated padding mask (B·L bools) is made after q and k are freed, so it
             # never raises this stage's peak
@@ -226,11 +257,13 @@ def build_plan(
                 dtype="bool",
                 what=f"causal; {MASK_CONVENTION}; blocked scores set to -inf in place",
             )
-        weights = add("weights", "B H L L", (scores,), what="softmax over keys: rows sum to 1")
+        weights = add(
+            "weights", f"B H L {key_len}", (scores,), what="softmax over keys: rows sum to 1"
+        )
         if config.dropout > 0:  # training only: the plan of a --train configuration
             weights = add(
                 "dropout",
-                "B H L L",
+                f"B H L {key_len}",
                 (weights,),
                 what=f"dropout p={config.dropout} on the weights (training only), seeded",
             )

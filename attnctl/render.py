@@ -179,24 +179,27 @@ def weight_tables(
 
     When the keys do not fit the width, each row lists its strongest keys instead.
     """
-    tokens = trace.tokens[batch_row]
-    count = sum(not t.pad for t in tokens)  # this text's own tokens; padding follows them
-    computed = [(i, r) for i, r in enumerate(trace.attention_rows) if r < count]
+    tokens = trace.tokens[batch_row]  # the queries
+    keys = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
+    queries = sum(not t.pad for t in tokens)  # this text's own tokens; padding follows them
+    count = sum(not t.pad for t in keys)
+    computed = [(i, r) for i, r in enumerate(trace.attention_rows) if r < queries]
     if not computed:
-        return [], [f"text {batch_row}: none of its {count} tokens is among the rows computed"]
+        return [], [f"text {batch_row}: none of its {queries} tokens is among the rows computed"]
     rows = [r for _, r in computed]
     cell = digits + 3  # "0.28*"
     label_width = min(LABEL_WIDTH, max(len(token_label(tokens[r])) for r in rows))
     label_width += len(str(rows[-1])) + 1
     fit = max(1, (width - label_width - 2) // (cell + 1))
     notes = []
-    gaps = hidden_ranges(rows, count)
+    gaps = hidden_ranges(rows, queries)
     if gaps:
         hidden = ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in gaps)
         notes.append(f"query rows {hidden} not computed; choose rows with --rows A:B or last:N")
     top_k = None
     if count > fit:
         top_width = len(str(count - 1)) + 1 + 6 + 1 + max(digits + 2, 7)  # "1523 token 3.1e-04"
+        # (keys are the context's tokens in cross-attention)
         top_k = min(
             len(trace.top_keys[0][0][0]), max(1, (width - label_width - 2) // (top_width + 1))
         )
@@ -214,10 +217,11 @@ def weight_tables(
         matrix = trace.attention[batch_row][head_index]
         batch_label = f" · text {batch_row}" if len(trace.tokens) > 1 else ""
         table = _table(f"head {head}{batch_label}")
-        table.add_column(Text("query \\ key"), no_wrap=True)
+        corner = "query \\ key" if trace.context_tokens is None else "query \\ context"
+        table.add_column(Text(corner), no_wrap=True)
         if top_k is None:
             for key in range(count):
-                header_text = f"{key}\n{token_label(tokens[key], cell)}"
+                header_text = f"{key}\n{token_label(keys[key], cell)}"
                 table.add_column(Text(header_text), justify="right", no_wrap=True, min_width=cell)
         else:
             for rank in range(top_k):
@@ -235,9 +239,7 @@ def weight_tables(
                 ranked = trace.top_keys[batch_row][head_index][row_index]
                 strongest = [key for key in ranked if key < count][:top_k]  # no padding
                 for key in strongest:
-                    text = (
-                        f"{key} {token_label(tokens[key], 6)} {weight_text(weights[key], digits)}"
-                    )
+                    text = f"{key} {token_label(keys[key], 6)} {weight_text(weights[key], digits)}"
                     cells.append(Text(text, style=_shade(weights[key])))
             table.add_row(*cells)
         tables.append(table)
@@ -292,20 +294,28 @@ def run_view(
     heads: list[int],
     width: int,
     digits: int = 2,
+    contexts: list[str] | None = None,
 ) -> Group:
     config = plan.config
     lines = []
-    for number, text in enumerate(texts):
-        shown_text = printable(text)
-        if len(shown_text) > MAX_TEXT:
-            shown_text = f"{shown_text[:MAX_TEXT]}… ({len(text):,} characters in all)"
-        lines.append(("text" if len(texts) == 1 else f"text {number}", shown_text))
+    for label, items in (("text", texts), ("context", contexts or [])):
+        if len(set(items)) == 1 and label == "context":
+            items = items[:1]  # one context serves every text
+        for number, item in enumerate(items):
+            shown_text = printable(item)
+            if len(shown_text) > MAX_TEXT:
+                shown_text = f"{shown_text[:MAX_TEXT]}… ({len(item):,} characters in all)"
+            lines.append((label if len(items) == 1 else f"{label} {number}", shown_text))
     how = "every weight built" if trace.impl == "math" else "weights only for the rows shown"
     batched = len(texts) > 1
     tables = [
         token_table(row, trace.attention_rows, f"tokens · text {b}" if batched else "tokens")
         for b, row in enumerate(trace.tokens)
     ]
+    for b, row in enumerate(trace.context_tokens or []):
+        tables.append(
+            token_table(row, list(range(len(row))), f"context · text {b}" if batched else "context")
+        )
     parts: list[RenderableType] = [
         header(
             "attnctl run",
@@ -323,7 +333,8 @@ def run_view(
     ]
     if config.mask == "causal":
         parts.append(Text(f"mask: {MASK_CONVENTION}", style="dim"))
-    if any(t.pad for row in trace.tokens for t in row):
+    key_rows = trace.context_tokens or trace.tokens
+    if any(t.pad for row in key_rows for t in row):
         if "padding_mask" in {s.name for s in trace.stages}:
             parts.append(
                 Text(
@@ -447,10 +458,11 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
 
     summary = _size_grid()
     b, h, length, d_k = sizes["B"], sizes["H"], sizes["L"], sizes["d_k"]
+    keys, key_dim = (sizes["Lc"], "Lc") if "Lc" in sizes else (length, "L")
     summary.add_row(
         "one attention matrix",
         format_bytes(estimate.attention_matrix_bytes),
-        f"B·H·L·L·{element} = {b}·{h}·{length}·{length}·{element} bytes",
+        f"B·H·L·{key_dim}·{element} = {b}·{h}·{length}·{keys}·{element} bytes",
     )
     summary.add_row("scores", format_bytes(estimate.scores_bytes), _built(estimate.scores_bytes))
     summary.add_row("weights", format_bytes(estimate.weights_bytes), _built(estimate.weights_bytes))
@@ -634,6 +646,9 @@ def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, An
         "attention": trace.attention,
         "attention_heads": trace.attention_heads,
         "attention_rows": trace.attention_rows,
+        "context_tokens": None
+        if trace.context_tokens is None
+        else [[t.to_dict() for t in row] for row in trace.context_tokens],
         "memory": memory_dict(estimate),
     }
 

@@ -24,10 +24,11 @@ def run_text(
     return run_batch(encode_batch(texts, config.tokenizer), config, heads, rows)
 
 
-def needs_padding_mask(batch: Batch, config: LayerConfig) -> bool:
-    """Rows of unequal length need a key-padding mask, unless a causal mask is there: with
-    padding on the right, no real token can see a later position anyway."""
-    return batch.padded and config.mask != "causal"
+def needs_padding_mask(keys: Batch, config: LayerConfig) -> bool:
+    """Keys of unequal length need a key-padding mask, unless a causal mask is there: with
+    padding on the right, no real token can see a later position anyway. The keys are the
+    text's own tokens, or the context's in cross-attention."""
+    return keys.padded and config.mask != "causal"
 
 
 def run_batch(
@@ -36,10 +37,12 @@ def run_batch(
     heads: list[int] | None = None,
     rows: list[int] | None = None,
     need_bytes: int | None = None,
+    context: Batch | None = None,
 ) -> Trace:
     """Run the layer over a (padded) batch; weights only for ``heads`` x ``rows``.
 
     ``need_bytes``, when given, is checked against the device's free memory first.
+    ``context``, one row per text, makes it cross-attention over those tokens.
     """
     import torch
 
@@ -63,20 +66,27 @@ def run_batch(
     layer = layer.to(device=device, dtype=TORCH_DTYPES[config.dtype]).eval()
     padded_rows = batch.padded_rows()
     token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
-    padding = None
-    if needs_padding_mask(batch, config):
-        lengths = torch.tensor([len(row) for row in batch.rows], device=device)
-        padding = torch.arange(seq_len, device=device) < lengths[:, None]  # (B, L), True = real
+    keys = batch if context is None else context
+    context_rows = None if context is None else context.padded_rows()
+    inputs: dict = {}
+    if context_rows is not None:
+        inputs["context_ids"] = torch.tensor(
+            [[t.id for t in row] for row in context_rows], device=device
+        )  # (B, Lc)
+    if needs_padding_mask(keys, config):
+        lengths = torch.tensor([len(row) for row in keys.rows], device=device)
+        key_positions = torch.arange(keys.seq_len, device=device)
+        inputs["padding"] = key_positions < lengths[:, None]  # (B, Lk), True = a real key
     record = Recorder()
     try:
         with torch.inference_mode():
-            result = layer(token_ids, record, padding=padding)
+            result = layer(token_ids, record, **inputs)
             if result.weights is not None:  # math: slice what was asked from the full weights
-                window = result.weights[:, heads][:, :, rows]  # (B, h, r, L)
+                window = result.weights[:, heads][:, :, rows]  # (B, h, r, Lk)
             else:  # sdpa: compute just those weights
-                window = attention_window(layer, token_ids, heads, rows, padding)  # (B, h, r, L)
+                window = attention_window(layer, token_ids, heads, rows, **inputs)
             del result
-            top = window.topk(min(TOP_KEYS, seq_len), dim=-1).indices  # (B, h, r, K)
+            top = window.topk(min(TOP_KEYS, keys.seq_len), dim=-1).indices  # (B, h, r, K)
             attention = window.float().cpu().tolist()
             top_keys = top.cpu().tolist()
     except torch.OutOfMemoryError as error:
@@ -100,6 +110,7 @@ def run_batch(
         tokenizer=batch.name,
         vocab_size=batch.vocab_size,
         impl=config.impl,
+        context_tokens=context_rows,
     )
 
 

@@ -92,6 +92,14 @@ class Batch:
     def padded(self) -> bool:
         return len({len(row) for row in self.rows}) > 1
 
+    def split(self, count: int) -> tuple[Batch, Batch]:
+        """The first ``count`` rows and the rest, sharing the vocabulary (texts, contexts)."""
+        first, rest = self.rows[:count], self.rows[count:]
+        return (
+            Batch(first, self.vocab_size, self.name, self.pad_id),
+            Batch(rest, self.vocab_size, self.name, self.pad_id),
+        )
+
     def padded_rows(self) -> list[list[Token]]:
         """Each row filled up to ``seq_len`` with pad tokens (visible, marked ``pad``)."""
         return [
@@ -137,7 +145,7 @@ def _encode_chars(texts: list[str]) -> Batch:
         for i, char in enumerate(text):
             row.append(Token(vocab.setdefault(char, len(vocab)), char, i, i + 1))
         rows.append(row)
-    padded = len({len(row) for row in rows}) > 1
+    padded = len({len(row) for row in rows}) > 1  # (generous: one pad id whenever lengths differ)
     return Batch(rows, len(vocab) + padded, "char", len(vocab))
 
 

@@ -73,3 +73,4 @@ class Trace:
     tokenizer: str  # "bundled BPE", "char", or a path
     vocab_size: int
     impl: str  # the implementation that produced the output: "math" or "sdpa"
+    context_tokens: list[list[Token]] | None = None  # cross-attention: the keys' tokens

@@ -61,6 +61,8 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     config, sizes = plan.config, plan.sizes
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
+    if "Lc" in sizes:
+        raise AttnctlError("memory --train does not model cross-attention yet (inference does)")
     for option, value, modelled in (
         ("--kv-heads", config.kv_heads, config.heads),
         ("--norm", config.norm, None if config.norm == "pre" else config.norm),

@@ -461,9 +461,9 @@ def test_text_output_computes_only_the_heads_it_prints(invoke, monkeypatch):
     seen = {}
     original = attnctl.runner.run_batch
 
-    def spy(batch, config, heads=None, rows=None, need_bytes=None):
+    def spy(batch, config, heads=None, *args, **kwargs):
         seen["heads"] = heads
-        return original(batch, config, heads, rows, need_bytes)
+        return original(batch, config, heads, *args, **kwargs)
 
     monkeypatch.setattr(attnctl.runner, "run_batch", spy)
     invoke("run", LONG, "--heads", "16", "--d-model", "32", *CPU)

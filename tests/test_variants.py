@@ -373,3 +373,123 @@ def test_batches_plan_equals_trace_and_measurement():
     assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
     big = build_plan(config, 256, 3, 20, padded=True)
     assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+
+
+# ---------------------------------------------------------------- cross-attention
+
+
+@pytest.mark.parametrize("norm", ["post", "pre", "none"])
+def test_cross_attention_equals_nn_multihead_attention(norm):
+    from attnctl.check import reference_mha
+
+    config = build_config(d_model=32, heads=4, norm=norm)
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids, context = torch.randint(0, 30, (2, 5)), torch.randint(0, 30, (2, 7))
+    with torch.no_grad():
+        ours = layer(ids, context_ids=context)
+        x = layer.embedding(ids) + sinusoidal_positions(5, 32)
+        c = layer.embedding(context) + sinusoidal_positions(7, 32)
+        query = layer.norm(x) if norm == "pre" else x  # the norm is the query stream's
+        out, weights = reference_mha(layer)(
+            query, c, c, need_weights=True, average_attn_weights=False
+        )
+    assert ours.weights.shape == (2, 4, 5, 7)
+    assert (ours.weights - weights).abs().max() <= 1e-6
+    assert (ours.attention_output - out).abs().max() <= 1e-5
+
+
+def test_cross_attention_in_the_cli(invoke):
+    args = ("run", "Are you OK?", "--context", "我很好，谢谢", "--d-model", "64", *CPU)
+    data = json.loads(invoke(*args, "--json").stdout)
+    assert torch.tensor(data["attention"]).shape == (1, 8, 4, 4)
+    assert [t["text"] for t in data["context_tokens"][0]] == ["我", "很好", "，", "谢谢"]
+    stages = {s["name"]: s for s in data["stages"]}
+    assert stages["k"]["dims"] == ["B", "Lc", "D"] and stages["scores"]["dims"][-1] == "Lc"
+    assert "context_x" in stages
+    out = invoke(*args, columns=120).stdout
+    assert "query \\ context" in out and "context    我很好，谢谢" in out
+    shapes = json.loads(invoke("shapes", "--context-len", "32", "--json").stdout)
+    scores = next(s for s in shapes["stages"] if s["name"] == "scores")
+    assert scores["shape"] == [1, 8, 16, 32]
+    memory = json.loads(
+        invoke("memory", "--seq-len", "64", "--context-len", "1000", "--json").stdout
+    )
+    assert memory["kv_cache_tokens"] == 1000  # the cache holds the context's keys and values
+    assert memory["attention_matrix_bytes"] == 8 * 64 * 1000 * 4
+
+
+def test_padded_contexts_equal_running_each_alone(invoke):
+    common = ("--d-model", "64", *CPU, "--json")
+    both = json.loads(
+        invoke("run", "Are you OK?", "Fine, thanks, and you?", "--context", "我很好",
+               "--context", "谢谢你，我也很好", *common).stdout
+    )  # fmt: skip
+    weights = torch.tensor(both["attention"])
+    short = len([t for t in both["context_tokens"][0] if not t["pad"]])
+    assert torch.all(weights[0, :, :, short:] == 0)
+    alone = torch.tensor(
+        json.loads(invoke("run", "Are you OK?", "--context", "我很好", *common).stdout)["attention"]
+    )
+    assert (weights[0, :, :4, :short] - alone[0]).abs().max() <= 1e-6
+
+
+def test_cross_attention_window_equals_math(invoke, tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(f"w{i}" for i in range(30)))
+    common = ("--file", str(path), "--context", "我很好，谢谢", "--d-model", "32", *CPU, "--json")
+    window = json.loads(invoke("run", *common, "--rows", "last:3").stdout)
+    full = json.loads(invoke("run", *common, "--rows", "all").stdout)
+    assert (window["impl"], full["impl"]) == ("sdpa", "math")
+    expected = torch.tensor(full["attention"])[:, :, window["attention_rows"]]
+    assert (torch.tensor(window["attention"]) - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_cross_attention_plan_trace_and_measurement(impl):
+    config = build_config(d_model=64, heads=4, kv_heads=2, impl=impl, device="cpu")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20).eval()
+    record = Recorder()
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[1, 4:] = False
+    with torch.inference_mode():
+        layer(torch.randint(0, 20, (2, 9)), record, context_ids=torch.randint(0, 20, (2, 6)),
+              padding=keep)  # fmt: skip
+    plan = build_plan(config, 9, 2, 20, device="cpu", padded=True, context_len=6)
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    big = build_plan(config, 128, 2, 20, padded=True, context_len=300)
+    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["run", "hi", "--context", "yo", "--mask", "causal"],
+            "cross-attention has no causal mask",
+        ),
+        (
+            ["run", "hi", "--context", "yo", "--pos", "rope"],
+            "relates positions within one sequence",
+        ),
+        (["shapes", "--context-len", "8", "--pos", "alibi"], "relates positions within one"),
+        (["run", "a", "b", "c", "--context", "x", "--context", "y"], "2 contexts for 3 texts"),
+        (["run", "hi", "--context", "x", "--context-file", "f.txt"], "not both"),
+        (["shapes", "--context-len", "0"], "context-len must be a positive integer"),
+        (["memory", "--context-len", "8", "--train"], "does not model cross-attention yet"),
+    ],
+)
+def test_cross_attention_misuse_exits_2(invoke, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_cross_attention_preset(invoke):
+    shapes = json.loads(invoke("shapes", "--config", "cross-attention", "--json").stdout)
+    assert shapes["config"]["cross"] is True
+    assert next(s for s in shapes["stages"] if s["name"] == "k")["dims"] == ["B", "Lc", "D"]
+    run = invoke("run", "Are you OK?", "--config", "cross-attention", "--context", "我很好", *CPU)
+    assert run.exit_code == 0 and "query \\ context" in run.stdout
+    missing = invoke("run", "Are you OK?", "--config", "cross-attention", *CPU)
+    assert missing.exit_code == 2 and "give --context TEXT" in missing.stderr
