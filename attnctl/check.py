@@ -67,6 +67,10 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
     dtype = TORCH_DTYPES[config.dtype]
     generator = torch.Generator().manual_seed(config.seed)
     token_ids = torch.randint(0, vocab_size, (batch, seq_len), generator=generator).to(device)
+    inputs = {}
+    if config.cross:  # a context as long as the text, for the keys and values
+        context = torch.randint(0, vocab_size, (batch, seq_len), generator=generator)
+        inputs["context_ids"] = context.to(device)
 
     def build(impl: str) -> AttentionLayer:
         torch.manual_seed(config.seed)  # the same weights for every implementation
@@ -80,8 +84,8 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
         return (a.double() - b.double()).abs().max().item()
 
     with torch.no_grad():
-        math = math_layer(token_ids)
-        sdpa = sdpa_layer(token_ids)
+        math = math_layer(token_ids, **inputs)
+        sdpa = sdpa_layer(token_ids, **inputs)
         comparisons = [
             Comparison(
                 "math", "sdpa", "output", diff(math.attention_output, sdpa.attention_output),
@@ -95,9 +99,14 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
             skipped.append(f"nn.MultiheadAttention cannot apply --pos {config.pos} inside")
         else:
             x = _layer_input(math_layer, token_ids)
+            source = x  # keys and values: the text itself, or the context
+            if config.cross:
+                source = math_layer._embed(
+                    math_layer.embedding(inputs["context_ids"]), lambda *a: None, "context_", "Lc"
+                )
             blocked = ~causal_mask(seq_len, device) if config.mask == "causal" else None
             mha_output, mha_weights = reference_mha(math_layer)(
-                x, x, x, attn_mask=blocked, need_weights=True, average_attn_weights=False
+                x, source, source, attn_mask=blocked, need_weights=True, average_attn_weights=False
             )
             comparisons += [
                 Comparison("math", "nn.MultiheadAttention", "output",
@@ -133,9 +142,13 @@ def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:
     torch.manual_seed(config.seed)
     layer = AttentionLayer(small, vocab_size).double()
     embeddings = torch.randn(2, 3, small.d_model, dtype=torch.float64, requires_grad=True)
+    context = {"context_ids": torch.randint(0, vocab_size, (2, 4))} if config.cross else {}
     try:
         passed = torch.autograd.gradcheck(
-            lambda e: layer(None, embeddings=e).output, (embeddings,), eps=1e-6, atol=1e-5
+            lambda e: layer(None, embeddings=e, **context).output,
+            (embeddings,),
+            eps=1e-6,
+            atol=1e-5,
         )
     except RuntimeError as error:  # gradcheck raises with the mismatching Jacobians
         return False, str(error).strip().splitlines()[0]

@@ -74,3 +74,15 @@ def test_check_rejects_bad_input(invoke):
     assert invoke("check", "--heads", "7").exit_code == 2
     assert invoke("check", "--seq-len", "0").exit_code == 2
     assert "dropout acts only in training" in invoke("check", "--dropout", "0.1").stderr
+
+
+@pytest.mark.parametrize(
+    "preset,compared_with_torch",
+    [("cross-attention", True), ("decoder", True), ("modern-decoder", False)],
+)
+def test_check_runs_every_preset(invoke, preset, compared_with_torch):
+    data = json.loads(invoke("check", "--config", preset, *CPU, "--json").stdout)
+    assert data["ok"] and data["gradcheck"]
+    torch_pairs = [c for c in data["comparisons"] if c["b"] == "nn.MultiheadAttention"]
+    assert bool(torch_pairs) == compared_with_torch
+    assert bool(data["skipped"]) != compared_with_torch
