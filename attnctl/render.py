@@ -165,19 +165,30 @@ def weight_text(weight: float, digits: int) -> str:
 
 
 def _shade(weight: float) -> Style:
-    """Dark for 0, bright blue for 1 (sqrt, so small weights still show)."""
-    t = max(0.0, min(1.0, weight)) ** 0.5
+    """Dark for 0, bright blue for 1 (sqrt, so small weights still show), in 32 steps."""
+    return _SHADES[round(max(0.0, min(1.0, weight)) ** 0.5 * (len(_SHADES) - 1))]
+
+
+def _shades(steps: int = 32) -> list[Style]:
     low, high = (24, 24, 32), (40, 110, 235)
-    rgb = tuple(int(a + (b - a) * t) for a, b in zip(low, high, strict=True))
-    return Style(bgcolor=Color.from_rgb(*rgb), color="white")
+    styles = []
+    for step in range(steps):
+        t = step / (steps - 1)
+        rgb = tuple(int(a + (b - a) * t) for a, b in zip(low, high, strict=True))
+        styles.append(Style(bgcolor=Color.from_rgb(*rgb), color="white"))
+    return styles
+
+
+_SHADES = _shades()
 
 
 def weight_tables(
     trace: Trace, heads: list[int], width: int, digits: int = 2, batch_row: int = 0
-) -> tuple[list[Table], list[str]]:
+) -> tuple[list[Table], list[str], bool]:
     """One table per head: rows = query tokens, columns = key tokens, row maximum marked *.
 
-    When the keys do not fit the width, each row lists its strongest keys instead.
+    When the keys do not fit the width, each row lists its strongest keys instead (the
+    returned flag says so: those tables are as wide as the terminal).
     """
     tokens = trace.tokens[batch_row]  # the queries
     keys = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
@@ -185,7 +196,8 @@ def weight_tables(
     count = sum(not t.pad for t in keys)
     computed = [(i, r) for i, r in enumerate(trace.attention_rows) if r < queries]
     if not computed:
-        return [], [f"text {batch_row}: none of its {queries} tokens is among the rows computed"]
+        note = f"text {batch_row}: none of its {queries} tokens is among the rows computed"
+        return [], [note], False
     rows = [r for _, r in computed]
     cell = digits + 3  # "0.28*"
     label_width = min(LABEL_WIDTH, max(len(token_label(tokens[r])) for r in rows))
@@ -243,7 +255,7 @@ def weight_tables(
                     cells.append(Text(text, style=_shade(weights[key])))
             table.add_row(*cells)
         tables.append(table)
-    return tables, notes
+    return tables, notes, top_k is not None
 
 
 def _size_grid(title: str = "") -> Table:
@@ -351,9 +363,10 @@ def run_view(
                     style="dim",
                 )
             )
-    tables, notes = [], []
+    tables, notes, ranked = [], [], False
     for batch_row in range(len(trace.tokens)):
-        row_tables, row_notes = weight_tables(trace, heads, width, digits, batch_row)
+        row_tables, row_notes, row_ranked = weight_tables(trace, heads, width, digits, batch_row)
+        ranked = ranked or row_ranked
         tables += row_tables
         notes += [note for note in row_notes if note not in notes]
     parts.append(
@@ -363,7 +376,8 @@ def run_view(
             style="bold",
         )
     )
-    parts.append(Columns(tables, padding=(0, 3)))
+    # side by side when they fit; top-k tables span the width, so Columns would only cost time
+    parts.append(Group(*tables) if ranked else Columns(tables, padding=(0, 3)))
     parts.extend(Text(note, style="dim") for note in notes)
     parts.append(Text(""))
     parts.append(memory_footer(estimate))
@@ -643,7 +657,7 @@ def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, An
         "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
         "stages": [s.to_dict() for s in trace.stages],
         "impl": trace.impl,
-        "attention": trace.attention,
+        "attention": trace.attention_lists(),
         "attention_heads": trace.attention_heads,
         "attention_rows": trace.attention_rows,
         "context_tokens": None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from array import array
 
 from attnctl.config import LayerConfig, resolve_impl
 from attnctl.errors import RUNTIME, AttnctlError
@@ -87,7 +88,13 @@ def run_batch(
                 window = attention_window(layer, token_ids, heads, rows, **inputs)
             del result
             top = window.topk(min(TOP_KEYS, keys.seq_len), dim=-1).indices  # (B, h, r, K)
-            attention = window.float().cpu().tolist()
+            # one compact float32 array per row: 4 bytes a weight, not a 32-byte Python float
+            window = window.float().cpu()
+            attention = [
+                [[array("f", row.tolist()) for row in head] for head in batch_row]
+                for batch_row in window
+            ]  # (B, h, r) rows of Lk weights
+            del window
             top_keys = top.cpu().tolist()
     except torch.OutOfMemoryError as error:
         message = _first_line(error)

@@ -65,7 +65,8 @@ class Trace:
 
     tokens: list[list[Token]]  # one list per batch row
     stages: list[Stage]
-    attention: list  # nested lists (B, heads, rows, Lk): weights for the computed window
+    attention: list  # (B, heads, rows) nested lists of array("f") rows of Lk weights
+
     attention_heads: list[int]  # which heads `attention` holds, in its order
     attention_rows: list[int]  # which query rows it holds
     top_keys: list  # (B, heads, rows, K): each row's keys by weight, strongest first (K <= 64)
@@ -74,3 +75,7 @@ class Trace:
     vocab_size: int
     impl: str  # the implementation that produced the output: "math" or "sdpa"
     context_tokens: list[list[Token]] | None = None  # cross-attention: the keys' tokens
+
+    def attention_lists(self) -> list:
+        """The weights as plain nested lists (B, heads, rows, Lk), e.g. for JSON."""
+        return [[[list(row) for row in head] for head in b] for b in self.attention]

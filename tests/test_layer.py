@@ -136,7 +136,7 @@ def test_seed_000_weights_match_the_tutorial():
     trace = run_text("猫吃鱼", build_config("cat-eats-fish", device="cpu"))
     assert [t.text for t in trace.tokens[0]] == ["猫", "吃", "鱼"]
     assert [t.id for t in trace.tokens[0]] == [0, 1, 2]
-    got = torch.tensor(trace.attention)
+    got = torch.tensor(trace.attention_lists())
     assert got.shape == (1, 2, 3, 3)
     assert (got[0] - torch.tensor(SEED_000_WEIGHTS)).abs().max() <= 1e-6
     assert got[0, 0, 0].tolist() == pytest.approx([0.27858627, 0.32334039, 0.39807332], abs=1e-8)
