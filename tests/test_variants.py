@@ -493,3 +493,21 @@ def test_cross_attention_preset(invoke):
     assert run.exit_code == 0 and "query \\ context" in run.stdout
     missing = invoke("run", "Are you OK?", "--config", "cross-attention", *CPU)
     assert missing.exit_code == 2 and "give --context TEXT" in missing.stderr
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("norm_type", ["layer", "rms"])
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_norms_plan_trace_and_measurement(norm, norm_type, impl):
+    config = build_config(
+        d_model=64, heads=4, norm=norm, norm_type=norm_type, impl=impl, device="cpu"
+    )
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20).eval()
+    record = Recorder()
+    with torch.inference_mode():
+        layer(torch.randint(0, 20, (2, 9)), record)
+    plan = build_plan(config, 9, 2, 20, device="cpu")
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    big = build_plan(config, 256, 2, 20)
+    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
