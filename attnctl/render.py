@@ -22,6 +22,7 @@ from rich.text import Text
 from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig
 from attnctl.memory import MemoryEstimate, MemoryReport, format_bytes, variant_table
 from attnctl.plan import MASK_CONVENTION, Plan
+from attnctl.stats import PATTERNS, HeadStats, head_stats
 from attnctl.trace import Stage, Token, Trace
 from attnctl.training import TrainingEstimate
 from attnctl.window import hidden_ranges
@@ -49,13 +50,15 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
-def token_label(token: Token, width: int | None = None) -> str:
-    label = printable(token.text)
+def token_label_text(text: str, width: int = LABEL_WIDTH) -> str:
+    label = printable(text)
     if label.strip() == "":
         label = label.replace(" ", "␣") or "∅"
-    if width is not None and len(label) > width:
-        label = label[: width - 1] + "…"
-    return label
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def token_label(token: Token, width: int | None = None) -> str:
+    return token_label_text(token.text, width or 10**6)
 
 
 def shape_text(shape: tuple[int, ...]) -> str:
@@ -380,8 +383,41 @@ def run_view(
     parts.append(Group(*tables) if ranked else Columns(tables, padding=(0, 3)))
     parts.extend(Text(note, style="dim") for note in notes)
     parts.append(Text(""))
+    parts.append(heads_overview(head_stats(trace), batched))
+    parts.append(Text(""))
     parts.append(memory_footer(estimate))
     return Group(*parts)
+
+
+def heads_overview(stats: list[HeadStats], batched: bool) -> Table:
+    """Every computed head in one table, the most clear-cut first."""
+    table = _table("heads at a glance (most clear-cut first)")
+    headings = ["text"] if batched else []
+    headings += ["head", "kind", "entropy", "top key", "prev", "first", "diag", "same", "induct"]
+    for name in headings:
+        table.add_column(
+            name, no_wrap=True, justify="left" if name in ("kind", "top key") else "right"
+        )
+
+    def strength(s: HeadStats) -> float:
+        return max((getattr(s, p) or 0.0) for p in PATTERNS)
+
+    for s in sorted(stats, key=strength, reverse=True):
+        cells = [str(s.batch_row)] if batched else []
+        cells += [
+            str(s.head),
+            s.kind,
+            f"{s.entropy_fraction:.0%}",
+            Text(f"{s.top_key} {token_label_text(s.top_key_text)}"),
+            *(("—" if getattr(s, p) is None else f"{getattr(s, p):.2f}") for p in PATTERNS),
+        ]
+        table.add_row(*cells)
+    table.caption = (
+        "entropy: of the most possible (100% = uniform); prev = i-1, first = key 0, "
+        "diag = itself, same = earlier copies, induct = the token after an earlier copy"
+    )
+    table.caption_justify = "left"
+    return table
 
 
 # ---------------------------------------------------------------- shapes and memory
@@ -657,6 +693,7 @@ def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, An
         "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
         "stages": [s.to_dict() for s in trace.stages],
         "impl": trace.impl,
+        "head_stats": [s.to_dict() for s in head_stats(trace)],
         "attention": trace.attention_lists(),
         "attention_heads": trace.attention_heads,
         "attention_rows": trace.attention_rows,

@@ -82,7 +82,7 @@ def test_many_heads_show_eight_by_default(invoke):
 
 def weight_rows(output: str, head: int) -> list[str]:
     """The data rows of one head's weight table: lines like ' 3 ?   0.13  0.22  0.36*  0.28'."""
-    section = output.split(f"head {head}", 1)[1].split("memory", 1)[0]
+    section = output.split(f"head {head}", 1)[1].split("heads at a glance", 1)[0]
     return [line for line in section.splitlines() if re.match(r"^\s*\d+ .*\d\.\d", line)]
 
 

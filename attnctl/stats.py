@@ -1,0 +1,113 @@
+"""Per-head statistics from the computed weights: what kind of head is this?
+
+Standard library only; it reads the same rows the tables show. For each head, over its
+query rows (the text's own tokens), it gives the mean entropy (and its fraction of the
+most a row could have), the key that receives the most weight on average, and the mean
+weight on common patterns: previous token (i-1), first token (0, an "attention sink"),
+itself (i, the diagonal), earlier copies of the same token, and induction (the token
+right after an earlier copy of this one). A pattern the input cannot show is None.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from attnctl.trace import Trace
+
+PATTERNS = ("previous", "first", "diagonal", "same_token", "induction")
+KIND_THRESHOLD = 0.4  # a pattern holding this much weight on average names the head
+
+
+@dataclass(frozen=True)
+class HeadStats:
+    batch_row: int
+    head: int
+    rows: int  # query rows the figures average over
+    entropy: float  # mean over rows, in nats
+    entropy_fraction: float  # of the most each row could have (log of its keys); 1 = uniform
+    top_key: int  # the key with the largest mean weight
+    top_key_text: str
+    previous: float | None
+    first: float | None
+    diagonal: float | None  # weight on itself
+    same_token: float | None
+    induction: float | None
+
+    @property
+    def kind(self) -> str:
+        """The pattern that dominates, if one holds KIND_THRESHOLD of the weight, else 'mixed'."""
+        scores = {p: getattr(self, p) for p in PATTERNS if getattr(self, p) is not None}
+        best = max(scores, key=scores.__getitem__, default=None)
+        if best is not None and scores[best] >= KIND_THRESHOLD:
+            return best
+        return "diffuse" if self.entropy_fraction >= 0.9 else "mixed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind}
+
+
+def head_stats(trace: Trace) -> list[HeadStats]:
+    """Statistics for every computed head of every text, from its own (unpadded) rows."""
+    results = []
+    for batch_row, tokens in enumerate(trace.tokens):
+        keys = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
+        key_count = sum(not t.pad for t in keys)
+        query_count = sum(not t.pad for t in tokens)
+        self_attention = trace.context_tokens is None
+        rows = [(i, r) for i, r in enumerate(trace.attention_rows) if r < query_count]
+        if not rows:
+            continue
+        ids = [t.id for t in keys[:key_count]]
+        for head_index, head in enumerate(trace.attention_heads):
+            matrix = trace.attention[batch_row][head_index]
+            results.append(
+                _one_head(batch_row, head, matrix, rows, ids, keys, key_count, self_attention)
+            )
+    return results
+
+
+def _one_head(batch_row, head, matrix, rows, ids, keys, key_count, self_attention) -> HeadStats:
+    entropies, fractions = [], []
+    column_sums = [0.0] * key_count
+    patterns: dict[str, list[float]] = {p: [] for p in PATTERNS}
+    for row_index, query in rows:
+        weights = matrix[row_index]
+        allowed = 0
+        entropy = 0.0
+        for key in range(key_count):
+            w = weights[key]
+            column_sums[key] += w
+            if w > 0:
+                allowed += 1
+                entropy -= w * math.log(w)
+        entropies.append(entropy)
+        if allowed > 1:
+            fractions.append(entropy / math.log(allowed))
+        patterns["first"].append(weights[0])
+        if not self_attention:
+            continue  # positions of a context do not line up with the queries'
+        patterns["diagonal"].append(weights[query])
+        if query > 0:
+            patterns["previous"].append(weights[query - 1])
+        earlier = [k for k in range(query) if ids[k] == ids[query]]
+        if earlier:
+            patterns["same_token"].append(sum(weights[k] for k in earlier))
+            after = [k + 1 for k in earlier if k + 1 < key_count]
+            patterns["induction"].append(sum(weights[k] for k in after))
+    top_key = max(range(key_count), key=column_sums.__getitem__)
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    return HeadStats(
+        batch_row=batch_row,
+        head=head,
+        rows=len(rows),
+        entropy=sum(entropies) / len(entropies),
+        entropy_fraction=mean(fractions) if fractions else 0.0,
+        top_key=top_key,
+        top_key_text=keys[top_key].text,
+        **{p: mean(v) for p, v in patterns.items()},
+    )
