@@ -23,7 +23,17 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from attnctl import __version__
-from attnctl.config import LayerConfig, build_config, resolve_impl
+from attnctl.config import (
+    DTYPES,
+    IMPLS,
+    MASKS,
+    NORM_TYPES,
+    NORMS,
+    POSITIONS,
+    LayerConfig,
+    build_config,
+    resolve_impl,
+)
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
 from attnctl.memory import MemoryReport, estimate, fit, kv_cache_bytes, parse_size
 from attnctl.plan import Plan, build_plan
@@ -110,40 +120,13 @@ def _main(
 # ---------------------------------------------------------------- layer options
 
 
-class Pos(StrEnum):
-    sinusoidal = "sinusoidal"
-    learned = "learned"
-    rope = "rope"
-    alibi = "alibi"
-    none = "none"
-
-
-class Mask(StrEnum):
-    none = "none"
-    causal = "causal"
-
-
-class Norm(StrEnum):
-    post = "post"
-    pre = "pre"
-    none = "none"
-
-
-class NormType(StrEnum):
-    layer = "layer"
-    rms = "rms"
-
-
-class Impl(StrEnum):
-    auto = "auto"
-    math = "math"
-    sdpa = "sdpa"
-
-
-class DType(StrEnum):
-    float32 = "float32"
-    float16 = "float16"
-    bfloat16 = "bfloat16"
+# Choices come from config.py, the one place that lists them.
+Pos = StrEnum("Pos", {value: value for value in POSITIONS})
+Mask = StrEnum("Mask", {value: value for value in MASKS})
+Norm = StrEnum("Norm", {value: value for value in NORMS})
+NormType = StrEnum("NormType", {value: value for value in NORM_TYPES})
+Impl = StrEnum("Impl", {value: value for value in IMPLS})
+DType = StrEnum("DType", {value: value for value in DTYPES})
 
 
 def _option(kind: Any, *names: str, help: str) -> Any:

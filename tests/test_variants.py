@@ -18,6 +18,25 @@ from attnctl.plan import build_plan
 CPU = ("--device", "cpu")
 
 
+def assert_plan_matches(config, batch=2, seq_len=9, long=256, padded=False, context=None, **inputs):
+    """The layer's recorded stages equal the plan's, and at a longer length the estimate
+    equals the measured bytes, stage by stage."""
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20).eval()
+    record = Recorder()
+    if context is not None:
+        inputs["context_ids"] = torch.randint(0, 20, (batch, context))
+    with torch.inference_mode():
+        layer(torch.randint(0, 20, (batch, seq_len)), record, **inputs)
+    plan = build_plan(config, seq_len, batch, 20, device="cpu", padded=padded, context_len=context)
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    big = build_plan(
+        config, long, batch, 20, padded=padded, context_len=None if context is None else 300
+    )
+    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    return plan
+
+
 def gqa_reference(layer: AttentionLayer, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Grouped-query attention by the formula: query head h reads K/V head h // (H / Hkv)."""
     config = layer.config
@@ -62,19 +81,10 @@ def test_grouped_query_attention_matches_the_formula(kv_heads, mask):
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_gqa_plan_equals_trace_and_measurement(impl, kv_heads):
     config = build_config(d_model=64, heads=4, kv_heads=kv_heads, impl=impl, device="cpu")
-    torch.manual_seed(0)
-    layer = AttentionLayer(config, 20).eval()
-    record = Recorder()
-    with torch.inference_mode():
-        layer(torch.randint(0, 20, (2, 9)), record)
-    plan = build_plan(config, 9, 2, 20, device="cpu")
-    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    plan = assert_plan_matches(config)
     names = [s.name for s in plan.stages]
     assert ("k_repeated" in names) == (impl == "math")
     assert plan.stage("k_heads").dims == ("B", "Hkv", "L", "d_k")
-    big = build_plan(config, 256, 2, 20)
-    measured = measure_forward(config, big)
-    assert list(measured.stage_peak_bytes) == list(estimate(big).live_bytes)
 
 
 def test_gqa_shrinks_the_kv_cache_and_the_weights(invoke):
@@ -260,18 +270,9 @@ def test_position_window_and_sdpa_agree_with_math(invoke, pos, tmp_path):
 )
 def test_positions_plan_trace_and_measurement(pos, impl):
     config = build_config(d_model=64, heads=4, kv_heads=2, pos=pos, impl=impl, device="cpu")
-    torch.manual_seed(0)
-    layer = AttentionLayer(config, 20).eval()
-    record = Recorder()
-    with torch.inference_mode():
-        layer(torch.randint(0, 20, (2, 9)), record)
-    assert [s.to_dict() for s in record.stages] == [
-        s.to_dict() for s in build_plan(config, 9, 2, 20, device="cpu").stages
-    ]
-    big = build_plan(config, 200, 2, 20)
-    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    plan = assert_plan_matches(config, long=200)
     where = {"learned": "positions", "rope": "q_rotated", "alibi": "alibi"}[pos]
-    assert where in [s.name for s in big.stages]
+    assert where in [s.name for s in plan.stages]
 
 
 @pytest.mark.parametrize(
@@ -362,17 +363,9 @@ def test_char_tokenizer_shares_one_vocabulary_across_a_batch():
 
 def test_batches_plan_equals_trace_and_measurement():
     config = build_config(d_model=64, heads=4, kv_heads=2, device="cpu")
-    torch.manual_seed(0)
-    layer = AttentionLayer(config, 20).eval()
     keep = torch.ones(3, 9, dtype=torch.bool)
     keep[2, 5:] = False
-    record = Recorder()
-    with torch.inference_mode():
-        layer(torch.randint(0, 20, (3, 9)), record, padding=keep)
-    plan = build_plan(config, 9, 3, 20, device="cpu", padded=True)
-    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
-    big = build_plan(config, 256, 3, 20, padded=True)
-    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    assert_plan_matches(config, batch=3, padded=True, padding=keep)
 
 
 # ---------------------------------------------------------------- cross-attention
@@ -448,18 +441,9 @@ def test_cross_attention_window_equals_math(invoke, tmp_path):
 @pytest.mark.parametrize("impl", ["math", "sdpa"])
 def test_cross_attention_plan_trace_and_measurement(impl):
     config = build_config(d_model=64, heads=4, kv_heads=2, impl=impl, device="cpu")
-    torch.manual_seed(0)
-    layer = AttentionLayer(config, 20).eval()
-    record = Recorder()
     keep = torch.ones(2, 6, dtype=torch.bool)
     keep[1, 4:] = False
-    with torch.inference_mode():
-        layer(torch.randint(0, 20, (2, 9)), record, context_ids=torch.randint(0, 20, (2, 6)),
-              padding=keep)  # fmt: skip
-    plan = build_plan(config, 9, 2, 20, device="cpu", padded=True, context_len=6)
-    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
-    big = build_plan(config, 128, 2, 20, padded=True, context_len=300)
-    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    assert_plan_matches(config, long=128, padded=True, context=6, padding=keep)
 
 
 @pytest.mark.parametrize(
@@ -502,12 +486,4 @@ def test_norms_plan_trace_and_measurement(norm, norm_type, impl):
     config = build_config(
         d_model=64, heads=4, norm=norm, norm_type=norm_type, impl=impl, device="cpu"
     )
-    torch.manual_seed(0)
-    layer = AttentionLayer(config, 20).eval()
-    record = Recorder()
-    with torch.inference_mode():
-        layer(torch.randint(0, 20, (2, 9)), record)
-    plan = build_plan(config, 9, 2, 20, device="cpu")
-    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
-    big = build_plan(config, 256, 2, 20)
-    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    assert_plan_matches(config)
