@@ -117,7 +117,7 @@ def encode(text: str, spec: str) -> Encoded:
 def encode_batch(texts: list[str], spec: str) -> Batch:
     for text in texts:
         if text == "":
-            raise AttnctlError("the sentence is empty; give some text to tokenize")
+            raise AttnctlError("a text is empty; give some text to tokenize")
     path = tokenizer_path(spec)
     if path is None:
         batch = _encode_chars(texts)

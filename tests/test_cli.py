@@ -292,7 +292,7 @@ ERRORS = [
     (["shapes", "--seq-len", "0"], 2, "seq-len must be a positive integer"),
     (["memory", "--seq-len", "-5"], 2, "seq-len must be a positive integer"),
     (["memory", "--batch", "0"], 2, "batch must be a positive integer"),
-    (["run", ""], 2, "the sentence is empty"),
+    (["run", ""], 2, "a text is empty"),
     (["run", "hi", "--device", "tpu"], 2, "unknown device 'tpu'"),
     (["run", "hi", "--dtype", "float64"], 2, "'float64' is not one of"),
     (["run", "hi", "--heads", "abc"], 2, "Invalid value for '--heads'"),
