@@ -140,3 +140,32 @@ def test_dropout_is_a_stage_of_the_training_plan(invoke):
     names = [s["name"] for s in data["stages"]]
     assert names.index("weights") + 1 == names.index("dropout")
     assert set(data["by_impl"]) == {"math"}
+
+
+def test_dropout_matches_torch_dropout_on_the_weights():
+    """With the same RNG state, the layer equals the textbook computation using F.dropout
+    on the softmax weights; kept weights are scaled by 1/(1-p), the rest are 0."""
+    import math
+
+    import torch.nn.functional as F
+
+    from attnctl.layer import sinusoidal_positions
+
+    p = 0.3
+    config = build_config(d_model=32, heads=4, dropout=p, norm="none")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30)  # training mode: dropout acts
+    ids = torch.randint(0, 30, (2, 6))
+    with torch.no_grad():
+        torch.manual_seed(7)
+        ours = layer(ids).attention_output
+        x = layer.embedding(ids) + sinusoidal_positions(6, 32)
+        q, k, v = (w(x).view(2, 6, 4, 8).transpose(1, 2) for w in (layer.W_q, layer.W_k, layer.W_v))
+        weights = (q @ k.transpose(-2, -1) / math.sqrt(8)).softmax(-1)
+        torch.manual_seed(7)  # the layer draws nothing else before its dropout
+        dropped = F.dropout(weights, p)
+        expected = layer.W_o((dropped @ v).transpose(1, 2).reshape(2, 6, 32))
+    assert (ours - expected).abs().max() <= 1e-6
+    kept = dropped != 0
+    assert torch.allclose(dropped[kept], weights[kept] / (1 - p))
+    assert 0 < kept.float().mean() < 1
