@@ -101,9 +101,7 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
             x = _layer_input(math_layer, token_ids)
             source = x  # keys and values: the text itself, or the context
             if config.cross:
-                source = math_layer._embed(
-                    math_layer.embedding(inputs["context_ids"]), lambda *a: None, "context_", "Lc"
-                )
+                source = math_layer.embed(math_layer.embedding(inputs["context_ids"]))
             blocked = ~causal_mask(seq_len, device) if config.mask == "causal" else None
             mha_output, mha_weights = reference_mha(math_layer)(
                 x, source, source, attn_mask=blocked, need_weights=True, average_attn_weights=False
@@ -121,18 +119,9 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
 
 
 def _layer_input(layer: AttentionLayer, token_ids: torch.Tensor) -> torch.Tensor:
-    """What the attention sees: embeddings, plus positions when the layer adds them."""
-    from attnctl.layer import sinusoidal_positions
-
-    x = layer.embedding(token_ids)  # (B, L, D)
-    seq_len = token_ids.shape[1]
-    if layer.config.pos == "sinusoidal":
-        x = x + sinusoidal_positions(seq_len, layer.config.d_model, x.device, x.dtype)
-    elif layer.config.pos == "learned":
-        x = x + layer.positions(torch.arange(seq_len, device=x.device))
-    if layer.config.norm == "pre":
-        x = layer.norm(x)  # (B, L, D)
-    return x
+    """What the projections read: embeddings (+ positions), normed first in a pre-norm layer."""
+    x = layer.embed(layer.embedding(token_ids))  # (B, L, D)
+    return layer.norm(x) if layer.config.norm == "pre" else x
 
 
 def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:

@@ -143,7 +143,9 @@ class AttentionLayer(nn.Module):
                 nn.LayerNorm(d_model) if config.norm_type == "layer" else nn.RMSNorm(d_model)
             )
 
-    def _embed(self, x: torch.Tensor, record: Callable, prefix: str, length: str) -> torch.Tensor:
+    def embed(
+        self, x: torch.Tensor, record: Callable = _no_record, prefix: str = "", length: str = "L"
+    ) -> torch.Tensor:
         """Embeddings (B, len, D), plus positions when they are added to the embeddings."""
         config = self.config
         record(f"{prefix}embeddings", x, f"B {length} D")
@@ -186,12 +188,12 @@ class AttentionLayer(nn.Module):
                 record("context_ids", context_ids, "B Lc")
             if padding is not None:
                 record("padding_mask", padding, f"B {key_len_dim}")
-            x = self._embed(self.embedding(token_ids), record, "", "L")  # (B, L, D)
+            x = self.embed(self.embedding(token_ids), record, "", "L")  # (B, L, D)
         else:  # (B, L, D), e.g. float64 inputs for gradcheck
-            x = self._embed(embeddings, record, "", "L")
+            x = self.embed(embeddings, record, "", "L")
         context = None
         if cross:
-            context = self._embed(self.embedding(context_ids), record, "context_", "Lc")
+            context = self.embed(self.embedding(context_ids), record, "context_", "Lc")
         batch, seq_len = x.shape[:2]
         key_len = context.shape[1] if cross else seq_len
 
@@ -323,12 +325,12 @@ def attention_window(
     batch, seq_len = token_ids.shape
     heads_t = torch.tensor(heads, device=token_ids.device)
     rows_t = torch.tensor(rows, device=token_ids.device)
-    x = layer._embed(layer.embedding(token_ids), _no_record, "", "L")  # (B, L, D)
+    x = layer.embed(layer.embedding(token_ids))  # (B, L, D)
     if config.norm == "pre":
         x = layer.norm(x)  # (B, L, D): the projections read Norm(x)
     source = x  # keys from the text itself, or from a context
     if context_ids is not None:
-        source = layer._embed(layer.embedding(context_ids), _no_record, "context_", "Lc")
+        source = layer.embed(layer.embedding(context_ids))
     key_len = source.shape[1]
     k = layer.W_k(source)  # (B, Lk, Hkv * d_k)
     k = k.view(batch, key_len, config.kv_heads, config.d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)

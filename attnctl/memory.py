@@ -125,9 +125,6 @@ def kv_cache_bytes(plan: Plan, tokens: int | None = None, layers: int = 1) -> in
     return layers * per_layer * DTYPE_BYTES[plan.config.dtype]
 
 
-Sizer = Callable[[int, int], Plan]  # (seq_len, batch) -> plan
-
-
 def largest_fitting(peak_of: Callable[[int], int], budget: int, limit: int = 2**40) -> int:
     """The largest n >= 1 with peak_of(n) <= budget (0 if none); peak_of must not decrease."""
     if peak_of(1) > budget:
