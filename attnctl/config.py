@@ -160,6 +160,8 @@ def _check_value(key: str, value: Any, source: str) -> Any:
         raise AttnctlError(
             f"{source}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
         )
+    if key == "kv_heads" and value < 1:  # 0 is only the unset default, meaning "= heads"
+        raise AttnctlError(f"{source}: kv_heads must be at least 1, got {value} (1 = multi-query)")
     return value
 
 

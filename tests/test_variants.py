@@ -117,7 +117,8 @@ def test_gqa_in_the_cli(invoke):
     "args,message",
     [
         (["shapes", "--kv-heads", "3"], "kv-heads=3 does not divide heads=8; kv-head counts"),
-        (["shapes", "--kv-heads", "-1"], "kv-heads=-1 does not divide heads=8"),
+        (["shapes", "--kv-heads", "-1"], "kv_heads must be at least 1, got -1"),
+        (["shapes", "--kv-heads", "0"], "kv_heads must be at least 1, got 0"),
         (["memory", "--kv-heads", "2", "--train"], "does not model --kv-heads 2 yet"),
     ],
 )
