@@ -45,6 +45,8 @@ class LayerConfig:
     cross: bool = False  # cross-attention: keys and values from a second text, the context
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
+    norm_eps: float = 1e-5  # added to the variance (LayerNorm) or mean square (RMSNorm)
+    rope_theta: float = 10000.0  # RoPE base: θ_i = rope_theta^(-2i/d_k)
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
     dropout: float = 0.0  # on the attention weights, in training only (math path)
     seed: int = 42  # torch.manual_seed before the weights are created
@@ -139,6 +141,10 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError("dropout is modelled on the math path only; use --impl math")
     if config.pos == "rope" and config.d_k % 2:
         raise AttnctlError(f"rope rotates pairs of dims: d_k={config.d_k} must be even")
+    if not config.norm_eps > 0:
+        raise AttnctlError(f"norm_eps must be positive, got {config.norm_eps}")
+    if not config.rope_theta > 1:
+        raise AttnctlError(f"rope_theta must be above 1, got {config.rope_theta}")
     if config.max_positions <= 0:
         raise AttnctlError(f"max_positions must be positive, got {config.max_positions}")
     if not config.tokenizer:

@@ -80,10 +80,12 @@ def sinusoidal_positions(
     return table
 
 
-def rotary_angles(seq_len: int, d_k: int, device: torch.device | None = None) -> torch.Tensor:
-    """RoPE angles pos·θ_i, θ_i = 10000^(-2i/d_k), laid out for half-rotation: (L, d_k)."""
+def rotary_angles(
+    seq_len: int, d_k: int, device: torch.device | None = None, theta: float = 10000.0
+) -> torch.Tensor:
+    """RoPE angles pos·θ_i, θ_i = theta^(-2i/d_k), laid out for half-rotation: (L, d_k)."""
     inv_freq = torch.pow(
-        10000.0, torch.arange(0, d_k, 2, device=device, dtype=torch.float32).div_(-d_k)
+        theta, torch.arange(0, d_k, 2, device=device, dtype=torch.float32).div_(-d_k)
     )
     position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
     angles = torch.outer(position, inv_freq)  # (L, d_k/2)
@@ -140,7 +142,9 @@ class AttentionLayer(nn.Module):
         self.norm = None
         if config.norm != "none":
             self.norm = (
-                nn.LayerNorm(d_model) if config.norm_type == "layer" else nn.RMSNorm(d_model)
+                nn.LayerNorm(d_model, eps=config.norm_eps)
+                if config.norm_type == "layer"
+                else nn.RMSNorm(d_model, eps=config.norm_eps)
             )
 
     def embed(
@@ -227,7 +231,7 @@ class AttentionLayer(nn.Module):
         v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
         record("v_heads", v, kv_split)
         if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
-            angles = rotary_angles(seq_len, d_k, q.device)  # (L, d_k), float32
+            angles = rotary_angles(seq_len, d_k, q.device, config.rope_theta)  # (L, d_k), float32
             record("rope_angles", angles, "L d_k")
             cos = angles.cos().to(q.dtype)  # (L, d_k)
             record("rope_cos", cos, "L d_k")
@@ -341,7 +345,7 @@ def attention_window(
         :, heads_t
     ]  # (B, h, r, d_k)
     if config.pos == "rope":  # keys at every position, queries at theirs
-        angles = rotary_angles(seq_len, config.d_k, q.device)  # (L, d_k)
+        angles = rotary_angles(seq_len, config.d_k, q.device, config.rope_theta)  # (L, d_k)
         cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
         k = rotate(k, cos, sin)  # (B, h, L, d_k)
         q = rotate(q, cos[rows_t], sin[rows_t])  # (B, h, r, d_k)

@@ -127,9 +127,8 @@ def test_gqa_misuse_exits_2(invoke, args, message):
     assert result.exit_code == 2 and message in result.stderr
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x / sqrt(mean(x²) + eps) · w, with torch's default eps for the dtype."""
-    eps = torch.finfo(x.dtype).eps
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) · w."""
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
@@ -145,7 +144,7 @@ def test_norms_match_their_formulas(norm, norm_type):
 
     def normalise(t):
         if norm_type == "rms":
-            return rms_norm_reference(t, layer.norm.weight)
+            return rms_norm_reference(t, layer.norm.weight, layer.config.norm_eps)
         return F.layer_norm(t, (32,), layer.norm.weight, layer.norm.bias)
 
     with torch.no_grad():
