@@ -36,8 +36,11 @@ from attnctl.config import (
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
 from attnctl.memory import MemoryReport, estimate, fit, kv_cache_bytes, parse_size
+from attnctl.model import ModelSpec, read_model
 from attnctl.plan import Plan, build_plan
 from attnctl.render import (
+    blocks_json,
+    blocks_view,
     check_json,
     check_view,
     memory_json,
@@ -177,21 +180,62 @@ LAYER_OPTIONS: dict[str, Any] = {
 }
 
 
+MODEL_OPTION = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="A local model folder (config.json, model.safetensors, tokenizer.json): "
+        "BERT, GPT-2 or Llama-style. Its config sets the layer.",
+        rich_help_panel="Model",
+    ),
+]
+MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer")  # options that still apply to a model
+
+
 def layer_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give a command every layer option; it receives them as one validated ``layer``."""
+    """Give a command every layer option; it receives them as one validated ``layer``.
+
+    A command with a ``model`` parameter also gets ``--model DIR``: then the layer comes
+    from the model's config.json and ``model`` is its :class:`ModelSpec` (else None).
+    """
     signature = inspect.signature(command, eval_str=True)
-    own = [p for p in signature.parameters.values() if p.name != "layer"]
+    takes_model = "model" in signature.parameters
+    own = [p for p in signature.parameters.values() if p.name not in ("layer", "model")]
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
         for name, kind in LAYER_OPTIONS.items()
     ]
+    if takes_model:
+        shared.append(
+            inspect.Parameter(
+                "model", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MODEL_OPTION
+            )
+        )
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
         given = {name: kwargs.pop(name) for name in LAYER_OPTIONS}
-        preset = given.pop("config")
         values = {k: v.value if isinstance(v, Enum) else v for k, v in given.items()}
-        command(layer=build_config(preset, **values), **kwargs)
+        if not takes_model:
+            command(layer=build_config(values.pop("config"), **values), **kwargs)
+            return
+        directory = kwargs.pop("model")
+        if directory is None:
+            layer = build_config(values.pop("config"), **values)
+            command(layer=layer, model=None, **kwargs)
+            return
+        clashing = [k for k, v in values.items() if v is not None and k not in MODEL_KEEPS]
+        if clashing:
+            option = "--" + clashing[0].replace("_", "-")
+            raise AttnctlError(
+                f"{option} comes from the model's config.json; with --model only "
+                + ", ".join(f"--{k}" for k in MODEL_KEEPS)
+                + " may be given"
+            )
+        model = read_model(directory)
+        layer = model.layer_config(**{k: values[k] for k in MODEL_KEEPS})
+        command(layer=layer, model=model, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=own + shared)  # type: ignore[attr-defined]
     return wrapper
@@ -260,19 +304,35 @@ def run(
     force: Annotated[
         bool, typer.Option("--force", help="Run even when the estimate exceeds free memory.")
     ] = False,
+    block: Annotated[
+        str | None,
+        typer.Option(
+            "--layer",
+            help="With --model: the block to show, 0-based like output_attentions (-1 = the "
+            "last), or 'all' for a summary of every block. Default 0.",
+            rich_help_panel="Model",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
+    model: ModelSpec | None,
 ) -> None:
     """Run one attention layer on TEXT (a batch for several) and show every stage and weights."""
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
     if not 0 <= digits <= 8:
         raise AttnctlError(f"digits must be between 0 and 8, got {digits}")
+    blocks = _choose_blocks(block, model)
     texts = _read_texts(text, file)
     contexts = _read_contexts(context, context_file, len(texts))
+    if model is not None and contexts:
+        raise AttnctlError(f"{model.name} has no cross-attention: leave out --context")
     if layer.cross and not contexts:
         raise AttnctlError("this layer is cross-attention: give --context TEXT (or --context-file)")
+    own_tokenizer = None if model is None else model.path / "tokenizer.json"
+    if own_tokenizer and layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
+        raise AttnctlError(f"no tokenizer.json in {model.path}; give one with --tokenizer")
     both = encode_batch(texts + contexts, layer.tokenizer)  # one vocabulary for both
     batch, context_batch = both.split(len(texts))
     cross = context_batch if contexts else None
@@ -282,30 +342,73 @@ def run(
         heads = heads[:DEFAULT_HEADS_SHOWN]
     query_rows = choose_rows(rows, seq_len)
     layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
-    from attnctl.runner import needs_padding_mask, run_batch
+    from attnctl.runner import needs_padding_mask, run_batch, run_model
 
     padded = needs_padding_mask(cross or batch, layer)
     context_len = cross.seq_len if cross else None
+    vocab = batch.vocab_size if model is None else model.vocab_size
+    shown_block = blocks[0] if blocks and len(blocks) == 1 else 0
     plan = build_plan(
-        layer, seq_len, len(texts), batch.vocab_size, padded=padded, context_len=context_len
+        layer,
+        seq_len,
+        len(texts),
+        vocab,
+        padded=padded,
+        context_len=context_len,
+        model=model,
+        layer_index=shown_block,
     )
     memory = estimate(plan)
     # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
-    shown_bytes = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
+    per_block = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
+    shown_bytes = per_block * (len(blocks) if blocks else 1)
 
-    with _progress(f"running the layer over {len(texts)} x {seq_len} tokens"):
+    what = "the layer" if model is None else f"{model.name}"
+    with _progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
         need = None if force else memory.peak_bytes + shown_bytes
-        trace = run_batch(batch, layer, heads, query_rows, need_bytes=need, context=cross)
+        if blocks is None:
+            traces = [run_batch(batch, layer, heads, query_rows, need_bytes=need, context=cross)]
+        else:
+            traces = run_model(batch, model, layer, blocks, heads, query_rows, need_bytes=need)
     if as_json:
-        _print_json(run_json(trace, plan, memory))
+        if len(traces) > 1:
+            _print_json(blocks_json(traces, plan, memory))
+        else:
+            _print_json(run_json(traces[0], plan, memory))
         return
     console = _console()
     shown = heads
+    if len(traces) > 1:
+        console.print(blocks_view(texts, traces, plan, memory, console.width))
+        return
+    trace = traces[0]
     console.print(run_view(texts, trace, plan, memory, shown, console.width, digits, contexts))
     if not head and layer.heads > len(shown):
         console.print(
             f"heads {len(shown)}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
         )
+
+
+def _choose_blocks(block: str | None, model: ModelSpec | None) -> list[int] | None:
+    """--layer N or all, for a model (None without one): the blocks whose weights to show."""
+    if model is None:
+        if block is not None:
+            raise AttnctlError("--layer picks a block of a pretrained model: give --model DIR")
+        return None
+    if block is None:
+        return [0]
+    if block.strip().lower() == "all":
+        return list(range(model.layers))
+    try:
+        number = int(block)
+    except ValueError:
+        raise AttnctlError(f"--layer must be a block number or 'all', got {block!r}") from None
+    if not -model.layers <= number < model.layers:
+        raise AttnctlError(
+            f"--layer {number} is out of range: the model has {model.layers} layers "
+            f"(0–{model.layers - 1}, or -1 for the last)"
+        )
+    return [number % model.layers]
 
 
 def _read_texts(texts: list[str] | None, file: str | None) -> list[str]:

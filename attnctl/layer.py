@@ -148,11 +148,21 @@ class AttentionLayer(nn.Module):
             )
 
     def embed(
-        self, x: torch.Tensor, record: Callable = _no_record, prefix: str = "", length: str = "L"
+        self,
+        x: torch.Tensor,
+        record: Callable = _no_record,
+        prefix: str = "",
+        length: str = "L",
+        name: str | None = "embeddings",
     ) -> torch.Tensor:
-        """Embeddings (B, len, D), plus positions when they are added to the embeddings."""
+        """Embeddings (B, len, D), plus positions when they are added to the embeddings.
+
+        ``name``: the stage x is recorded as (None: not recorded, e.g. a model's layer 0,
+        whose input is the embedding stage the model recorded already).
+        """
         config = self.config
-        record(f"{prefix}embeddings", x, f"B {length} D")
+        if name is not None:
+            record(f"{prefix}{name}", x, f"B {length} D")
         if config.pos in ("sinusoidal", "learned"):
             n = x.shape[1]
             if config.pos == "sinusoidal":
@@ -173,9 +183,12 @@ class AttentionLayer(nn.Module):
         embeddings: torch.Tensor | None = None,
         padding: torch.Tensor | None = None,
         context_ids: torch.Tensor | None = None,
+        input_name: str | None = "embeddings",
     ) -> LayerOutput:
         """Run the layer on token ids, or on ``embeddings`` (B, L, D) given instead of them.
 
+        ``input_name``: what given embeddings are recorded as ("hidden" for a model's block
+        input; None records nothing).
         ``padding`` (B, Lk) bool, True = a real key (SDPA's convention), gives padded keys
         weight exactly 0; ``nn.MultiheadAttention``'s key_padding_mask is its negation.
         ``context_ids`` (B, Lc) make it cross-attention: keys and values come from that text.
@@ -193,8 +206,8 @@ class AttentionLayer(nn.Module):
             if padding is not None:
                 record("padding_mask", padding, f"B {key_len_dim}")
             x = self.embed(self.embedding(token_ids), record, "", "L")  # (B, L, D)
-        else:  # (B, L, D), e.g. float64 inputs for gradcheck
-            x = self.embed(embeddings, record, "", "L")
+        else:  # (B, L, D): a model's hidden state, or float64 inputs for gradcheck
+            x = self.embed(embeddings, record, "", "L", input_name)
         context = None
         if cross:
             context = self.embed(self.embedding(context_ids), record, "context_", "Lc")
@@ -313,23 +326,28 @@ class AttentionLayer(nn.Module):
 
 def attention_window(
     layer: AttentionLayer,
-    token_ids: torch.Tensor,
+    token_ids: torch.Tensor | None,
     heads: list[int],
     rows: list[int],
     padding: torch.Tensor | None = None,
     context_ids: torch.Tensor | None = None,
+    embeddings: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax weights for some heads and query rows only: (B, len(heads), len(rows), L).
 
     Exactly the matching slice of the math path's (B, H, L, L) weights, without ever
     building them: the keys are projected for every position, the queries only for
     ``rows``. This is what ``run`` shows when the output itself comes from SDPA.
+    ``embeddings`` (B, L, D), given instead of token ids: a model's block input.
     """
     config = layer.config
-    batch, seq_len = token_ids.shape
-    heads_t = torch.tensor(heads, device=token_ids.device)
-    rows_t = torch.tensor(rows, device=token_ids.device)
-    x = layer.embed(layer.embedding(token_ids))  # (B, L, D)
+    if embeddings is None:
+        embeddings = layer.embedding(token_ids)  # (B, L, D)
+    batch, seq_len = embeddings.shape[:2]
+    device = embeddings.device
+    heads_t = torch.tensor(heads, device=device)
+    rows_t = torch.tensor(rows, device=device)
+    x = layer.embed(embeddings, name=None)  # (B, L, D), with positions where they are added
     if config.norm == "pre":
         x = layer.norm(x)  # (B, L, D): the projections read Norm(x)
     source = x  # keys from the text itself, or from a context
@@ -351,7 +369,7 @@ def attention_window(
         q = rotate(q, cos[rows_t], sin[rows_t])  # (B, h, r, d_k)
     scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, L)
     if config.mask == "causal":
-        keys = torch.arange(seq_len, device=token_ids.device)
+        keys = torch.arange(seq_len, device=device)
         allowed = keys.unsqueeze(0) <= rows_t.unsqueeze(1)  # (r, L), True = may attend
         scores.masked_fill_(allowed.logical_not(), float("-inf"))
     if padding is not None:  # (B, L), True = a real token

@@ -65,12 +65,9 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
     for i, stage in enumerate(plan.stages):
         for read in stage.reads:
             last_use[owner[read]] = max(last_use[owner[read]], i)
-    # the caller makes the inputs before the layer runs and holds them throughout; the layer
-    # returns its output and the attention output
-    for held in ("token_ids", "context_ids", "padding_mask", "output_projection"):
-        if held in last_use:
-            last_use[held] = last
-    last_use[plan.stages[-1].name] = last
+    for held, until in plan.held_until.items():  # kept alive by the caller
+        last_use[owner[held]] = max(last_use[owner[held]], index[until])
+    last_use[owner[plan.stages[-1].name]] = last  # the output, returned
     for given in ("token_ids", "context_ids", "padding_mask"):
         if given in index:
             index[given] = 0

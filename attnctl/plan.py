@@ -8,10 +8,12 @@ hold the two equal, so what ``shapes`` predicts is what ``run`` does.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from attnctl.config import DTYPE_BYTES, LayerConfig, resolve_impl, validate
 from attnctl.errors import AttnctlError
+from attnctl.model import SAFETENSORS_DTYPES, ModelSpec
 from attnctl.trace import Stage
 
 MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)"
@@ -21,10 +23,11 @@ MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)
 class Parameter:
     name: str
     shape: tuple[int, ...]
+    copies: int = 1  # one per block for a model's "layers.*.…" tensors
 
     @property
     def count(self) -> int:
-        return _product(self.shape)
+        return _product(self.shape) * self.copies
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class Plan:
     sizes: dict[str, int]  # symbol -> number, e.g. {"B": 1, "L": 4, "D": 512, ...}
     stages: list[Stage] = field(default_factory=list)
     parameters: list[Parameter] = field(default_factory=list)
+    # tensors the caller keeps alive past their last reader: name -> until which stage
+    held_until: dict[str, str] = field(default_factory=dict)
+    model: ModelSpec | None = None  # a pretrained model's block, rather than one layer
+    layer_index: int = 0  # which of the model's blocks
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -74,6 +81,15 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
     return params
 
 
+def model_parameters(model: ModelSpec) -> list[Parameter]:
+    """Every float tensor of the checkpoint; a block's tensors once, with ``copies``."""
+    groups: dict[str, list[tuple[int, ...]]] = {}
+    for key, info in model.tensors.items():
+        if info.dtype in SAFETENSORS_DTYPES:
+            groups.setdefault(re.sub(r"\.\d+\.", ".*.", key, count=1), []).append(info.shape)
+    return [Parameter(name, shapes[0], len(shapes)) for name, shapes in groups.items()]
+
+
 def build_plan(
     config: LayerConfig,
     seq_len: int,
@@ -82,12 +98,17 @@ def build_plan(
     device: str = "",
     padded: bool = False,
     context_len: int | None = None,
+    model: ModelSpec | None = None,
+    layer_index: int = 0,
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens.
 
     ``padded``: some key sequences are padded on the right and a key-padding mask is applied
     (not with a causal mask, which never lets a real token see right padding anyway).
     ``context_len``: cross-attention; keys and values come from a context of that length.
+    ``model``: the stages of a pretrained model's block ``layer_index``: its embeddings, the
+    block's input, the attention layer (``config``, from :meth:`ModelSpec.layer_config`),
+    then the feed-forward. Blocks run one after another, so one block's peak is the model's.
     """
     if context_len is not None:
         config = dataclasses.replace(config, cross=True)
@@ -168,7 +189,13 @@ def build_plan(
             return x
         return add(f"{prefix}x", f"B {length_dim} D", (x, pos), what="embeddings + positions")
 
-    x = embed("", "L", seq_len, ids)
+    if model is None:
+        x = embed("", "L", seq_len, ids)
+    else:
+        sizes["I"] = model.intermediate
+        x = _model_embeddings(add, model, seq_len, ids)
+        if layer_index > 0:
+            x = add("hidden", "B L D", what=f"block {layer_index - 1}'s output: this block's input")
     context = embed("context_", "Lc", context_len, "context_ids") if cross else None
 
     grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
@@ -295,6 +322,21 @@ def build_plan(
     if config.norm == "post":
         add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
 
+    attention_end = stages[-1].name
+    if model is not None:
+        _feed_forward(add, model, attention_end)
+    # The caller makes the inputs before the layer runs and holds them throughout. The layer
+    # returns its output and its attention output. A model's block holds its input and the
+    # attention output until its attention layer returns, the feed-forward's input until
+    # the feed-forward returns.
+    end = stages[-1].name
+    held = dict.fromkeys(("token_ids", "context_ids", "padding_mask"), end)
+    held["output_projection"] = end if model is None else attention_end
+    if model is not None:
+        held |= {x: attention_end, attention_end: end}
+    names = {s.name for s in stages}
+    held = {name: until for name, until in held.items() if name in names}
+    parameters = layer_parameters(config, vocab_size) if model is None else model_parameters(model)
     return Plan(
         config=config,
         batch=batch,
@@ -302,5 +344,57 @@ def build_plan(
         vocab_size=vocab_size,
         sizes=sizes,
         stages=stages,
-        parameters=layer_parameters(config, vocab_size),
+        parameters=parameters,
+        held_until=held,
+        model=model,
+        layer_index=layer_index,
     )
+
+
+def _model_embeddings(add, model: ModelSpec, seq_len: int, ids: str) -> str:
+    """The family's embeddings, before its first block; returns the last stage's name."""
+    if model.family != "llama" and seq_len > model.max_positions:
+        raise AttnctlError(
+            f"{seq_len} tokens are more than the {model.max_positions} positions "
+            f"{model.name} was trained with"
+        )
+    x = add("embeddings", "B L D", (ids,), what="token embedding lookup")
+    if model.family == "llama":  # positions come later: RoPE rotates Q and K in every block
+        return x
+    # learned position rows; the int64 position ids live during the lookup
+    pos = add("positions", "L D", what="learned position table rows", scratch=8 * seq_len)
+    if model.family == "gpt2":
+        return add("x", "B L D", (x, pos), what="embeddings + positions")
+    x = add("x", "B L D", (x, pos), what="embeddings + segment 0's embedding + positions")
+    return add("embedding_norm", "B L D", ("x",), what="LayerNorm over D")
+
+
+def _feed_forward(add, model: ModelSpec, attention_out: str) -> None:
+    """The block's feed-forward, after its attention layer, with its residual and norm."""
+    act = {"gelu_new": "gelu (tanh)", "gelu_pytorch_tanh": "gelu (tanh)"}.get(
+        model.activation, model.activation
+    )
+    h = attention_out
+    if model.family != "bert":  # pre-norm: the feed-forward reads Norm(x)
+        norm = "RMSNorm" if model.family == "llama" else "LayerNorm"
+        h = add("ffn_norm", "B L D", (attention_out,), what=f"{norm} over D, before the FFN")
+    if model.family == "llama":  # SwiGLU: down(silu(gate(h)) * up(h))
+        add("ffn_gate", "B L I", (h,), what="h · W_gate")
+        add("ffn_act", "B L I", ("ffn_gate",), what=act)
+        add("ffn_up", "B L I", (h,), what="h · W_up")
+        inner = add(
+            "ffn_product", "B L I", ("ffn_act", "ffn_up"), view_of="ffn_act", what="act *= up"
+        )
+    else:
+        add("ffn_up", "B L I", (h,), what="h · W_in + b: D -> I")
+        inner = add("ffn_act", "B L I", ("ffn_up",), what=act)
+    add("ffn_down", "B L D", (inner,), what="· W_out: I -> D")
+    add(
+        "ffn_residual",
+        "B L D",
+        ("ffn_down", attention_out),
+        view_of="ffn_down",
+        what="+= the FFN's input (in place)",
+    )
+    if model.family == "bert":
+        add("ffn_norm", "B L D", ("ffn_residual",), what="LayerNorm over D (post-norm)")

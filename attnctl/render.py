@@ -317,10 +317,7 @@ def run_view(
         if len(set(items)) == 1 and label == "context":
             items = items[:1]  # one context serves every text
         for number, item in enumerate(items):
-            shown_text = printable(item)
-            if len(shown_text) > MAX_TEXT:
-                shown_text = f"{shown_text[:MAX_TEXT]}… ({len(item):,} characters in all)"
-            lines.append((label if len(items) == 1 else f"{label} {number}", shown_text))
+            lines.append((label if len(items) == 1 else f"{label} {number}", _shown_text(item)))
     how = "every weight built" if trace.impl == "math" else "weights only for the rows shown"
     batched = len(texts) > 1
     tables = [
@@ -337,6 +334,7 @@ def run_view(
             [
                 *lines,
                 ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
+                *model_lines(plan, trace.layer),
                 ("layer", config_line(config)),
                 ("device", f"{trace.device} · dtype {config.dtype} · seed {config.seed}"),
                 ("attention", f"{trace.impl} ({how})"),
@@ -389,21 +387,36 @@ def run_view(
     return Group(*parts)
 
 
-def heads_overview(stats: list[HeadStats], batched: bool) -> Table:
-    """Every computed head in one table, the most clear-cut first."""
-    table = _table("heads at a glance (most clear-cut first)")
+def model_lines(plan: Plan, layer: int | None = None) -> list[tuple[str, str]]:
+    """Header lines naming a pretrained model (none for attnctl's own layer)."""
+    model = plan.model
+    if model is None:
+        return []
+    where = f" · block {layer}" if layer is not None else ""
+    return [("model", f"{printable(str(model.path))}{where}"), ("config", model.summary())]
+
+
+def _strength(s: HeadStats) -> float:
+    return max((getattr(s, p) or 0.0) for p in PATTERNS)
+
+
+def heads_overview(
+    stats: list[HeadStats], batched: bool, limit: int | None = None, title: str = ""
+) -> Table:
+    """Every computed head in one table (or the ``limit`` first), the most clear-cut first."""
+    table = _table(title or "heads at a glance (most clear-cut first)")
+    layered = len({s.layer for s in stats}) > 1
     headings = ["text"] if batched else []
+    headings += ["layer"] if layered else []
     headings += ["head", "kind", "entropy", "top key", "prev", "first", "diag", "same", "induct"]
     for name in headings:
         table.add_column(
             name, no_wrap=True, justify="left" if name in ("kind", "top key") else "right"
         )
 
-    def strength(s: HeadStats) -> float:
-        return max((getattr(s, p) or 0.0) for p in PATTERNS)
-
-    for s in sorted(stats, key=strength, reverse=True):
+    for s in sorted(stats, key=_strength, reverse=True)[:limit]:
         cells = [str(s.batch_row)] if batched else []
+        cells += [str(s.layer)] if layered else []
         cells += [
             str(s.head),
             s.kind,
@@ -418,6 +431,68 @@ def heads_overview(stats: list[HeadStats], batched: bool) -> Table:
     )
     table.caption_justify = "left"
     return table
+
+
+def blocks_view(
+    texts: list[str], traces: list[Trace], plan: Plan, estimate: MemoryEstimate, width: int
+) -> Group:
+    """``run --model --layer all``: every block's heads summarised, then the clearest heads."""
+    config, first = plan.config, traces[0]
+    batched = len(texts) > 1
+    lines = [
+        ("text" if not batched else f"text {n}", _shown_text(text)) for n, text in enumerate(texts)
+    ]
+    how = "every weight built" if first.impl == "math" else "weights only for the rows shown"
+    parts: list[RenderableType] = [
+        header(
+            "attnctl run",
+            [
+                *lines,
+                ("tokenizer", f"{first.tokenizer} (vocab {first.vocab_size})"),
+                *model_lines(plan),
+                ("layer", config_line(config)),
+                ("device", f"{first.device} · dtype {config.dtype}"),
+                ("attention", f"{first.impl} ({how})"),
+            ],
+        ),
+        Text(""),
+        *[
+            token_table(row, first.attention_rows, f"tokens · text {b}" if batched else "tokens")
+            for b, row in enumerate(first.tokens)
+        ],
+    ]
+    table = _table("every block (heads by kind)")
+    for name in ("layer", "entropy", "kinds", "clearest head"):
+        table.add_column(name, no_wrap=True, justify="right" if name == "entropy" else "left")
+    every: list[HeadStats] = []
+    for trace in traces:
+        stats = head_stats(trace)
+        every += stats
+        kinds: dict[str, int] = {}
+        for s in stats:
+            kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        best = max(stats, key=_strength)
+        entropy = sum(s.entropy_fraction for s in stats) / len(stats)
+        table.add_row(
+            str(trace.layer),
+            f"{entropy:.0%}",
+            " · ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())),
+            f"head {best.head}: {best.kind} {_strength(best):.2f}",
+        )
+    table.caption = "entropy: mean over heads, of the most possible (100% = uniform)"
+    table.caption_justify = "left"
+    clearest = heads_overview(every, batched, limit=10, title="the 10 most clear-cut heads")
+    hint = f"weights and stages of one block: --layer N (0–{len(traces) - 1})"
+    parts += [table, Text(""), clearest, Text(hint, style="dim"), Text("")]
+    parts.append(memory_footer(estimate))
+    return Group(*parts)
+
+
+def _shown_text(text: str) -> str:
+    shown = printable(text)
+    if len(shown) > MAX_TEXT:
+        shown = f"{shown[:MAX_TEXT]}… ({len(text):,} characters in all)"
+    return shown
 
 
 # ---------------------------------------------------------------- shapes and memory
@@ -684,8 +759,54 @@ def memory_dict(estimate: MemoryEstimate) -> dict[str, int | str]:
     }
 
 
+def model_dict(plan: Plan) -> dict[str, Any] | None:
+    model = plan.model
+    if model is None:
+        return None
+    return {
+        "path": str(model.path),
+        "family": model.family,
+        "layers": model.layers,
+        "hidden": model.hidden,
+        "heads": model.heads,
+        "kv_heads": model.kv_heads,
+        "intermediate": model.intermediate,
+        "activation": model.activation,
+        "vocab_size": model.vocab_size,
+        "max_positions": model.max_positions,
+        "dtype": model.dtype,
+    }
+
+
+def blocks_json(traces: list[Trace], plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
+    """``run --model --layer all``: each block's head statistics and weights."""
+    first = traces[0]
+    return {
+        "model": model_dict(plan),
+        "config": plan.config.to_dict(),
+        "tokenizer": first.tokenizer,
+        "vocab_size": first.vocab_size,
+        "device": first.device,
+        "tokens": [[t.to_dict() for t in row] for row in first.tokens],
+        "impl": first.impl,
+        "attention_heads": first.attention_heads,
+        "attention_rows": first.attention_rows,
+        "layers": [
+            {
+                "layer": trace.layer,
+                "head_stats": [s.to_dict() for s in head_stats(trace)],
+                "attention": trace.attention_lists(),
+            }
+            for trace in traces
+        ],
+        "memory": memory_dict(estimate),
+    }
+
+
 def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
     return {
+        "model": model_dict(plan),
+        "layer": trace.layer,
         "config": plan.config.to_dict(),
         "tokenizer": trace.tokenizer,
         "vocab_size": trace.vocab_size,

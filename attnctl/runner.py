@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from array import array
+from collections.abc import Iterator
+from typing import Any
 
 from attnctl.config import LayerConfig, resolve_impl
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.memory import format_bytes
+from attnctl.model import ModelSpec
 from attnctl.tokenize import Batch, encode_batch
 from attnctl.trace import Trace
 
@@ -75,37 +79,16 @@ def run_batch(
             [[t.id for t in row] for row in context_rows], device=device
         )  # (B, Lc)
     if needs_padding_mask(keys, config):
-        lengths = torch.tensor([len(row) for row in keys.rows], device=device)
-        key_positions = torch.arange(keys.seq_len, device=device)
-        inputs["padding"] = key_positions < lengths[:, None]  # (B, Lk), True = a real key
+        inputs["padding"] = padding_mask(keys, device)
     record = Recorder()
-    try:
-        with torch.inference_mode():
-            result = layer(token_ids, record, **inputs)
-            if result.weights is not None:  # math: slice what was asked from the full weights
-                window = result.weights[:, heads][:, :, rows]  # (B, h, r, Lk)
-            else:  # sdpa: compute just those weights
-                window = attention_window(layer, token_ids, heads, rows, **inputs)
-            del result
-            top = window.topk(min(TOP_KEYS, keys.seq_len), dim=-1).indices  # (B, h, r, K)
-            # one compact float32 array per row: 4 bytes a weight, not a 32-byte Python float
-            window = window.float().cpu()
-            attention = [
-                [[array("f", row.tolist()) for row in head] for head in batch_row]
-                for batch_row in window
-            ]  # (B, h, r) rows of Lk weights
-            del window
-            top_keys = top.cpu().tolist()
-    except torch.OutOfMemoryError as error:
-        message = _first_line(error)
-        raise AttnctlError(f"out of memory on {device}: {message}", exit_code=RUNTIME) from error
-    except RuntimeError as error:
-        message = _first_line(error)
-        if "memory" in message or "allocate" in message:
-            raise AttnctlError(
-                f"out of memory on {device}: {message}", exit_code=RUNTIME
-            ) from error
-        raise AttnctlError(f"the layer failed on {device}: {message}", exit_code=RUNTIME) from error
+    with device_errors(device), torch.inference_mode():
+        result = layer(token_ids, record, **inputs)
+        if result.weights is not None:  # math: slice what was asked from the full weights
+            window = result.weights[:, heads][:, :, rows]  # (B, h, r, Lk)
+        else:  # sdpa: compute just those weights
+            window = attention_window(layer, token_ids, heads, rows, **inputs)
+        del result
+        attention, top_keys = shown_weights(window)
     return Trace(
         tokens=padded_rows,
         stages=record.stages,
@@ -119,6 +102,116 @@ def run_batch(
         impl=config.impl,
         context_tokens=context_rows,
     )
+
+
+def run_model(
+    batch: Batch,
+    model: ModelSpec,
+    config: LayerConfig,
+    layers: list[int],
+    heads: list[int] | None = None,
+    rows: list[int] | None = None,
+    need_bytes: int | None = None,
+) -> list[Trace]:
+    """Run a pretrained model's blocks up to the last of ``layers``; a Trace for each.
+
+    The stages are recorded for the first of ``layers`` only when it is the one layer
+    asked for (``--layer N``); ``--layer all`` shows weights, not stages.
+    """
+    import torch
+
+    from attnctl.layer import Recorder, resolve_device
+    from attnctl.pretrained import PretrainedModel, weights_window
+
+    seq_len = batch.seq_len
+    heads = list(range(config.heads)) if heads is None else heads
+    rows = list(range(seq_len)) if rows is None else rows
+    config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
+    device = resolve_device(config.device)
+    if need_bytes is not None:
+        preflight(need_bytes, device)
+    padded_rows = batch.padded_rows()
+    largest = max(t.id for row in padded_rows for t in row)
+    if largest >= model.vocab_size:
+        raise AttnctlError(
+            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
+            "is this tokenizer the model's own?"
+        )
+    token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
+    padding = padding_mask(batch, device) if needs_padding_mask(batch, config) else None
+    record = Recorder()
+    windows: dict[int, tuple[list, list]] = {}
+
+    def keep_window(n: int, layer, block_input, weights) -> None:
+        if n in layers:
+            shown = weights_window(layer, block_input, weights, heads, rows, padding)
+            windows[n] = shown_weights(shown)
+
+    pretrained = PretrainedModel(model, config, device)
+    with device_errors(device), torch.inference_mode():
+        pretrained.run(
+            token_ids,
+            max(layers),
+            record,
+            recorded=layers[0] if len(layers) == 1 else None,
+            padding=padding,
+            window=keep_window,
+        )
+    return [
+        Trace(
+            tokens=padded_rows,
+            stages=record.stages,
+            attention=windows[n][0],
+            attention_heads=heads,
+            attention_rows=rows,
+            top_keys=windows[n][1],
+            device=str(device),
+            tokenizer=batch.name,
+            vocab_size=batch.vocab_size,
+            impl=config.impl,
+            layer=n,
+        )
+        for n in layers
+    ]
+
+
+def padding_mask(keys: Batch, device) -> Any:
+    """(B, Lk) bool, True = a real key (SDPA's convention), for right-padded rows."""
+    import torch
+
+    lengths = torch.tensor([len(row) for row in keys.rows], device=device)
+    key_positions = torch.arange(keys.seq_len, device=device)
+    return key_positions < lengths[:, None]  # (B, Lk)
+
+
+def shown_weights(window) -> tuple[list, list]:
+    """(B, h, r, Lk) weights as compact float32 rows, and each row's strongest keys."""
+    top = window.topk(min(TOP_KEYS, window.shape[-1]), dim=-1).indices  # (B, h, r, K)
+    # one compact float32 array per row: 4 bytes a weight, not a 32-byte Python float
+    window = window.float().cpu()
+    attention = [
+        [[array("f", row.tolist()) for row in head] for head in batch_row] for batch_row in window
+    ]  # (B, h, r) rows of Lk weights
+    return attention, top.cpu().tolist()
+
+
+@contextlib.contextmanager
+def device_errors(device) -> Iterator[None]:
+    """Out of memory and other failures on the device: one line, exit 1."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        message = _first_line(error)
+        raise AttnctlError(f"out of memory on {device}: {message}", exit_code=RUNTIME) from error
+    except RuntimeError as error:
+        message = _first_line(error)
+        if "memory" in message or "allocate" in message:
+            raise AttnctlError(
+                f"out of memory on {device}: {message}", exit_code=RUNTIME
+            ) from error
+        raise AttnctlError(f"the layer failed on {device}: {message}", exit_code=RUNTIME) from error
 
 
 def free_memory(device) -> int | None:

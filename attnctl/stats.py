@@ -11,7 +11,7 @@ right after an earlier copy of this one). A pattern the input cannot show is Non
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from attnctl.trace import Trace
@@ -34,6 +34,7 @@ class HeadStats:
     diagonal: float | None  # weight on itself
     same_token: float | None
     induction: float | None
+    layer: int | None = None  # a pretrained model's block
 
     @property
     def kind(self) -> str:
@@ -62,9 +63,8 @@ def head_stats(trace: Trace) -> list[HeadStats]:
         ids = [t.id for t in keys[:key_count]]
         for head_index, head in enumerate(trace.attention_heads):
             matrix = trace.attention[batch_row][head_index]
-            results.append(
-                _one_head(batch_row, head, matrix, rows, ids, keys, key_count, self_attention)
-            )
+            stats = _one_head(batch_row, head, matrix, rows, ids, keys, key_count, self_attention)
+            results.append(stats if trace.layer is None else replace(stats, layer=trace.layer))
     return results
 
 

@@ -75,6 +75,7 @@ class Trace:
     vocab_size: int
     impl: str  # the implementation that produced the output: "math" or "sdpa"
     context_tokens: list[list[Token]] | None = None  # cross-attention: the keys' tokens
+    layer: int | None = None  # a pretrained model's block these weights come from
 
     def attention_lists(self) -> list:
         """The weights as plain nested lists (B, heads, rows, Lk), e.g. for JSON."""

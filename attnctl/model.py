@@ -1,0 +1,407 @@
+"""A pretrained model folder read without torch: config.json and the safetensors headers.
+
+A Hugging Face style folder holds ``config.json``, ``model.safetensors`` (or shards listed
+in ``model.safetensors.index.json``) and ``tokenizer.json``. This module reads the config
+and each safetensors header (8 bytes of length, then JSON naming every tensor's dtype and
+shape), checks that the tensors a family needs are there with the shapes the config
+implies, and describes the model as a :class:`ModelSpec`. ``shapes`` and ``memory`` need
+nothing more, so they answer without loading a single weight. ``pretrained.py`` loads the
+weights with ``safetensors`` when ``run`` needs them. A pickled ``.bin`` is never opened.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnctl.config import LayerConfig, validate
+from attnctl.errors import AttnctlError
+
+FAMILIES = {"bert": "BERT", "gpt2": "GPT-2", "llama": "Llama"}  # config.json model_type
+SUPPORTED = "bert (BERT encoders), gpt2 (GPT-2), llama (Llama-style decoders)"
+SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
+MAX_HEADER = 100 * 2**20  # a safetensors header longer than this is not one
+
+# Where each family keeps its token embedding: the key also reveals a prefix such as
+# "bert." (BertForMaskedLM), "transformer." (GPT2LMHeadModel) or "model." (LlamaForCausalLM).
+EMBEDDING_KEYS = {
+    "bert": "embeddings.word_embeddings.weight",
+    "gpt2": "wte.weight",
+    "llama": "embed_tokens.weight",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    dtype: str  # safetensors' name: F32, F16, BF16, I8, ...
+    shape: tuple[int, ...]
+    file: str  # the .safetensors file that holds it
+
+    @property
+    def count(self) -> int:
+        total = 1
+        for n in self.shape:
+            total *= n
+        return total
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What attnctl needs to know about a model, from its config and tensor headers."""
+
+    path: Path
+    family: str  # "bert", "gpt2" or "llama"
+    hidden: int  # D
+    heads: int  # H
+    kv_heads: int  # Hkv (= H except in grouped-query Llamas)
+    layers: int
+    vocab_size: int
+    intermediate: int  # the feed-forward width I
+    max_positions: int
+    norm_eps: float
+    rope_theta: float
+    activation: str  # of the feed-forward
+    bias: bool  # in the attention projections
+    mlp_bias: bool
+    type_vocab_size: int  # BERT's segment embeddings; 0 elsewhere
+    dtype: str  # the checkpoint's dtype (of its token embedding)
+    prefix: str  # "bert.", "transformer.", "model." or ""
+    tensors: dict[str, TensorInfo] = field(compare=False, hash=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return FAMILIES[self.family]
+
+    @property
+    def d_k(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Bytes of every tensor in the checkpoint, as stored."""
+        return sum(t.count * _SAFETENSORS_BYTES[t.dtype] for t in self.tensors.values())
+
+    def weight(self, name: str) -> str:
+        """The checkpoint's key for a tensor named as the family names it (prefix added)."""
+        return self.prefix + name
+
+    def summary(self) -> str:
+        kv = f" (kv {self.kv_heads})" if self.kv_heads != self.heads else ""
+        return (
+            f"{self.name} · {self.layers} layers · D {self.hidden} · heads {self.heads}{kv} · "
+            f"FFN {self.intermediate} {self.activation} · vocab {self.vocab_size:,} · {self.dtype}"
+        )
+
+    def layer_config(self, **overrides: Any) -> LayerConfig:
+        """The attention layer of every block, as attnctl's layer describes it.
+
+        Positions: BERT and GPT-2 add learned ones to the embeddings before the first
+        block, so their blocks see none; Llama rotates Q and K in every block (RoPE).
+        ``overrides``: dtype, device, impl, tokenizer (the rest is the model's).
+        """
+        decoder = self.family != "bert"
+        values: dict[str, Any] = {
+            "tokenizer": str(self.path / "tokenizer.json"),
+            "d_model": self.hidden,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "bias": self.bias,
+            "pos": "rope" if self.family == "llama" else "none",
+            "max_positions": self.max_positions,
+            "mask": "causal" if decoder else "none",
+            "norm": "pre" if decoder else "post",
+            "norm_type": "rms" if self.family == "llama" else "layer",
+            "norm_eps": self.norm_eps,
+            "rope_theta": self.rope_theta,
+            "dtype": self.dtype,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return validate(LayerConfig(**values))
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the blocks up to the last one read, with the shape config.json implies."""
+        d, i, v = self.hidden, self.intermediate, self.vocab_size
+        kv = self.kv_heads * self.d_k
+        shapes: dict[str, tuple[int, ...]] = {}
+        if self.family == "bert":
+            shapes |= {
+                "embeddings.word_embeddings.weight": (v, d),
+                "embeddings.position_embeddings.weight": (self.max_positions, d),
+                "embeddings.token_type_embeddings.weight": (self.type_vocab_size, d),
+                "embeddings.LayerNorm.weight": (d,),
+                "embeddings.LayerNorm.bias": (d,),
+            }
+            for n in range(self.layers):
+                block = f"encoder.layer.{n}."
+                for name, out, inp in (
+                    ("attention.self.query", d, d),
+                    ("attention.self.key", d, d),
+                    ("attention.self.value", d, d),
+                    ("attention.output.dense", d, d),
+                    ("intermediate.dense", i, d),
+                    ("output.dense", d, i),
+                ):
+                    shapes[f"{block}{name}.weight"] = (out, inp)
+                    shapes[f"{block}{name}.bias"] = (out,)
+                for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
+                    shapes[f"{block}{norm}.weight"] = (d,)
+                    shapes[f"{block}{norm}.bias"] = (d,)
+        elif self.family == "gpt2":
+            shapes |= {"wte.weight": (v, d), "wpe.weight": (self.max_positions, d)}
+            for n in range(self.layers):
+                block = f"h.{n}."
+                for norm in ("ln_1", "ln_2"):
+                    shapes[f"{block}{norm}.weight"] = (d,)
+                    shapes[f"{block}{norm}.bias"] = (d,)
+                # Conv1D stores its weight as (in, out), the transpose of nn.Linear's
+                for name, inp, out in (
+                    ("attn.c_attn", d, 3 * d),
+                    ("attn.c_proj", d, d),
+                    ("mlp.c_fc", d, i),
+                    ("mlp.c_proj", i, d),
+                ):
+                    shapes[f"{block}{name}.weight"] = (inp, out)
+                    shapes[f"{block}{name}.bias"] = (out,)
+        else:
+            shapes["embed_tokens.weight"] = (v, d)
+            for n in range(self.layers):
+                block = f"layers.{n}."
+                shapes[f"{block}input_layernorm.weight"] = (d,)
+                shapes[f"{block}post_attention_layernorm.weight"] = (d,)
+                for name, out, inp, bias in (
+                    ("self_attn.q_proj", d, d, self.bias),
+                    ("self_attn.k_proj", kv, d, self.bias),
+                    ("self_attn.v_proj", kv, d, self.bias),
+                    ("self_attn.o_proj", d, d, self.bias),
+                    ("mlp.gate_proj", i, d, self.mlp_bias),
+                    ("mlp.up_proj", i, d, self.mlp_bias),
+                    ("mlp.down_proj", d, i, self.mlp_bias),
+                ):
+                    shapes[f"{block}{name}.weight"] = (out, inp)
+                    if bias:
+                        shapes[f"{block}{name}.bias"] = (out,)
+        return shapes
+
+
+_SAFETENSORS_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
+}  # fmt: skip
+
+
+def read_model(directory: str | Path) -> ModelSpec:
+    """Read and check a model folder; every problem is an AttnctlError (exit 2)."""
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise AttnctlError(f"model folder not found: {directory}")
+    config = _read_config(path)
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        found = f"model_type {model_type!r}" if model_type else "no model_type"
+        raise AttnctlError(f"{path / 'config.json'} has {found}; attnctl supports {SUPPORTED}")
+    tensors = read_tensor_headers(path)
+    spec = _spec_from_config(path, model_type, config, tensors)
+    _check_tensors(spec)
+    return spec
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise AttnctlError(f"no config.json in {path}: attnctl reads Hugging Face style folders")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AttnctlError(f"malformed {config_path}: {error}") from error
+    if not isinstance(config, dict):
+        raise AttnctlError(f"malformed {config_path}: expected a JSON object")
+    return config
+
+
+def read_tensor_headers(path: Path) -> dict[str, TensorInfo]:
+    """Every tensor's dtype and shape, from model.safetensors or the shards an index names."""
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single.name]
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise AttnctlError(f"malformed {index}: {e}") from e
+    else:
+        pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(
+            p.name for p in path.glob("*.pt*")
+        )
+        if pickles:
+            raise AttnctlError(
+                f"{path} has {pickles[0]} but no model.safetensors; attnctl never unpickles "
+                "weights (a pickle can run code): convert them with save_pretrained("
+                "safe_serialization=True)"
+            )
+        raise AttnctlError(f"no model.safetensors in {path}")
+    tensors: dict[str, TensorInfo] = {}
+    for name in files:
+        for key, info in _read_header(path / name).items():
+            tensors[key] = TensorInfo(info[0], info[1], name)
+    return tensors
+
+
+def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """A safetensors header: 8 bytes little-endian length, then JSON {name: {dtype, shape}}."""
+    try:
+        with file.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            if not 2 <= size <= MAX_HEADER:
+                raise ValueError(f"header length {size} is not plausible")
+            header = json.loads(handle.read(size))
+        header.pop("__metadata__", None)
+        return {k: (v["dtype"], tuple(int(n) for n in v["shape"])) for k, v in header.items()}
+    except FileNotFoundError:
+        raise AttnctlError(f"missing weights file {file}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise AttnctlError(f"malformed safetensors file {file}: {error}") from error
+
+
+def _spec_from_config(
+    path: Path, family: str, config: dict[str, Any], tensors: dict[str, TensorInfo]
+) -> ModelSpec:
+    def get(*keys: str, default: Any = None, kind: type = int) -> Any:
+        for key in keys:
+            if config.get(key) is not None:
+                value = config[key]
+                if kind is float and type(value) is int:
+                    value = float(value)
+                if type(value) is not kind:
+                    raise AttnctlError(
+                        f"{path / 'config.json'}: {key} must be {kind.__name__}, got {value!r}"
+                    )
+                return value
+        if default is None:
+            raise AttnctlError(f"{path / 'config.json'} has no {keys[0]}")
+        return default
+
+    if family == "bert":
+        if get("position_embedding_type", default="absolute", kind=str) != "absolute":
+            raise AttnctlError("attnctl supports BERT with absolute position embeddings only")
+        hidden, heads = get("hidden_size"), get("num_attention_heads")
+        values = {
+            "hidden": hidden,
+            "heads": heads,
+            "kv_heads": heads,
+            "layers": get("num_hidden_layers"),
+            "vocab_size": get("vocab_size"),
+            "intermediate": get("intermediate_size"),
+            "max_positions": get("max_position_embeddings"),
+            "norm_eps": get("layer_norm_eps", default=1e-12, kind=float),
+            "rope_theta": 10000.0,
+            "activation": get("hidden_act", default="gelu", kind=str),
+            "bias": True,
+            "mlp_bias": True,
+            "type_vocab_size": get("type_vocab_size", default=2),
+        }
+    elif family == "gpt2":
+        if get("scale_attn_by_inverse_layer_idx", default=False, kind=bool):
+            raise AttnctlError("attnctl does not support scale_attn_by_inverse_layer_idx")
+        if not get("scale_attn_weights", default=True, kind=bool):
+            raise AttnctlError("attnctl supports GPT-2 with scale_attn_weights only")
+        hidden, heads = get("n_embd"), get("n_head")
+        values = {
+            "hidden": hidden,
+            "heads": heads,
+            "kv_heads": heads,
+            "layers": get("n_layer"),
+            "vocab_size": get("vocab_size"),
+            "intermediate": get("n_inner", default=4 * hidden),
+            "max_positions": get("n_positions"),
+            "norm_eps": get("layer_norm_epsilon", default=1e-5, kind=float),
+            "rope_theta": 10000.0,
+            "activation": get("activation_function", default="gelu_new", kind=str),
+            "bias": True,
+            "mlp_bias": True,
+            "type_vocab_size": 0,
+        }
+    else:
+        hidden, heads = get("hidden_size"), get("num_attention_heads")
+        rope = config.get("rope_parameters") or {}
+        scaling = config.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
+        if rope_type not in (None, "default"):
+            raise AttnctlError(f"attnctl supports plain RoPE only, not rope_type {rope_type!r}")
+        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
+        if not isinstance(theta, int | float) or isinstance(theta, bool):
+            raise AttnctlError(f"{path / 'config.json'}: rope_theta must be a number")
+        if get("head_dim", default=hidden // heads) * heads != hidden:
+            raise AttnctlError("attnctl needs head_dim = hidden_size / num_attention_heads")
+        values = {
+            "hidden": hidden,
+            "heads": heads,
+            "kv_heads": get("num_key_value_heads", default=heads),
+            "layers": get("num_hidden_layers"),
+            "vocab_size": get("vocab_size"),
+            "intermediate": get("intermediate_size"),
+            "max_positions": get("max_position_embeddings", default=2048),
+            "norm_eps": get("rms_norm_eps", default=1e-6, kind=float),
+            "rope_theta": float(theta),
+            "activation": get("hidden_act", default="silu", kind=str),
+            "bias": get("attention_bias", default=False, kind=bool),
+            "mlp_bias": get("mlp_bias", default=False, kind=bool),
+            "type_vocab_size": 0,
+        }
+    for key in ("hidden", "heads", "kv_heads", "layers", "vocab_size", "intermediate"):
+        if values[key] <= 0:
+            raise AttnctlError(f"{path / 'config.json'}: {key} must be positive")
+    if values["activation"] not in ACTIVATIONS:
+        raise AttnctlError(
+            f"unsupported activation {values['activation']!r}; attnctl knows "
+            + ", ".join(ACTIVATIONS)
+        )
+    suffix = EMBEDDING_KEYS[family]
+    embedding = next((k for k in tensors if k.endswith(suffix)), None)
+    if embedding is None:
+        raise AttnctlError(
+            f"the weights in {path} have no {suffix}: not a {FAMILIES[family]} checkpoint"
+        )
+    dtype = SAFETENSORS_DTYPES.get(tensors[embedding].dtype)
+    spec = ModelSpec(
+        path=path,
+        family=family,
+        dtype=dtype or "float32",
+        prefix=embedding.removesuffix(suffix),
+        tensors=tensors,
+        **values,
+    )
+    try:
+        spec.layer_config()
+    except AttnctlError as error:
+        raise AttnctlError(f"{path / 'config.json'}: {error.message}") from None
+    return spec
+
+
+def _check_tensors(spec: ModelSpec) -> None:
+    """Every tensor the blocks read is there, in a float dtype, with the configured shape."""
+    for name, shape in spec.expected_shapes().items():
+        key = spec.weight(name)
+        info = spec.tensors.get(key)
+        if info is None:
+            raise AttnctlError(
+                f"the weights in {spec.path} have no {key}, which a {spec.name} with this "
+                "config.json needs"
+            )
+        if info.dtype not in SAFETENSORS_DTYPES:
+            raise AttnctlError(
+                f"{key} is stored as {info.dtype}; attnctl reads "
+                + ", ".join(f"{k} ({v})" for k, v in SAFETENSORS_DTYPES.items())
+                + " weights (quantized checkpoints are not supported)"
+            )
+        if info.shape != shape:
+            raise AttnctlError(
+                f"{key} has shape {_shape(info.shape)} but config.json implies {_shape(shape)}"
+            )
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"

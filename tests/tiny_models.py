@@ -1,0 +1,115 @@
+"""Tiny random checkpoints of each supported family, written by `transformers` itself.
+
+Each folder is what ``save_pretrained`` writes (config.json, model.safetensors) plus a
+tokenizer.json trained here with the family's special tokens and post-processing:
+BERT wraps a text in [CLS] … [SEP], Llama starts it with <s>, GPT-2 adds nothing.
+The weights are drawn wider than the families' defaults (std 0.02), so the heads are far
+from uniform and a wrong reshape, scale or rotation cannot hide under 1e-5.
+
+    python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, DIR/llama
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parent.parent / "scripts" / "corpus"
+FAMILIES = ("bert", "gpt2", "llama")
+
+
+def _corpus() -> list[str]:
+    lines = []
+    for path in sorted(CORPUS.glob("*.txt")):
+        lines += [line for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return lines
+
+
+def build_tokenizer(family: str):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers.processors import TemplateProcessing
+
+    if family == "bert":
+        special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=special)
+    elif family == "gpt2":
+        special = ["<|endoftext|>"]
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=special,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    else:
+        special = ["<unk>", "<s>", "</s>"]
+        tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=False))
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special)
+    tokenizer.train_from_iterator(_corpus(), trainer)
+    if family == "bert":
+        cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+        tokenizer.post_processor = TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        )
+    elif family == "llama":
+        bos = tokenizer.token_to_id("<s>")
+        tokenizer.post_processor = TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+        )
+    return tokenizer
+
+
+def build_model(family: str, vocab_size: int, layers: int = 3, **config):
+    """A random model of the family with eager attention (which returns the weights)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    common = {"vocab_size": vocab_size, "initializer_range": 0.3}
+    if family == "bert":
+        cfg = transformers.BertConfig(
+            hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+            intermediate_size=48, max_position_embeddings=64, **common,
+        )  # fmt: skip
+        model_class = transformers.BertModel
+    elif family == "gpt2":
+        cfg = transformers.GPT2Config(
+            n_embd=32, n_layer=layers, n_head=4, n_positions=64, bos_token_id=0,
+            eos_token_id=0, **common,
+        )  # fmt: skip
+        model_class = transformers.GPT2Model
+    else:
+        cfg = transformers.LlamaConfig(
+            hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64, **common,
+        )  # fmt: skip
+        model_class = transformers.LlamaModel
+    for key, value in config.items():
+        setattr(cfg, key, value)
+    model = model_class._from_config(cfg, attn_implementation="eager")
+    return model.eval()
+
+
+def write(family: str, directory: Path, **config) -> Path:
+    """Write a tiny checkpoint folder: config.json, model.safetensors, tokenizer.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(family)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    model = build_model(family, tokenizer.get_vocab_size(), **config)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models")
+    for name in FAMILIES:
+        print(write(name, root / name))
