@@ -466,11 +466,12 @@ def shapes(
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
+    model: ModelSpec | None,
 ) -> None:
     """Show the shape of every stage for a configuration, symbolically and with numbers."""
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
-    plan = _plan(layer, seq_len, batch, context_len)
+    plan = _plan(layer, seq_len, batch, context_len, model)
     if as_json:
         _print_json(shapes_json(plan))
         return
@@ -516,9 +517,16 @@ def memory(
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
+    model: ModelSpec | None,
 ) -> None:
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
     lengths = _parse_lengths(seq_len)
+    if model is not None:
+        clash = {"--layers": layers != 1, "--train": train, "--context-len": context_len}
+        for option, given in clash.items():
+            if given:
+                raise AttnctlError(f"{option} does not apply to --model (a whole model's memory)")
+        layers = model.layers  # for the KV cache; the plan's parameters are the whole model's
     if kv_cache is not None and kv_cache < 0:
         raise AttnctlError(f"kv-cache must be a number of tokens >= 0, got {kv_cache}")
     if budget is not None and fit_device:
@@ -530,24 +538,28 @@ def memory(
     def peak_of(plan: Plan) -> int:
         if train:
             return estimate_training(plan, layers).peak_bytes
-        return estimate(plan, layers).peak_bytes
+        return estimate(plan, 1 if model is not None else layers).peak_bytes
 
+    stack = 1 if model is not None else layers  # a model's plan holds all its parameters
     reports = []
     for length in lengths:
-        plan = _plan(layer, length, batch, context_len)
-        result = estimate(plan, layers)
+        plan = _plan(layer, length, batch, context_len, model)
+        result = estimate(plan, stack)
         tokens = kv_cache if kv_cache is not None else context_len or length  # K/V's length
         report = MemoryReport(plan, result, tokens, kv_cache_bytes(plan, tokens, layers))
         if train:
             report.training = estimate_training(plan, layers)
         if measure:
-            from attnctl.measure import measure_forward, measure_training
+            from attnctl.measure import measure_forward, measure_model_forward, measure_training
 
             what = "a training step" if train else "a forward pass"
             with _progress(f"measuring {what} over {length} tokens"):
                 need = None if force else peak_of(plan)
-                measure_one = measure_training if train else measure_forward
-                report.measured = measure_one(plan.config, plan, need)
+                if model is not None:
+                    report.measured = measure_model_forward(model, plan.config, plan, need)
+                else:
+                    measure_one = measure_training if train else measure_forward
+                    report.measured = measure_one(plan.config, plan, need)
         reports.append(report)
     budget_bytes = _device_free_bytes(layer.device) if fit_device else None
     if budget is not None:
@@ -559,7 +571,7 @@ def memory(
             variant = dataclasses.replace(layer, impl=impl)
             if variant.dropout and impl == "sdpa":
                 continue  # dropout is modelled on the math path only
-            sizer = functools.partial(_plan, variant, context_len=context_len)
+            sizer = functools.partial(_plan, variant, context_len=context_len, model=model)
             fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of)
     if as_json:
         _print_json(memory_json(reports, fits, budget_bytes))
@@ -568,7 +580,15 @@ def memory(
     console.print(memory_view(reports, console.width, fits, budget_bytes))
 
 
-def _plan(config: LayerConfig, seq_len: int, batch: int, context_len: int | None = None) -> Plan:
+def _plan(
+    config: LayerConfig,
+    seq_len: int,
+    batch: int,
+    context_len: int | None = None,
+    model: ModelSpec | None = None,
+) -> Plan:
+    if model is not None:  # block 0 of the model stands for every block: they are alike
+        return build_plan(config, seq_len, batch, model.vocab_size, config.device, model=model)
     vocab = vocab_size(config.tokenizer, seq_len + (context_len or 0))
     return build_plan(config, seq_len, batch, vocab, config.device, context_len=context_len)
 

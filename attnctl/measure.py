@@ -10,6 +10,7 @@ allocates and frees inside itself are invisible there. On CUDA the allocator's o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from torch.utils._pytree import tree_leaves
 from attnctl.config import LayerConfig
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device
+from attnctl.model import ModelSpec
 from attnctl.plan import Plan
 from attnctl.runner import preflight
 
@@ -109,10 +111,51 @@ def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = No
         padding = torch.ones(plan.batch, key_len, dtype=torch.bool, device=device)
         padding[-1, (key_len + 1) // 2 :] = False
         inputs["padding"] = padding
+
+    def forward(record: Callable) -> None:
+        layer(token_ids, record, keep_weights=False, **inputs)
+
+    given = [token_ids, *inputs.values()]
+    return _measure(forward, list(layer.parameters()), given, parameter_bytes, device)
+
+
+def measure_model_forward(
+    model: ModelSpec, config: LayerConfig, plan: Plan, need_bytes: int | None = None
+) -> Measurement:
+    """Load the whole checkpoint, then run its embeddings and block 0 (every block is alike)."""
+    from attnctl.pretrained import PretrainedModel
+
+    device = resolve_device(config.device)
+    if need_bytes is not None:
+        preflight(need_bytes, device)
+    pretrained = PretrainedModel(model, config, device, blocks=None)
+    torch.manual_seed(config.seed)
+    token_ids = torch.randint(0, model.vocab_size, (plan.batch, plan.seq_len), device=device)
+    padding = None
+    if "padding_mask" in {s.name for s in plan.stages}:  # the last row: half of it padding
+        padding = torch.ones(plan.batch, plan.seq_len, dtype=torch.bool, device=device)
+        padding[-1, (plan.seq_len + 1) // 2 :] = False
+
+    def forward(record: Callable) -> None:
+        pretrained.run(token_ids, 0, record, recorded=0, padding=padding)
+
+    given = [token_ids] + ([] if padding is None else [padding])
+    parameters = list(pretrained.tensors.values())
+    return _measure(forward, parameters, given, pretrained.parameter_bytes, device)
+
+
+def _measure(
+    forward: Callable[[Callable], None],
+    parameters: list[torch.Tensor],
+    given: list[torch.Tensor],
+    parameter_bytes: int,
+    device: torch.device,
+) -> Measurement:
+    """Run ``forward(record)`` once, taking the activation peak of each recorded stage."""
     try:
         if device.type == "cuda":
-            return _measure_cuda(layer, token_ids, parameter_bytes, inputs)
-        return _measure_dispatch(layer, token_ids, parameter_bytes, str(device), inputs)
+            return _measure_cuda(forward, given, parameter_bytes, device)
+        return _measure_dispatch(forward, parameters, given, parameter_bytes, str(device))
     except torch.OutOfMemoryError as error:
         raise AttnctlError(
             f"out of memory on {device} while measuring", exit_code=RUNTIME
@@ -120,11 +163,11 @@ def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = No
 
 
 def _measure_dispatch(
-    layer: AttentionLayer,
-    token_ids: torch.Tensor,
+    forward: Callable[[Callable], None],
+    parameters: list[torch.Tensor],
+    given: list[torch.Tensor],
     parameter_bytes: int,
     device: str,
-    inputs: dict[str, torch.Tensor],
 ) -> Measurement:
     tracker = LiveStorages()
     stage_peaks: list[int] = []
@@ -134,30 +177,26 @@ def _measure_dispatch(
         recorder(name, tensor, dims)
         stage_peaks.append(tracker.take_window_peak())
 
-    for parameter in layer.parameters():
+    for parameter in parameters:
         tracker.exclude(parameter)
-    tracker.add(token_ids)
-    for tensor in inputs.values():
+    for tensor in given:  # the inputs, made before the forward pass
         tracker.add(tensor)
     with torch.inference_mode(), tracker:
         tracker.take_window_peak()
-        output = layer(token_ids, record, keep_weights=False, **inputs)
-    del output
+        forward(record)
     return Measurement(
         device, parameter_bytes, tracker.peak, tuple(stage_peaks), "live tensor storages"
     )
 
 
 def _measure_cuda(
-    layer: AttentionLayer,
-    token_ids: torch.Tensor,
+    forward: Callable[[Callable], None],
+    given: list[torch.Tensor],
     parameter_bytes: int,
-    inputs: dict[str, torch.Tensor],
+    device: torch.device,
 ) -> Measurement:
-    device = token_ids.device
     stage_peaks: list[int] = []
     torch.cuda.synchronize(device)
-    given = [token_ids, *inputs.values()]
     base = torch.cuda.memory_allocated(device) - sum(t.untyped_storage().nbytes() for t in given)
     torch.cuda.reset_peak_memory_stats(device)
 
@@ -167,9 +206,8 @@ def _measure_cuda(
         torch.cuda.reset_peak_memory_stats(device)
 
     with torch.inference_mode():
-        output = layer(token_ids, record, keep_weights=False, **inputs)
+        forward(record)
         torch.cuda.synchronize(device)
-    del output
     peak = max(stage_peaks)
     return Measurement(
         str(device), parameter_bytes, peak, tuple(stage_peaks), "torch.cuda.max_memory_allocated"

@@ -186,7 +186,13 @@ def variant_table(plan: Plan, layers: int = 1) -> dict[str, dict[str, MemoryEsti
         for impl in ("math",) if math_only else ("math", "sdpa"):
             config = dataclasses.replace(plan.config, dtype=dtype, impl=impl)
             other = build_plan(
-                config, plan.seq_len, plan.batch, plan.vocab_size, context_len=plan.sizes.get("Lc")
+                config,
+                plan.seq_len,
+                plan.batch,
+                plan.vocab_size,
+                context_len=plan.sizes.get("Lc"),
+                model=plan.model,
+                layer_index=plan.layer_index,
             )
             table[dtype][impl] = estimate(other, layers)
     return table

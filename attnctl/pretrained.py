@@ -9,6 +9,7 @@ Only the blocks up to the one shown run; the language-model head never does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from safetensors import safe_open
 from attnctl.config import LayerConfig
 from attnctl.errors import AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, attention_window
-from attnctl.model import ModelSpec
+from attnctl.model import SAFETENSORS_DTYPES, ModelSpec
 
 Record = Callable[[str, torch.Tensor, str], None]
 
@@ -52,32 +53,61 @@ class FeedForward:
 
 
 class PretrainedModel:
-    """The blocks of a checkpoint, loaded lazily and run one after another."""
+    """A checkpoint's embeddings and blocks, ready to run one block after another.
 
-    def __init__(self, spec: ModelSpec, config: LayerConfig, device: torch.device) -> None:
+    ``blocks``: load the first that many blocks (what ``run --layer N`` needs); None loads
+    every tensor of the checkpoint, the whole model whose memory ``memory`` estimates.
+    Tensors are held as loaded (transposes and splits are views of them), so the memory
+    they take is exactly the checkpoint's in the run's dtype.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, config: LayerConfig, device: torch.device, blocks: int | None
+    ) -> None:
         self.spec, self.config, self.device = spec, config, device
         self.dtype = TORCH_DTYPES[config.dtype]
         self.activation = ACTIVATIONS[spec.activation]
-        self._handles: dict[str, object] = {}
+        self.tensors = self._load(blocks)
+        count = spec.layers if blocks is None else blocks
+        self.blocks = [
+            (self.attention_layer(n), self.feed_forward_weights(n)) for n in range(count)
+        ]
 
     # ------------------------------------------------------------ weights
 
-    def tensor(self, name: str) -> torch.Tensor:
-        """A checkpoint tensor by the family's name, on the device in the run's dtype."""
-        key = self.spec.weight(name)
-        file = self.spec.tensors[key].file
-        if file not in self._handles:
+    def _load(self, blocks: int | None) -> dict[str, torch.Tensor]:
+        spec = self.spec
+        if blocks is None:
+            keys = [k for k, t in spec.tensors.items() if t.dtype in SAFETENSORS_DTYPES]
+        else:
+            keys = [spec.weight(name) for name in spec.expected_shapes() if _block(name) < blocks]
+        by_file: dict[str, list[str]] = {}
+        for key in keys:
+            by_file.setdefault(spec.tensors[key].file, []).append(key)
+        tensors = {}
+        for file, file_keys in by_file.items():
             try:
-                self._handles[file] = safe_open(
-                    str(self.spec.path / file), framework="pt", device="cpu"
-                )
+                with safe_open(str(spec.path / file), framework="pt", device="cpu") as handle:
+                    for key in file_keys:
+                        stored = handle.get_tensor(key)
+                        tensors[key] = stored.to(device=self.device, dtype=self.dtype)
+            except AttnctlError:
+                raise
             except Exception as error:  # safetensors raises its own error types
-                raise AttnctlError(f"cannot read {self.spec.path / file}: {error}") from error
-        stored = self._handles[file].get_tensor(key)
-        return stored.to(device=self.device, dtype=self.dtype)
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise AttnctlError(f"cannot read {spec.path / file}: {reason}") from error
+        return tensors
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A loaded tensor by the family's name for it (the checkpoint's prefix added)."""
+        return self.tensors[self.spec.weight(name)]
 
     def _optional(self, name: str) -> torch.Tensor | None:
-        return self.tensor(name) if self.spec.weight(name) in self.spec.tensors else None
+        return self.tensors.get(self.spec.weight(name))
 
     def attention_layer(self, n: int) -> AttentionLayer:
         """Block n's attention: W_q, W_k, W_v, W_o and the norm, in attnctl's layer."""
@@ -98,12 +128,12 @@ class PretrainedModel:
             base = f"h.{n}."
             d = spec.hidden
             # Conv1D keeps (in, out); c_attn's output columns are Q, K, V side by side
-            fused = self.tensor(base + "attn.c_attn.weight").t()  # (3D, D)
+            fused = self.tensor(base + "attn.c_attn.weight").t()  # (3D, D), a view
             fused_bias = self.tensor(base + "attn.c_attn.bias")  # (3D,)
             for i, ours in enumerate(("W_q", "W_k", "W_v")):
-                state[f"{ours}.weight"] = fused[i * d : (i + 1) * d].contiguous()  # (D, D)
-                state[f"{ours}.bias"] = fused_bias[i * d : (i + 1) * d].contiguous()  # (D,)
-            state["W_o.weight"] = self.tensor(base + "attn.c_proj.weight").t().contiguous()
+                state[f"{ours}.weight"] = fused[i * d : (i + 1) * d]  # (D, D), a view
+                state[f"{ours}.bias"] = fused_bias[i * d : (i + 1) * d]  # (D,), a view
+            state["W_o.weight"] = self.tensor(base + "attn.c_proj.weight").t()  # (D, D)
             state["W_o.bias"] = self.tensor(base + "attn.c_proj.bias")
             state["norm.weight"] = self.tensor(base + "ln_1.weight")
             state["norm.bias"] = self.tensor(base + "ln_1.bias")
@@ -136,9 +166,9 @@ class PretrainedModel:
             return FeedForward(
                 norm_weight=self.tensor(base + "ln_2.weight"),
                 norm_bias=self.tensor(base + "ln_2.bias"),
-                up=self.tensor(base + "mlp.c_fc.weight").t().contiguous(),  # (I, D)
+                up=self.tensor(base + "mlp.c_fc.weight").t(),  # (I, D), a view
                 up_bias=self.tensor(base + "mlp.c_fc.bias"),
-                down=self.tensor(base + "mlp.c_proj.weight").t().contiguous(),  # (D, I)
+                down=self.tensor(base + "mlp.c_proj.weight").t(),  # (D, I), a view
                 down_bias=self.tensor(base + "mlp.c_proj.bias"),
             )
         base = f"layers.{n}.mlp."
@@ -190,7 +220,7 @@ class PretrainedModel:
 
     def feed_forward(self, n: int, x: torch.Tensor, record: Record = _no_record) -> torch.Tensor:
         """Block n's feed-forward on its attention output x (B, L, D), residual and norm."""
-        w = self.feed_forward_weights(n)
+        w = self.blocks[n][1]
         h = x
         if self.spec.family != "bert":  # pre-norm
             h = self._norm(x, w.norm_weight, w.norm_bias)  # (B, L, D)
@@ -247,7 +277,7 @@ class PretrainedModel:
         hidden = self.embed(token_ids, record if recorded is not None else _no_record)
         for n in range(last + 1):
             block_record = record if n == recorded else _no_record
-            layer = self.attention_layer(n)
+            layer = self.blocks[n][0]
             result = layer.forward(
                 None,
                 block_record,
@@ -259,9 +289,15 @@ class PretrainedModel:
             if window is not None:
                 window(n, layer, hidden, result.weights)
             hidden = result.output
-            del result, layer
+            del result
             hidden = self.feed_forward(n, hidden, block_record)
         return hidden
+
+
+def _block(name: str) -> int:
+    """The block a family-named tensor belongs to (-1: embeddings and other shared ones)."""
+    match = re.search(r"\.(\d+)\.", name)
+    return int(match.group(1)) if match else -1
 
 
 def weights_window(

@@ -147,7 +147,7 @@ def run_model(
             shown = weights_window(layer, block_input, weights, heads, rows, padding)
             windows[n] = shown_weights(shown)
 
-    pretrained = PretrainedModel(model, config, device)
+    pretrained = PretrainedModel(model, config, device, blocks=max(layers) + 1)
     with device_errors(device), torch.inference_mode():
         pretrained.run(
             token_ids,
