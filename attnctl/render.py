@@ -95,29 +95,34 @@ def _table(title: str) -> Table:
 
 
 def stage_table(stages: list[Stage], width: int, plan: Plan, show_device: bool = True) -> Table:
-    """One row per stage: name, named dims, shape, dtype, (device), bytes, (what)."""
-    table = _table("stages")
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("stage", no_wrap=True)
-    table.add_column("dims", no_wrap=True)
-    table.add_column("shape", no_wrap=True)
-    table.add_column("dtype", no_wrap=True)
-    if show_device:
-        table.add_column("device", no_wrap=True)
-    table.add_column("bytes", justify="right", no_wrap=True)
+    """One row per stage: name, named dims, shape, dtype, (device), bytes, (what).
+
+    Every column but "what" keeps its full width; the device (also in the header) is left
+    out when it does not fit, and "what" is shown on wide terminals, cut to what fits.
+    """
     explain = width >= WIDE
-    if explain:
-        table.add_column("what", overflow="ellipsis", no_wrap=True)
     what = {s.name: s.what for s in plan.stages}
+    rows = []
     for i, stage in enumerate(stages):
         size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
         row = [str(i), stage.name, " ".join(stage.dims), shape_text(stage.shape), stage.dtype]
-        if show_device:
-            row.append(stage.device)
-        row.append(size)
-        if explain:
-            row.append(what.get(stage.name, ""))
-        table.add_row(*row)
+        rows.append([*row, stage.device, size])
+    headings = ["#", "stage", "dims", "shape", "dtype", "device", "bytes"]
+    widths = [max([len(name)] + [len(row[n]) for row in rows]) for n, name in enumerate(headings)]
+    if not show_device or sum(widths) + 2 * len(widths) > width:
+        del headings[5], widths[5]
+        for row in rows:
+            del row[5]
+    table = _table("stages")
+    used = 0
+    for name, widest in zip(headings, widths, strict=True):
+        justify = "right" if name in ("#", "bytes") else "left"
+        table.add_column(name, justify=justify, no_wrap=True, min_width=widest)
+        used += widest + 2  # and the space between columns
+    if explain:
+        table.add_column("what", overflow="ellipsis", no_wrap=True, max_width=width - used - 1)
+    for stage, row in zip(stages, rows, strict=True):
+        table.add_row(*row, *([what.get(stage.name, "")] if explain else []))
     return table
 
 
@@ -504,6 +509,7 @@ def shapes_view(plan: Plan, width: int) -> Group:
         header(
             "attnctl shapes",
             [
+                *model_lines(plan),
                 ("layer", config_line(config)),
                 ("dtype", f"{config.dtype} · device {config.device}"),
                 ("sizes", sizes_line(plan)),
@@ -529,6 +535,7 @@ def memory_view(
         header(
             "attnctl memory",
             [
+                *model_lines(first.plan),
                 ("layer", config_line(config) + stack),
                 ("dtype", config.dtype),
                 ("sizes", sizes_line(first.plan) if len(reports) == 1 else f"L = {lengths}"),
@@ -556,12 +563,16 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
         params.add_column(name, justify=justify, no_wrap=True)
     params.add_column("bytes", justify="right", no_wrap=True)
     for p in plan.parameters:
-        params.add_row(p.name, shape_text(p.shape), f"{p.count:,}", format_bytes(p.count * element))
+        shape = shape_text(p.shape) + (f" × {p.copies}" if p.copies > 1 else "")
+        params.add_row(p.name, shape, f"{p.count:,}", format_bytes(p.count * element))
     if estimate.layers > 1:
         params.add_row(f"× {estimate.layers} layers", "embedding shared", "", "")
     params.add_row("total", "", f"{estimate.parameters:,}", format_bytes(estimate.parameter_bytes))
 
-    stages = _table("activations" + (" (one layer at a time)" if estimate.layers > 1 else ""))
+    when = " (one layer at a time)" if estimate.layers > 1 else ""
+    if plan.model is not None:
+        when = " (the embeddings, then one block at a time: each block's are alike)"
+    stages = _table("activations" + when)
     # with a measurement, compare it with the estimate instead of repeating shapes
     headings = ["#", "stage"]
     headings += ["shape", "bytes", "alive during"] if per_stage is None else ["estimated"]
@@ -599,12 +610,14 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
         format_bytes(estimate.peak_bytes),
         f"parameters + activations alive at once (at {estimate.peak_stage})",
     )
-    stack = f"·{estimate.layers} layers" if estimate.layers > 1 else ""
+    layers = plan.model.layers if plan.model is not None else estimate.layers
+    stack = f"·{layers} layers" if layers > 1 else ""
+    kv_heads, kv_name = sizes["Hkv"], "Hkv" if sizes["Hkv"] != h else "H"
     summary.add_row(
         "KV cache",
         format_bytes(report.kv_cache_bytes),
-        f"K and V for {report.kv_cache_tokens} tokens: 2·B·N·H·d_k·{element}{stack} = "
-        f"2·{b}·{report.kv_cache_tokens}·{h}·{d_k}·{element} bytes{stack}",
+        f"K and V for {report.kv_cache_tokens} tokens: 2·B·N·{kv_name}·d_k·{element}{stack} = "
+        f"2·{b}·{report.kv_cache_tokens}·{kv_heads}·{d_k}·{element} bytes{stack}",
     )
     training = report.training
     if measured is not None and training is None:
