@@ -334,8 +334,12 @@ def _spec_from_config(
         theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
         if not isinstance(theta, int | float) or isinstance(theta, bool):
             raise AttnctlError(f"{path / 'config.json'}: rope_theta must be a number")
-        if get("head_dim", default=hidden // heads) * heads != hidden:
-            raise AttnctlError("attnctl needs head_dim = hidden_size / num_attention_heads")
+        head_dim = config.get("head_dim")
+        if head_dim is not None and head_dim * heads != hidden:
+            raise AttnctlError(
+                f"head_dim {head_dim} × {heads} heads is not hidden_size {hidden}; attnctl "
+                "needs head_dim = hidden_size / num_attention_heads"
+            )
         values = {
             "hidden": hidden,
             "heads": heads,

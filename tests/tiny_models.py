@@ -73,6 +73,7 @@ def build_model(family: str, vocab_size: int, layers: int = 3, **config):
     import torch
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
     common = {"vocab_size": vocab_size, "initializer_range": 0.3}
     if family == "bert":

@@ -1,0 +1,390 @@
+"""Pretrained checkpoints (--model): every layer against transformers' eager attention,
+the plan against the run and the measured bytes, and one clear line for every bad folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiny_models
+import torch
+
+from attnctl.config import DTYPE_BYTES
+from attnctl.layer import Recorder
+from attnctl.measure import measure_model_forward
+from attnctl.memory import estimate
+from attnctl.model import read_model
+from attnctl.plan import build_plan
+from attnctl.pretrained import PretrainedModel
+
+transformers = pytest.importorskip("transformers")  # a test extra: pip install -e ".[test]"
+
+CPU = ("--device", "cpu")
+TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {family: tiny_models.write(family, root / family) for family in tiny_models.FAMILIES}
+
+
+def reference(directory: Path, texts: list[str]):
+    """transformers' own tokenizer and eager attention: (input ids, mask, per-layer weights)."""
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json")
+    )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    model = transformers.AutoModel.from_pretrained(directory, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model(
+            input_ids=encoded["input_ids"],
+            attention_mask=encoded["attention_mask"],
+            output_attentions=True,
+        )
+    return encoded["input_ids"], encoded["attention_mask"], out.attentions
+
+
+def run_json(invoke, *args: str) -> dict:
+    result = invoke("run", *args, *CPU, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# ---------------------------------------------------------------- against transformers
+
+
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
+def test_every_layer_equals_transformers_eager_attention(invoke, models, family):
+    directory = models[family]
+    ids, _, attentions = reference(directory, [TEXT])
+    everything = run_json(
+        invoke, TEXT, "--model", str(directory), "--layer", "all", "--rows", "all"
+    )
+    assert [t["id"] for t in everything["tokens"][0]] == ids[0].tolist()
+    assert len(everything["layers"]) == len(attentions) == 3
+    for n, expected in enumerate(attentions):
+        one = run_json(invoke, TEXT, "--model", str(directory), "--layer", str(n), "--rows", "all")
+        ours = torch.tensor(one["attention"])  # (B, H, Lq, Lk)
+        assert one["layer"] == n and ours.shape == expected.shape
+        assert (ours - expected).abs().max() <= TOLERANCE, f"layer {n}"
+        summary = torch.tensor(everything["layers"][n]["attention"])
+        assert (summary - expected).abs().max() <= TOLERANCE, f"--layer all, layer {n}"
+    # a different text, the same heads: the weights really depend on the input
+    other = run_json(invoke, "the cat", "--model", str(directory), "--layer", "1")
+    assert torch.tensor(other["attention"]).shape[-1] != ours.shape[-1]
+
+
+def test_special_tokens_come_from_the_models_tokenizer(invoke, models):
+    bert = run_json(invoke, "Are you OK?", "--model", str(models["bert"]))["tokens"][0]
+    assert (bert[0]["text"], bert[-1]["text"]) == ("[CLS]", "[SEP]")
+    llama = run_json(invoke, "Are you OK?", "--model", str(models["llama"]))["tokens"][0]
+    assert llama[0]["text"] == "<s>"
+    gpt2 = run_json(invoke, "Are you OK?", "--model", str(models["gpt2"]))["tokens"][0]
+    assert gpt2[0]["text"] == "A"  # GPT-2 adds no special tokens
+
+
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
+def test_rows_through_sdpa_equal_the_eager_weights(invoke, models, family):
+    """--rows computes only some query rows (SDPA for the output): still the same weights."""
+    directory = models[family]
+    _, _, attentions = reference(directory, [TEXT])
+    data = run_json(
+        invoke, TEXT, "--model", str(directory), "--layer", "2", "--rows", "3:6", "--head", "1"
+    )
+    assert data["impl"] == "sdpa" and data["attention_rows"] == [3, 4, 5]
+    expected = attentions[2][:, [1]][:, :, 3:6]
+    assert (torch.tensor(data["attention"]) - expected).abs().max() <= TOLERANCE
+
+
+def test_padded_bert_batch_equals_transformers_with_its_attention_mask(invoke, models):
+    texts = ["Are you OK?", "猫吃鱼, the cat eats the fish."]
+    ids, mask, attentions = reference(models["bert"], texts)
+    data = run_json(invoke, *texts, "--model", str(models["bert"]), "--layer", "1")
+    assert [[t["id"] for t in row] for row in data["tokens"]] == ids.tolist()
+    ours, expected = torch.tensor(data["attention"]), attentions[1]
+    for row, length in enumerate(mask.sum(-1).tolist()):  # the real queries of each text
+        assert (ours[row, :, :length] - expected[row, :, :length]).abs().max() <= TOLERANCE
+        assert ours[row, :, :, length:].abs().sum() == 0  # padded keys get nothing
+
+
+@pytest.mark.parametrize(
+    ("family", "model_class", "prefix"),
+    [("bert", "BertForMaskedLM", "bert."), ("llama", "LlamaForCausalLM", "model.")],
+)
+def test_task_heads_prefixes_and_shards_are_read(
+    invoke, models, tmp_path, family, model_class, prefix
+):
+    """BertForMaskedLM keeps "bert.…", LlamaForCausalLM "model.…"; big models come in shards."""
+    base = transformers.AutoModel.from_pretrained(models[family])
+    config = base.config
+    config.architectures = [model_class]
+    with_head = getattr(transformers, model_class)(config).eval()
+    inner = getattr(with_head, prefix.rstrip("."))
+    inner.load_state_dict(base.state_dict(), strict=False)  # BertForMaskedLM has no pooler
+    with_head.save_pretrained(tmp_path, max_shard_size="20KB")  # several shards + an index
+    shutil.copy(models[family] / "tokenizer.json", tmp_path)
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    spec = read_model(tmp_path)
+    assert spec.prefix == prefix and len({t.file for t in spec.tensors.values()}) > 1
+    ours = run_json(invoke, "Are you OK?", "--model", str(tmp_path), "--layer", "2")
+    plain = run_json(invoke, "Are you OK?", "--model", str(models[family]), "--layer", "2")
+    assert ours["attention"] == plain["attention"]
+
+
+def test_a_half_precision_checkpoint_runs_in_its_dtype(invoke, models, tmp_path):
+    model = transformers.AutoModel.from_pretrained(models["llama"]).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    shutil.copy(models["llama"] / "tokenizer.json", tmp_path)
+    data = run_json(invoke, "Are you OK?", "--model", str(tmp_path), "--layer", "1")
+    assert data["config"]["dtype"] == "bfloat16"
+    assert {s["dtype"] for s in data["stages"] if s["name"] == "scores"} == {"bfloat16"}
+    wide = run_json(
+        invoke, "Are you OK?", "--model", str(tmp_path), "--layer", "1", "--dtype", "float32"
+    )
+    difference = torch.tensor(data["attention"]) - torch.tensor(wide["attention"])
+    assert 0 < difference.abs().max() < 0.05  # bfloat16 rounding, not another model
+
+
+# ---------------------------------------------------------------- plan, trace, memory
+
+
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+@pytest.mark.parametrize("layer_index", [0, 2])
+def test_plan_equals_the_recorded_stages(models, family, impl, layer_index):
+    spec = read_model(models[family])
+    config = spec.layer_config(device="cpu", impl=impl)
+    model = PretrainedModel(spec, config, torch.device("cpu"), blocks=layer_index + 1)
+    record = Recorder()
+    ids = torch.randint(0, spec.vocab_size, (2, 9))
+    with torch.inference_mode():
+        model.run(ids, layer_index, record, recorded=layer_index)
+    plan = build_plan(config, 9, 2, spec.vocab_size, "cpu", model=spec, layer_index=layer_index)
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    assert ("hidden" in {s.name for s in plan.stages}) == (layer_index > 0)
+
+
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
+@pytest.mark.parametrize(
+    ("impl", "dtype", "batch", "padded"),
+    [("math", "float32", 1, False), ("sdpa", "bfloat16", 3, False), ("math", "float16", 2, True)],
+)
+def test_memory_estimate_equals_measured_bytes(models, family, impl, dtype, batch, padded):
+    spec = read_model(models[family])
+    config = spec.layer_config(device="cpu", impl=impl, dtype=dtype)
+    padded = padded and config.mask != "causal"  # right padding needs no mask under causal
+    plan = build_plan(config, 40, batch, spec.vocab_size, model=spec, padded=padded)
+    measured = measure_model_forward(spec, config, plan)
+    assert list(measured.stage_peak_bytes) == list(estimate(plan).live_bytes)
+    assert measured.peak_bytes == estimate(plan).peak_bytes  # weights included
+
+
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
+def test_memory_uses_the_models_own_config(invoke, models, family):
+    spec = read_model(models[family])
+    result = invoke("memory", "--model", str(models[family]), "--seq-len", "64", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    stored = sum(t.count for t in spec.tensors.values())
+    assert data["parameters"] == stored  # every tensor of the checkpoint, once
+    assert data["parameters_bytes"] == stored * DTYPE_BYTES[spec.dtype]
+    kv = 2 * spec.layers * 64 * spec.kv_heads * spec.d_k * DTYPE_BYTES[spec.dtype]
+    assert data["kv_cache_bytes"] == kv
+    assert data["config"]["heads"] == spec.heads and data["config"]["kv_heads"] == spec.kv_heads
+    shapes = json.loads(invoke("shapes", "--model", str(models[family]), "--json").stdout)
+    by_name = {s["name"]: s for s in shapes["stages"]}
+    assert by_name["ffn_down"]["shape"] == [1, 16, spec.hidden]
+    assert by_name["k_heads"]["shape"] == [1, spec.kv_heads, 16, spec.d_k]
+    assert shapes["sizes"]["I"] == spec.intermediate
+
+
+def test_shapes_and_memory_of_a_model_never_import_torch(models):
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from attnctl.cli import app\n"
+        f"for args in (['shapes', '--model', {str(models['llama'])!r}],\n"
+        f"             ['memory', '--model', {str(models['llama'])!r}, '-L', '512,4096']):\n"
+        "    result = CliRunner().invoke(app, args)\n"
+        "    assert result.exit_code == 0, result.output\n"
+        "heavy = sorted(m for m in ('torch', 'tokenizers', 'safetensors') if m in sys.modules)\n"
+        "print(','.join(heavy) or 'none')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "none"
+
+
+# ---------------------------------------------------------------- views
+
+
+def test_run_view_names_the_model_and_the_block(invoke, models):
+    result = invoke("run", "Are you OK?", "--model", str(models["gpt2"]), "--layer", "-1", *CPU)
+    assert result.exit_code == 0, result.output
+    assert "GPT-2 · 3 layers" in result.stdout and "· block 2" in result.stdout
+    assert "ffn_residual" in result.stdout and "heads at a glance" in result.stdout
+
+
+def test_layer_all_summarises_every_block(invoke, models):
+    result = invoke("run", TEXT, "--model", str(models["llama"]), "--layer", "all", *CPU)
+    assert result.exit_code == 0, result.output
+    assert "every block (heads by kind)" in result.stdout
+    assert "the 10 most clear-cut heads" in result.stdout
+    table = result.stdout.split("every block")[1].split("entropy: mean")[0]
+    assert [line.split()[0] for line in table.splitlines()[4:7]] == ["0", "1", "2"]
+
+
+# ---------------------------------------------------------------- bad folders and options
+
+
+def _copy(models: dict[str, Path], family: str, tmp_path: Path) -> Path:
+    target = tmp_path / family
+    shutil.copytree(models[family], target)
+    return target
+
+
+def _rewrite_config(directory: Path, **changes) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    header, offset, data = {}, 0, b""
+    for name, (dtype, shape, payload) in tensors.items():
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [offset, offset + len(payload)],
+        }
+        offset += len(payload)
+        data += payload
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+def _quantize_one(directory: Path) -> None:
+    """Rewrite the checkpoint with one tensor stored as int8 (a quantized model)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(directory / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("q_proj.weight"))
+    tensors[name] = tensors[name].to(torch.int8)
+    save_file(tensors, directory / "model.safetensors")
+
+
+BAD_FOLDERS = {
+    "no folder": (lambda d: shutil.rmtree(d), "model folder not found"),
+    "no config": (lambda d: (d / "config.json").unlink(), "no config.json in"),
+    "no weights": (lambda d: (d / "model.safetensors").unlink(), "no model.safetensors in"),
+    "pickle only": (
+        lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
+        "has pytorch_model.bin but no model.safetensors; attnctl never unpickles",
+    ),
+    "unknown architecture": (
+        lambda d: _rewrite_config(d, model_type="t5"),
+        "has model_type 't5'; attnctl supports bert (BERT encoders), gpt2 (GPT-2), llama",
+    ),
+    "mismatched shapes": (
+        lambda d: _rewrite_config(d, intermediate_size=64),
+        "layers.0.mlp.gate_proj.weight has shape (48, 32) but config.json implies (64, 32)",
+    ),
+    "missing tensor": (
+        lambda d: _rewrite_config(d, num_hidden_layers=4),
+        "have no layers.3.input_layernorm.weight, which a Llama with this config.json needs",
+    ),
+    "unsupported dtype": (
+        _quantize_one,
+        "is stored as I8; attnctl reads F32 (float32), F16 (float16), BF16 (bfloat16)",
+    ),
+    "unsupported rope": (
+        lambda d: _rewrite_config(d, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}),
+        "plain RoPE only, not rope_type 'llama3'",
+    ),
+    "garbled weights": (
+        lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 64),
+        "malformed safetensors file",
+    ),
+    "heads do not divide": (
+        lambda d: _rewrite_config(d, num_attention_heads=5, head_dim=None),
+        "heads=5 does not divide d_model=32",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FOLDERS)
+@pytest.mark.parametrize("command", ["run", "shapes", "memory"])
+def test_bad_model_folders_exit_2_with_one_line(invoke, models, tmp_path, case, command):
+    directory = _copy(models, "llama", tmp_path)
+    damage, message = BAD_FOLDERS[case]
+    damage(directory)
+    args = ["run", "Are you OK?"] if command == "run" else [command]
+    result = invoke(*args, "--model", str(directory), *CPU)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnctl: error: "), result.stderr
+    assert message in lines[0]
+    assert result.stdout == ""
+
+
+def test_a_handwritten_header_with_a_bad_shape_is_caught(invoke, models, tmp_path):
+    directory = _copy(models, "gpt2", tmp_path)
+    _write_safetensors(directory / "model.safetensors", {"wte.weight": ("F32", [3, 2], bytes(24))})
+    result = invoke("shapes", "--model", str(directory))
+    assert result.exit_code == 2
+    assert "wte.weight has shape (3, 2) but config.json implies (400, 32)" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layer", "3"], "--layer 3 is out of range: the model has 3 layers (0–2, or -1 for"),
+        (["--layer", "-4"], "--layer -4 is out of range"),
+        (["--layer", "first"], "--layer must be a block number or 'all', got 'first'"),
+        (["--heads", "2"], "--heads comes from the model's config.json"),
+        (["--config", "decoder"], "--config comes from the model's config.json"),
+        (["--context", "猫"], "GPT-2 has no cross-attention"),
+    ],
+)
+def test_model_option_misuse_exits_2(invoke, models, args, message):
+    result = invoke("run", "Are you OK?", "--model", str(models["gpt2"]), *args, *CPU)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "hi", "--layer", "1"], "--layer picks a block of a pretrained model"),
+        (["memory", "--model", "{gpt2}", "--train"], "--train does not apply to --model"),
+        (["memory", "--model", "{gpt2}", "--layers", "4"], "--layers does not apply to --model"),
+        (["shapes", "--model", "{gpt2}", "-L", "65"], "65 tokens are more than the 64 positions"),
+    ],
+)
+def test_other_misuse_exits_2(invoke, models, args, message):
+    args = [a.format(gpt2=models["gpt2"]) for a in args]
+    result = invoke(*args, *CPU)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_run_needs_the_models_tokenizer(invoke, models, tmp_path):
+    directory = _copy(models, "bert", tmp_path)
+    (directory / "tokenizer.json").unlink()
+    assert invoke("shapes", "--model", str(directory)).exit_code == 0  # shapes needs none
+    result = invoke("run", "hi", "--model", str(directory), *CPU)
+    assert result.exit_code == 2
+    assert f"no tokenizer.json in {directory}; give one with --tokenizer" in result.stderr
+    # a tokenizer whose ids the model has no rows for
+    text = "multi-head attention"  # the bundled tokenizer has ids up to 2213
+    result = invoke("run", text, "--model", str(directory), "--tokenizer", "bundled", *CPU)
+    assert result.exit_code == 2
+    assert "outside the model's vocabulary of 836" in result.stderr
