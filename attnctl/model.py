@@ -25,6 +25,10 @@ SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 MAX_HEADER = 100 * 2**20  # a safetensors header longer than this is not one
 
+# Buffers some checkpoints store beside the weights: GPT-2's causal mask, old Llamas'
+# RoPE frequencies. attnctl computes them; they are no parameters.
+BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+
 # Where each family keeps its token embedding: the key also reveals a prefix such as
 # "bert." (BertForMaskedLM), "transformer." (GPT2LMHeadModel) or "model." (LlamaForCausalLM).
 EMBEDDING_KEYS = {
@@ -39,6 +43,7 @@ class TensorInfo:
     dtype: str  # safetensors' name: F32, F16, BF16, I8, ...
     shape: tuple[int, ...]
     file: str  # the .safetensors file that holds it
+    stored_as: str  # its key in that file (older BERTs say LayerNorm.gamma for .weight)
 
     @property
     def count(self) -> int:
@@ -79,10 +84,13 @@ class ModelSpec:
     def d_k(self) -> int:
         return self.hidden // self.heads
 
-    @property
-    def checkpoint_bytes(self) -> int:
-        """Bytes of every tensor in the checkpoint, as stored."""
-        return sum(t.count * _SAFETENSORS_BYTES[t.dtype] for t in self.tensors.values())
+    def weights(self) -> dict[str, TensorInfo]:
+        """The checkpoint's float tensors that are weights (not buffers such as masks)."""
+        return {
+            key: info
+            for key, info in self.tensors.items()
+            if info.dtype in SAFETENSORS_DTYPES and not key.endswith(BUFFERS)
+        }
 
     def weight(self, name: str) -> str:
         """The checkpoint's key for a tensor named as the family names it (prefix added)."""
@@ -186,12 +194,6 @@ class ModelSpec:
         return shapes
 
 
-_SAFETENSORS_BYTES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8,
-}  # fmt: skip
-
-
 def read_model(directory: str | Path) -> ModelSpec:
     """Read and check a model folder; every problem is an AttnctlError (exit 2)."""
     path = Path(directory).expanduser()
@@ -246,8 +248,16 @@ def read_tensor_headers(path: Path) -> dict[str, TensorInfo]:
     tensors: dict[str, TensorInfo] = {}
     for name in files:
         for key, info in _read_header(path / name).items():
-            tensors[key] = TensorInfo(info[0], info[1], name)
+            tensors[_modern_name(key)] = TensorInfo(info[0], info[1], name, key)
     return tensors
+
+
+def _modern_name(key: str) -> str:
+    """Checkpoints converted from TensorFlow call LayerNorm's weight gamma, its bias beta."""
+    for old, new in ((".gamma", ".weight"), (".beta", ".bias")):
+        if key.endswith(old) and "LayerNorm" in key:
+            return key.removesuffix(old) + new
+    return key
 
 
 def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:

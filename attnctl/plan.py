@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from attnctl.config import DTYPE_BYTES, LayerConfig, resolve_impl, validate
 from attnctl.errors import AttnctlError
-from attnctl.model import SAFETENSORS_DTYPES, ModelSpec
+from attnctl.model import ModelSpec
 from attnctl.trace import Stage
 
 MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)"
@@ -82,11 +82,10 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
 
 
 def model_parameters(model: ModelSpec) -> list[Parameter]:
-    """Every float tensor of the checkpoint; a block's tensors once, with ``copies``."""
+    """Every weight of the checkpoint; a block's tensors once, with ``copies``."""
     groups: dict[str, list[tuple[int, ...]]] = {}
-    for key, info in model.tensors.items():
-        if info.dtype in SAFETENSORS_DTYPES:
-            groups.setdefault(re.sub(r"\.\d+\.", ".*.", key, count=1), []).append(info.shape)
+    for key, info in model.weights().items():
+        groups.setdefault(re.sub(r"\.\d+\.", ".*.", key, count=1), []).append(info.shape)
     return [Parameter(name, shapes[0], len(shapes)) for name, shapes in groups.items()]
 
 

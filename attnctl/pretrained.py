@@ -20,7 +20,7 @@ from safetensors import safe_open
 from attnctl.config import LayerConfig
 from attnctl.errors import AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, attention_window
-from attnctl.model import SAFETENSORS_DTYPES, ModelSpec
+from attnctl.model import ModelSpec
 
 Record = Callable[[str, torch.Tensor, str], None]
 
@@ -78,7 +78,7 @@ class PretrainedModel:
     def _load(self, blocks: int | None) -> dict[str, torch.Tensor]:
         spec = self.spec
         if blocks is None:
-            keys = [k for k, t in spec.tensors.items() if t.dtype in SAFETENSORS_DTYPES]
+            keys = list(spec.weights())
         else:
             keys = [spec.weight(name) for name in spec.expected_shapes() if _block(name) < blocks]
         by_file: dict[str, list[str]] = {}
@@ -89,7 +89,7 @@ class PretrainedModel:
             try:
                 with safe_open(str(spec.path / file), framework="pt", device="cpu") as handle:
                     for key in file_keys:
-                        stored = handle.get_tensor(key)
+                        stored = handle.get_tensor(spec.tensors[key].stored_as)
                         tensors[key] = stored.to(device=self.device, dtype=self.dtype)
             except AttnctlError:
                 raise

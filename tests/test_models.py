@@ -140,6 +140,33 @@ def test_task_heads_prefixes_and_shards_are_read(
     assert ours["attention"] == plain["attention"]
 
 
+def test_old_layernorm_names_and_stored_buffers_are_understood(invoke, models, tmp_path):
+    """Checkpoints converted from TensorFlow name LayerNorm's tensors gamma and beta; old
+    GPT-2 files store the causal mask as h.N.attn.bias. Neither changes what runs."""
+    from safetensors.torch import load_file, save_file
+
+    bert = _copy(models, "bert", tmp_path)
+    tensors = load_file(bert / "model.safetensors")
+    renamed = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        ): v
+        for k, v in tensors.items()
+    }
+    assert renamed.keys() != tensors.keys()
+    save_file(renamed, bert / "model.safetensors")
+    gpt2 = _copy(models, "gpt2", tmp_path)
+    tensors = load_file(gpt2 / "model.safetensors")
+    for n in range(3):
+        tensors[f"h.{n}.attn.bias"] = torch.ones(1, 1, 64, 64).tril()
+    save_file(tensors, gpt2 / "model.safetensors")
+    for family, changed in (("bert", bert), ("gpt2", gpt2)):
+        ours = run_json(invoke, "Are you OK?", "--model", str(changed), "--layer", "2")
+        plain = run_json(invoke, "Are you OK?", "--model", str(models[family]), "--layer", "2")
+        assert ours["attention"] == plain["attention"]
+        assert ours["memory"]["parameters"] == plain["memory"]["parameters"]
+
+
 def test_a_half_precision_checkpoint_runs_in_its_dtype(invoke, models, tmp_path):
     model = transformers.AutoModel.from_pretrained(models["llama"]).to(torch.bfloat16)
     model.save_pretrained(tmp_path)
