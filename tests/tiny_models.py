@@ -25,18 +25,37 @@ def _corpus() -> list[str]:
     return lines
 
 
+def _wordpiece_vocab() -> dict[str, int]:
+    """Special tokens, every character alone and as a continuation, the 200 commonest words."""
+    import re
+    from collections import Counter
+
+    text = " ".join(_corpus()).lower()
+    chars = sorted({c for c in text if not c.isspace()})
+    words = Counter(re.findall(r"[a-z]+", text))
+    common = sorted(words, key=lambda w: (-words[w], w))[:200]
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars)]
+    pieces += [w for w in common if w not in pieces]
+    return {piece: i for i, piece in enumerate(pieces)}
+
+
 def build_tokenizer(family: str):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from tokenizers.processors import TemplateProcessing
 
-    if family == "bert":
-        special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    if family == "bert":  # WordPiece's trainer numbers pieces in no fixed order: list them
+        tokenizer = Tokenizer(models.WordPiece(_wordpiece_vocab(), unk_token="[UNK]"))
         tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=special)
-    elif family == "gpt2":
+        cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+        tokenizer.post_processor = TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+        )
+        return tokenizer
+    if family == "gpt2":
         special = ["<|endoftext|>"]
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -53,14 +72,7 @@ def build_tokenizer(family: str):
         tokenizer.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special)
     tokenizer.train_from_iterator(_corpus(), trainer)
-    if family == "bert":
-        cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-        tokenizer.post_processor = TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-        )
-    elif family == "llama":
+    if family == "llama":
         bos = tokenizer.token_to_id("<s>")
         tokenizer.post_processor = TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
