@@ -234,6 +234,27 @@ def test_memory_uses_the_models_own_config(invoke, models, family):
     assert shapes["sizes"]["I"] == spec.intermediate
 
 
+@pytest.mark.parametrize(
+    ("name", "parameters", "kv_per_token"),
+    [
+        ("gpt2-small", 124_439_808, 2 * 12 * 768 * 2),
+        ("bert-base", 109_482_240, 2 * 12 * 768 * 2),
+        ("llama-2-7b", 6_738_415_616, 2 * 32 * 4096 * 2),  # 0.5 MiB a token in float16
+    ],
+)
+def test_full_size_models_have_their_published_parameter_counts(
+    invoke, tmp_path, name, parameters, kv_per_token
+):
+    """Header-only checkpoints of the real configurations, named and shaped by transformers."""
+    directory = tiny_models.write_header_only(name, tmp_path / name)
+    result = invoke("memory", "--model", str(directory), "--seq-len", "256", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["parameters"] == parameters
+    assert data["parameters_bytes"] == 2 * parameters  # stored as float16
+    assert data["kv_cache_bytes"] == 256 * kv_per_token
+
+
 def test_shapes_and_memory_of_a_model_never_import_torch(models):
     code = (
         "import sys\n"

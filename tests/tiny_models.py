@@ -126,3 +126,54 @@ if __name__ == "__main__":
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models")
     for name in FAMILIES:
         print(write(name, root / name))
+
+
+# Full-size configurations, for shapes and memory only (they never load a weight).
+FULL_SIZE = {
+    "gpt2-small": ("GPT2Model", {"model_type": "gpt2"}),  # the defaults are GPT-2 small
+    "bert-base": ("BertModel", {"model_type": "bert"}),  # the defaults are bert-base
+    "llama-2-7b": (
+        "LlamaForCausalLM",
+        {
+            "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+        },
+    ),
+}  # fmt: skip
+
+
+def write_header_only(name: str, directory: Path, dtype: str = "float16") -> Path:
+    """config.json and a model.safetensors with a header and no data, from transformers.
+
+    transformers builds the model on the meta device (no memory), so the tensor names and
+    shapes are its own; ``shapes`` and ``memory`` read nothing but these two files.
+    """
+    import json
+
+    import torch
+    import transformers
+
+    class_name, values = FULL_SIZE[name]
+    values = dict(values)
+    config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        model = getattr(transformers, class_name)(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    config.dtype = dtype
+    config.save_pretrained(directory)
+    code = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[dtype]
+    size = torch.finfo(getattr(torch, dtype)).bits // 8
+    header, offset = {}, 0
+    for key, tensor in model.state_dict().items():
+        if tensor.is_floating_point():
+            end = offset + tensor.numel() * size
+            header[key] = {
+                "dtype": code,
+                "shape": list(tensor.shape),
+                "data_offsets": [offset, end],
+            }
+            offset = end
+    raw = json.dumps(header).encode()
+    (directory / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    return directory
