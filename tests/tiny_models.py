@@ -3,8 +3,9 @@
 Each folder is what ``save_pretrained`` writes (config.json, model.safetensors) plus a
 tokenizer.json trained here with the family's special tokens and post-processing:
 BERT wraps a text in [CLS] … [SEP], Llama starts it with <s>, GPT-2 adds nothing.
-The weights are drawn wider than the families' defaults (std 0.02), so the heads are far
-from uniform and a wrong reshape, scale or rotation cannot hide under 1e-5.
+The weights are our own seeded draw, by parameter name (so they do not change with how
+transformers initialises), and far wider than the families' (std 0.3, not 0.02): the heads
+are far from uniform, and a wrong reshape, scale or rotation cannot hide under 1e-5.
 
     python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, DIR/llama
 """
@@ -86,8 +87,7 @@ def build_model(family: str, vocab_size: int, layers: int = 3, **config):
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    torch.manual_seed(0)
-    common = {"vocab_size": vocab_size, "initializer_range": 0.3}
+    common = {"vocab_size": vocab_size}
     if family == "bert":
         cfg = transformers.BertConfig(
             hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
@@ -109,6 +109,17 @@ def build_model(family: str, vocab_size: int, layers: int = 3, **config):
     for key, value in config.items():
         setattr(cfg, key, value)
     model = model_class._from_config(cfg, attn_implementation="eager")
+    # our own draw, by name: the weights do not depend on how transformers initialises
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            noise = torch.randn(parameter.shape, generator=generator)
+            if parameter.dim() > 1:
+                parameter.copy_(noise * 0.3)
+            elif "norm" in name.lower() or name.startswith("ln") or ".ln_" in name:
+                parameter.copy_(1 + noise * 0.1)  # a norm's scale (and its bias, near 1)
+            else:
+                parameter.copy_(noise * 0.1)  # a bias
     return model.eval()
 
 
