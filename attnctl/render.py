@@ -257,7 +257,8 @@ def weight_tables(
                     cells.append(Text(text, style=_shade(weights[key])))
             else:
                 ranked = trace.top_keys[batch_row][head_index][row_index]
-                strongest = [key for key in ranked if key < count][:top_k]  # no padding
+                # no padding, and no key a mask gave exactly 0 (a causal row's later keys)
+                strongest = [key for key in ranked if key < count and weights[key] > 0][:top_k]
                 for key in strongest:
                     text = f"{key} {token_label(keys[key], 6)} {weight_text(weights[key], digits)}"
                     cells.append(Text(text, style=_shade(weights[key])))

@@ -32,7 +32,26 @@ EXAMPLES = {
     "attnctl memory --seq-len 512,2048,8192 --budget 16GiB": (80, None, None),
     "attnctl memory --seq-len 2048 --train --dtype bfloat16 --measure --device cpu": (
         80, "training step", "vs measured"),
+    'attnctl run "the cat eats the fish, the cat eats" --model models/gpt2-tiny --layer 2 '
+    "--head 0 --device cpu": (100, None, "<memory"),
+    'attnctl run "the cat eats the fish, the cat eats" --model models/gpt2-tiny --layer all '
+    "--device cpu": (100, "every block", "weights and stages of one block"),
+    "attnctl memory --model models/llama-2-7b --seq-len 4096": (100, "one attention matrix", None),
 }  # fmt: skip
+
+
+def prepare_models() -> None:
+    """The folders the --model examples read (models/ is not committed; transformers, a
+    test extra, writes them): a tiny random GPT-2, and Llama-2-7B's config.json with a
+    header-only model.safetensors, all that shapes and memory read."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import tiny_models
+
+    folders = ROOT / "models"
+    if not (folders / "gpt2-tiny" / "model.safetensors").is_file():
+        tiny_models.write("gpt2", folders / "gpt2-tiny")
+    if not (folders / "llama-2-7b" / "model.safetensors").is_file():
+        tiny_models.write_header_only("llama-2-7b", folders / "llama-2-7b")
 
 
 def output_of(command: str, columns: int) -> str:
@@ -77,6 +96,7 @@ def main() -> int:
     import os
 
     os.chdir(ROOT)  # examples name files relative to the repository
+    prepare_models()
     current = README.read_text(encoding="utf-8")
     new = refreshed(current)
     if args.check:
