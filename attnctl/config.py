@@ -7,6 +7,7 @@ Precedence: defaults < preset file (``--config``) < options given on the command
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import tomllib
 from dataclasses import dataclass
@@ -169,6 +170,17 @@ def _check_value(key: str, value: Any, source: str) -> Any:
     if key == "kv_heads" and value < 1:  # 0 is only the unset default, meaning "= heads"
         raise AttnctlError(f"{source}: kv_heads must be at least 1, got {value} (1 = multi-query)")
     return value
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON file holding an object (a tokenizer, a model's config); errors name ``what``."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise AttnctlError(f"malformed {what} {path}: {error}") from error
+    if not isinstance(data, dict):
+        raise AttnctlError(f"malformed {what} {path}: expected a JSON object")
+    return data
 
 
 def preset_names() -> list[str]:

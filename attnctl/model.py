@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnctl.config import LayerConfig, validate
+from attnctl.config import LayerConfig, read_json_object, validate
 from attnctl.errors import AttnctlError
 
 FAMILIES = {"bert": "BERT", "gpt2": "GPT-2", "llama": "Llama"}  # config.json model_type
@@ -214,13 +214,7 @@ def _read_config(path: Path) -> dict[str, Any]:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise AttnctlError(f"no config.json in {path}: attnctl reads Hugging Face style folders")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise AttnctlError(f"malformed {config_path}: {error}") from error
-    if not isinstance(config, dict):
-        raise AttnctlError(f"malformed {config_path}: expected a JSON object")
-    return config
+    return read_json_object(config_path, "model config")
 
 
 def read_tensor_headers(path: Path) -> dict[str, TensorInfo]:
@@ -229,11 +223,10 @@ def read_tensor_headers(path: Path) -> dict[str, TensorInfo]:
     if single.is_file():
         files = [single.name]
     elif index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = sorted(set(weight_map.values()))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise AttnctlError(f"malformed {index}: {e}") from e
+        weight_map = read_json_object(index, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise AttnctlError(f"malformed shard index {index}: no weight_map")
+        files = sorted(set(map(str, weight_map.values())))
     else:
         pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(
             p.name for p in path.glob("*.pt*")

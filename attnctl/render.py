@@ -307,6 +307,49 @@ def memory_footer(estimate: MemoryEstimate) -> Table:
     return grid
 
 
+def _run_opening(
+    texts: list[str],
+    trace: Trace,
+    plan: Plan,
+    contexts: list[str] | None = None,
+    block: int | None = None,
+) -> list[RenderableType]:
+    """The header (texts, tokenizer, model and block, layer, device) and the token tables."""
+    config = plan.config
+    lines = []
+    for label, items in (("text", texts), ("context", contexts or [])):
+        if len(set(items)) == 1 and label == "context":
+            items = items[:1]  # one context serves every text
+        for number, item in enumerate(items):
+            lines.append((label if len(items) == 1 else f"{label} {number}", _shown_text(item)))
+    how = "every weight built" if trace.impl == "math" else "weights only for the rows shown"
+    seed = f" · seed {config.seed}" if plan.model is None else ""  # a model's weights are its own
+    batched = len(texts) > 1
+    tables = [
+        token_table(row, trace.attention_rows, f"tokens · text {b}" if batched else "tokens")
+        for b, row in enumerate(trace.tokens)
+    ]
+    for b, row in enumerate(trace.context_tokens or []):
+        tables.append(
+            token_table(row, list(range(len(row))), f"context · text {b}" if batched else "context")
+        )
+    return [
+        header(
+            "attnctl run",
+            [
+                *lines,
+                ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
+                *model_lines(plan, block),
+                ("layer", config_line(config)),
+                ("device", f"{trace.device} · dtype {config.dtype}{seed}"),
+                ("attention", f"{trace.impl} ({how})"),
+            ],
+        ),
+        Text(""),
+        *tables,
+    ]
+
+
 def run_view(
     texts: list[str],
     trace: Trace,
@@ -318,36 +361,8 @@ def run_view(
     contexts: list[str] | None = None,
 ) -> Group:
     config = plan.config
-    lines = []
-    for label, items in (("text", texts), ("context", contexts or [])):
-        if len(set(items)) == 1 and label == "context":
-            items = items[:1]  # one context serves every text
-        for number, item in enumerate(items):
-            lines.append((label if len(items) == 1 else f"{label} {number}", _shown_text(item)))
-    how = "every weight built" if trace.impl == "math" else "weights only for the rows shown"
-    batched = len(texts) > 1
-    tables = [
-        token_table(row, trace.attention_rows, f"tokens · text {b}" if batched else "tokens")
-        for b, row in enumerate(trace.tokens)
-    ]
-    for b, row in enumerate(trace.context_tokens or []):
-        tables.append(
-            token_table(row, list(range(len(row))), f"context · text {b}" if batched else "context")
-        )
     parts: list[RenderableType] = [
-        header(
-            "attnctl run",
-            [
-                *lines,
-                ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
-                *model_lines(plan, trace.layer),
-                ("layer", config_line(config)),
-                ("device", f"{trace.device} · dtype {config.dtype} · seed {config.seed}"),
-                ("attention", f"{trace.impl} ({how})"),
-            ],
-        ),
-        Text(""),
-        *tables,
+        *_run_opening(texts, trace, plan, contexts, trace.layer),
         stage_table(trace.stages, width, plan),
     ]
     if config.mask == "causal":
@@ -387,7 +402,7 @@ def run_view(
     parts.append(Group(*tables) if ranked else Columns(tables, padding=(0, 3)))
     parts.extend(Text(note, style="dim") for note in notes)
     parts.append(Text(""))
-    parts.append(heads_overview(head_stats(trace), batched))
+    parts.append(heads_overview(head_stats(trace), len(texts) > 1))
     parts.append(Text(""))
     parts.append(memory_footer(estimate))
     return Group(*parts)
@@ -443,30 +458,9 @@ def blocks_view(
     texts: list[str], traces: list[Trace], plan: Plan, estimate: MemoryEstimate, width: int
 ) -> Group:
     """``run --model --layer all``: every block's heads summarised, then the clearest heads."""
-    config, first = plan.config, traces[0]
+    first = traces[0]
     batched = len(texts) > 1
-    lines = [
-        ("text" if not batched else f"text {n}", _shown_text(text)) for n, text in enumerate(texts)
-    ]
-    how = "every weight built" if first.impl == "math" else "weights only for the rows shown"
-    parts: list[RenderableType] = [
-        header(
-            "attnctl run",
-            [
-                *lines,
-                ("tokenizer", f"{first.tokenizer} (vocab {first.vocab_size})"),
-                *model_lines(plan),
-                ("layer", config_line(config)),
-                ("device", f"{first.device} · dtype {config.dtype}"),
-                ("attention", f"{first.impl} ({how})"),
-            ],
-        ),
-        Text(""),
-        *[
-            token_table(row, first.attention_rows, f"tokens · text {b}" if batched else "tokens")
-            for b, row in enumerate(first.tokens)
-        ],
-    ]
+    parts = _run_opening(texts, first, plan)
     table = _table("every block (heads by kind)")
     for name in ("layer", "entropy", "kinds", "clearest head"):
         table.add_column(name, no_wrap=True, justify="right" if name == "entropy" else "left")

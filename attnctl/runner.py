@@ -51,21 +51,9 @@ def run_batch(
     """
     import torch
 
-    from attnctl.layer import (
-        TORCH_DTYPES,
-        AttentionLayer,
-        Recorder,
-        attention_window,
-        resolve_device,
-    )
+    from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, attention_window
 
-    seq_len = batch.seq_len
-    heads = list(range(config.heads)) if heads is None else heads
-    rows = list(range(seq_len)) if rows is None else rows
-    config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
-    device = resolve_device(config.device)
-    if need_bytes is not None:
-        preflight(need_bytes, device)
+    config, device, heads, rows = _start(batch, config, heads, rows, need_bytes)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(config, batch.vocab_size)  # float32 on CPU: same weights anywhere
     layer = layer.to(device=device, dtype=TORCH_DTYPES[config.dtype]).eval()
@@ -120,16 +108,10 @@ def run_model(
     """
     import torch
 
-    from attnctl.layer import Recorder, resolve_device
+    from attnctl.layer import Recorder
     from attnctl.pretrained import PretrainedModel, weights_window
 
-    seq_len = batch.seq_len
-    heads = list(range(config.heads)) if heads is None else heads
-    rows = list(range(seq_len)) if rows is None else rows
-    config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
-    device = resolve_device(config.device)
-    if need_bytes is not None:
-        preflight(need_bytes, device)
+    config, device, heads, rows = _start(batch, config, heads, rows, need_bytes)
     padded_rows = batch.padded_rows()
     largest = max(t.id for row in padded_rows for t in row)
     if largest >= model.vocab_size:
@@ -173,6 +155,26 @@ def run_model(
         )
         for n in layers
     ]
+
+
+def _start(
+    batch: Batch,
+    config: LayerConfig,
+    heads: list[int] | None,
+    rows: list[int] | None,
+    need_bytes: int | None,
+) -> tuple[LayerConfig, Any, list[int], list[int]]:
+    """The implementation for the rows shown, the device (memory checked), heads and rows."""
+    from attnctl.layer import resolve_device
+
+    seq_len = batch.seq_len
+    heads = list(range(config.heads)) if heads is None else heads
+    rows = list(range(seq_len)) if rows is None else rows
+    config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
+    device = resolve_device(config.device)
+    if need_bytes is not None:
+        preflight(need_bytes, device)
+    return config, device, heads, rows
 
 
 def padding_mask(keys: Batch, device) -> Any:

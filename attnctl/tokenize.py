@@ -9,12 +9,11 @@ character span (an unmerged CJK character split into bytes) are numbered as piec
 from __future__ import annotations
 
 import functools
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from attnctl.config import read_json_object
 from attnctl.errors import AttnctlError
 from attnctl.trace import Token
 
@@ -44,23 +43,13 @@ def vocab_size(spec: str, seq_len: int) -> int:
 
 @functools.lru_cache(maxsize=8)
 def _file_vocab_size(path: Path) -> int:
-    data = _read_json(path)
+    data = read_json_object(path, "tokenizer")
     try:
         ids = set(data["model"]["vocab"].values())
         ids.update(t["id"] for t in data.get("added_tokens") or [])
     except (KeyError, TypeError, AttributeError) as error:
         raise AttnctlError(f"malformed tokenizer {path}: no model.vocab ({error})") from error
     return max(ids) + 1 if ids else 0
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise AttnctlError(f"malformed tokenizer {path}: {error}") from error
-    if not isinstance(data, dict):
-        raise AttnctlError(f"malformed tokenizer {path}: expected a JSON object")
-    return data
 
 
 @dataclass

@@ -332,6 +332,10 @@ def _quantize_one(directory: Path) -> None:
 BAD_FOLDERS = {
     "no folder": (lambda d: shutil.rmtree(d), "model folder not found"),
     "no config": (lambda d: (d / "config.json").unlink(), "no config.json in"),
+    "garbled config": (
+        lambda d: (d / "config.json").write_text("{not json"),
+        "malformed model config",
+    ),
     "no weights": (lambda d: (d / "model.safetensors").unlink(), "no model.safetensors in"),
     "pickle only": (
         lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
