@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from attnctl import __version__
 from attnctl.config import (
+    DTYPE_BYTES,
     DTYPES,
     IMPLS,
     MASKS,
@@ -364,8 +365,11 @@ def run(
     shown_bytes = per_block * (len(blocks) if blocks else 1)
 
     what = "the layer" if model is None else f"{model.name}"
+    weights = memory.parameter_bytes  # a model: only the blocks up to the one shown load
+    if model is not None:
+        weights = model.loaded_values(max(blocks) + 1) * DTYPE_BYTES[layer.dtype]
     with _progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
-        need = None if force else memory.peak_bytes + shown_bytes
+        need = None if force else weights + memory.peak_activation_bytes + shown_bytes
         if blocks is None:
             traces = [run_batch(batch, layer, heads, query_rows, need_bytes=need, context=cross)]
         else:

@@ -12,6 +12,7 @@ weights with ``safetensors`` when ``run`` needs them. A pickled ``.bin`` is neve
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,17 @@ class ModelSpec:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return validate(LayerConfig(**values))
 
+    def loaded_values(self, blocks: int) -> int:
+        """How many values ``run --layer N`` loads for blocks 0..N (``blocks`` = N + 1)."""
+        total = 0
+        for name, shape in self.expected_shapes().items():
+            if block_of(name) < blocks:
+                count = 1
+                for n in shape:
+                    count *= n
+                total += count
+        return total
+
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the blocks up to the last one read, with the shape config.json implies."""
         d, i, v = self.hidden, self.intermediate, self.vocab_size
@@ -192,6 +204,12 @@ class ModelSpec:
                     if bias:
                         shapes[f"{block}{name}.bias"] = (out,)
         return shapes
+
+
+def block_of(name: str) -> int:
+    """The block a family-named tensor belongs to (-1: the embeddings and other shared ones)."""
+    match = re.search(r"\.(\d+)\.", name)
+    return int(match.group(1)) if match else -1
 
 
 def read_model(directory: str | Path) -> ModelSpec:

@@ -9,7 +9,6 @@ Only the blocks up to the one shown run; the language-model head never does.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from safetensors import safe_open
 from attnctl.config import LayerConfig
 from attnctl.errors import AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, attention_window
-from attnctl.model import ModelSpec
+from attnctl.model import ModelSpec, block_of
 
 Record = Callable[[str, torch.Tensor, str], None]
 
@@ -80,7 +79,7 @@ class PretrainedModel:
         if blocks is None:
             keys = list(spec.weights())
         else:
-            keys = [spec.weight(name) for name in spec.expected_shapes() if _block(name) < blocks]
+            keys = [spec.weight(name) for name in spec.expected_shapes() if block_of(name) < blocks]
         by_file: dict[str, list[str]] = {}
         for key in keys:
             by_file.setdefault(spec.tensors[key].file, []).append(key)
@@ -292,12 +291,6 @@ class PretrainedModel:
             del result
             hidden = self.feed_forward(n, hidden, block_record)
         return hidden
-
-
-def _block(name: str) -> int:
-    """The block a family-named tensor belongs to (-1: embeddings and other shared ones)."""
-    match = re.search(r"\.(\d+)\.", name)
-    return int(match.group(1)) if match else -1
 
 
 def weights_window(

@@ -216,6 +216,19 @@ def test_memory_estimate_equals_measured_bytes(models, family, impl, dtype, batc
 
 
 @pytest.mark.parametrize("family", tiny_models.FAMILIES)
+def test_run_loads_only_the_blocks_it_needs(models, family):
+    """What run's memory check counts for --layer N is what it loads: blocks 0..N."""
+    spec = read_model(models[family])
+    config = spec.layer_config(device="cpu")
+    for blocks in (1, 2, 3):
+        loaded = PretrainedModel(spec, config, torch.device("cpu"), blocks=blocks)
+        assert loaded.parameter_bytes == spec.loaded_values(blocks) * 4
+    assert (
+        spec.loaded_values(1) < spec.loaded_values(3) <= sum(t.count for t in spec.tensors.values())
+    )
+
+
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
 def test_memory_uses_the_models_own_config(invoke, models, family):
     spec = read_model(models[family])
     result = invoke("memory", "--model", str(models[family]), "--seq-len", "64", "--json")
