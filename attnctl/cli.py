@@ -186,6 +186,7 @@ MODEL_OPTION = Annotated[
     typer.Option(
         "--model",
         "-m",
+        metavar="DIR",
         help="A local model folder (config.json, model.safetensors, tokenizer.json): "
         "BERT, GPT-2 or Llama-style. Its config sets the layer.",
         rich_help_panel="Model",
@@ -309,6 +310,7 @@ def run(
         str | None,
         typer.Option(
             "--layer",
+            metavar="N|all",
             help="With --model: the block to show, 0-based like output_attentions (-1 = the "
             "last), or 'all' for a summary of every block. Default 0.",
             rich_help_panel="Model",
