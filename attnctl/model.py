@@ -20,8 +20,14 @@ from typing import Any
 from attnctl.config import LayerConfig, read_json_object, validate
 from attnctl.errors import AttnctlError
 
-FAMILIES = {"bert": "BERT", "gpt2": "GPT-2", "llama": "Llama"}  # config.json model_type
-SUPPORTED = "bert (BERT encoders), gpt2 (GPT-2), llama (Llama-style decoders)"
+# config.json's model_type -> (the family whose code runs it, its name)
+MODEL_TYPES = {
+    "bert": ("bert", "BERT"),
+    "gpt2": ("gpt2", "GPT-2"),
+    "llama": ("llama", "Llama"),
+    "mistral": ("llama", "Mistral"),  # a Llama with a sliding window
+}
+SUPPORTED = "bert (BERT encoders), gpt2 (GPT-2), llama and mistral (Llama-style decoders)"
 SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 MAX_HEADER = 100 * 2**20  # a safetensors header longer than this is not one
@@ -59,7 +65,8 @@ class ModelSpec:
     """What attnctl needs to know about a model, from its config and tensor headers."""
 
     path: Path
-    family: str  # "bert", "gpt2" or "llama"
+    model_type: str  # config.json's: bert, gpt2, llama, mistral
+    family: str  # the code that runs it: "bert", "gpt2" or "llama"
     hidden: int  # D
     heads: int  # H
     kv_heads: int  # Hkv (= H except in grouped-query Llamas)
@@ -73,13 +80,14 @@ class ModelSpec:
     bias: bool  # in the attention projections
     mlp_bias: bool
     type_vocab_size: int  # BERT's segment embeddings; 0 elsewhere
+    sliding_window: int  # Mistral: keys at most this far back; 0 = none
     dtype: str  # the checkpoint's dtype (of its token embedding)
     prefix: str  # "bert.", "transformer.", "model." or ""
     tensors: dict[str, TensorInfo] = field(compare=False, hash=False, repr=False)
 
     @property
     def name(self) -> str:
-        return FAMILIES[self.family]
+        return MODEL_TYPES[self.model_type][1]
 
     @property
     def d_k(self) -> int:
@@ -219,7 +227,7 @@ def read_model(directory: str | Path) -> ModelSpec:
         raise AttnctlError(f"model folder not found: {directory}")
     config = _read_config(path)
     model_type = config.get("model_type")
-    if model_type not in FAMILIES:
+    if model_type not in MODEL_TYPES:
         found = f"model_type {model_type!r}" if model_type else "no model_type"
         raise AttnctlError(f"{path / 'config.json'} has {found}; attnctl supports {SUPPORTED}")
     tensors = read_tensor_headers(path)
@@ -288,8 +296,10 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def _spec_from_config(
-    path: Path, family: str, config: dict[str, Any], tensors: dict[str, TensorInfo]
+    path: Path, model_type: str, config: dict[str, Any], tensors: dict[str, TensorInfo]
 ) -> ModelSpec:
+    family, name = MODEL_TYPES[model_type]
+
     def get(*keys: str, default: Any = None, kind: type = int) -> Any:
         for key in keys:
             if config.get(key) is not None:
@@ -323,6 +333,7 @@ def _spec_from_config(
             "bias": True,
             "mlp_bias": True,
             "type_vocab_size": get("type_vocab_size", default=2),
+            "sliding_window": 0,
         }
     elif family == "gpt2":
         if get("scale_attn_by_inverse_layer_idx", default=False, kind=bool):
@@ -344,6 +355,7 @@ def _spec_from_config(
             "bias": True,
             "mlp_bias": True,
             "type_vocab_size": 0,
+            "sliding_window": 0,
         }
     else:
         hidden, heads = get("hidden_size"), get("num_attention_heads")
@@ -375,6 +387,7 @@ def _spec_from_config(
             "bias": get("attention_bias", default=False, kind=bool),
             "mlp_bias": get("mlp_bias", default=False, kind=bool),
             "type_vocab_size": 0,
+            "sliding_window": get("sliding_window", default=0) if model_type == "mistral" else 0,
         }
     for key in ("hidden", "heads", "kv_heads", "layers", "vocab_size", "intermediate"):
         if values[key] <= 0:
@@ -387,12 +400,11 @@ def _spec_from_config(
     suffix = EMBEDDING_KEYS[family]
     embedding = next((k for k in tensors if k.endswith(suffix)), None)
     if embedding is None:
-        raise AttnctlError(
-            f"the weights in {path} have no {suffix}: not a {FAMILIES[family]} checkpoint"
-        )
+        raise AttnctlError(f"the weights in {path} have no {suffix}: not a {name} checkpoint")
     dtype = SAFETENSORS_DTYPES.get(tensors[embedding].dtype)
     spec = ModelSpec(
         path=path,
+        model_type=model_type,
         family=family,
         dtype=dtype or "float32",
         prefix=embedding.removesuffix(suffix),

@@ -773,6 +773,7 @@ def model_dict(plan: Plan) -> dict[str, Any] | None:
         return None
     return {
         "path": str(model.path),
+        "model_type": model.model_type,
         "family": model.family,
         "layers": model.layers,
         "hidden": model.hidden,

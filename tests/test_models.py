@@ -86,8 +86,9 @@ def test_every_layer_equals_transformers_eager_attention(invoke, models, family)
 def test_special_tokens_come_from_the_models_tokenizer(invoke, models):
     bert = run_json(invoke, "Are you OK?", "--model", str(models["bert"]))["tokens"][0]
     assert (bert[0]["text"], bert[-1]["text"]) == ("[CLS]", "[SEP]")
-    llama = run_json(invoke, "Are you OK?", "--model", str(models["llama"]))["tokens"][0]
-    assert llama[0]["text"] == "<s>"
+    for family in ("llama", "mistral"):
+        tokens = run_json(invoke, "Are you OK?", "--model", str(models[family]))["tokens"][0]
+        assert tokens[0]["text"] == "<s>"
     gpt2 = run_json(invoke, "Are you OK?", "--model", str(models["gpt2"]))["tokens"][0]
     assert gpt2[0]["text"] == "A"  # GPT-2 adds no special tokens
 
@@ -231,13 +232,13 @@ def test_run_loads_only_the_blocks_it_needs(models, family):
 @pytest.mark.parametrize("family", tiny_models.FAMILIES)
 def test_memory_uses_the_models_own_config(invoke, models, family):
     spec = read_model(models[family])
-    result = invoke("memory", "--model", str(models[family]), "--seq-len", "64", "--json")
+    result = invoke("memory", "--model", str(models[family]), "--seq-len", "40", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     stored = sum(t.count for t in spec.tensors.values())
     assert data["parameters"] == stored  # every tensor of the checkpoint, once
     assert data["parameters_bytes"] == stored * DTYPE_BYTES[spec.dtype]
-    kv = 2 * spec.layers * 64 * spec.kv_heads * spec.d_k * DTYPE_BYTES[spec.dtype]
+    kv = 2 * spec.layers * 40 * spec.kv_heads * spec.d_k * DTYPE_BYTES[spec.dtype]
     assert data["kv_cache_bytes"] == kv
     assert data["config"]["heads"] == spec.heads and data["config"]["kv_heads"] == spec.kv_heads
     shapes = json.loads(invoke("shapes", "--model", str(models[family]), "--json").stdout)
@@ -432,10 +433,14 @@ def test_model_option_misuse_exits_2(invoke, models, args, message):
         (["memory", "--model", "{gpt2}", "--train"], "--train does not apply to --model"),
         (["memory", "--model", "{gpt2}", "--layers", "4"], "--layers does not apply to --model"),
         (["shapes", "--model", "{gpt2}", "-L", "65"], "65 tokens are more than the 64 positions"),
+        (
+            ["memory", "--model", "{mistral}", "-L", "49"],
+            "more than Mistral's sliding window of 48",
+        ),
     ],
 )
 def test_other_misuse_exits_2(invoke, models, args, message):
-    args = [a.format(gpt2=models["gpt2"]) for a in args]
+    args = [a.format(**models) for a in args]
     result = invoke(*args, *CPU)
     assert result.exit_code == 2, result.output
     assert message in result.stderr

@@ -2,12 +2,13 @@
 
 Each folder is what ``save_pretrained`` writes (config.json, model.safetensors) plus a
 tokenizer.json trained here with the family's special tokens and post-processing:
-BERT wraps a text in [CLS] … [SEP], Llama starts it with <s>, GPT-2 adds nothing.
+BERT wraps a text in [CLS] … [SEP], Llama and Mistral start it with <s>, GPT-2 adds
+nothing.
 The weights are our own seeded draw, by parameter name (so they do not change with how
 transformers initialises), and far wider than the families' (std 0.3, not 0.02): the heads
 are far from uniform, and a wrong reshape, scale or rotation cannot hide under 1e-5.
 
-    python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, DIR/llama
+    python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, DIR/llama, DIR/mistral
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent.parent / "scripts" / "corpus"
-FAMILIES = ("bert", "gpt2", "llama")
+FAMILIES = ("bert", "gpt2", "llama", "mistral")
+SLIDING_WINDOW = 48  # the tiny Mistral's: longer than the tests' texts
 
 
 def _corpus() -> list[str]:
@@ -73,7 +75,7 @@ def build_tokenizer(family: str):
         tokenizer.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special)
     tokenizer.train_from_iterator(_corpus(), trainer)
-    if family == "llama":
+    if family != "gpt2":  # Llama and Mistral begin with <s>
         bos = tokenizer.token_to_id("<s>")
         tokenizer.post_processor = TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
@@ -100,12 +102,19 @@ def build_model(family: str, vocab_size: int, layers: int = 3, **config):
             eos_token_id=0, **common,
         )  # fmt: skip
         model_class = transformers.GPT2Model
-    else:
+    elif family == "llama":
         cfg = transformers.LlamaConfig(
             hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
             num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64, **common,
         )  # fmt: skip
         model_class = transformers.LlamaModel
+    else:
+        cfg = transformers.MistralConfig(
+            hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=1, intermediate_size=40, max_position_embeddings=64,
+            sliding_window=SLIDING_WINDOW, rope_theta=1000.0, **common,
+        )  # fmt: skip
+        model_class = transformers.MistralModel
     for key, value in config.items():
         setattr(cfg, key, value)
     model = model_class._from_config(cfg, attn_implementation="eager")
