@@ -142,10 +142,15 @@ def _load(path: Path, spec: str):
     from tokenizers import Tokenizer
 
     try:
-        return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer.from_file(str(path))
     except Exception as error:  # tokenizers raises plain Exception on bad files
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise AttnctlError(f"malformed tokenizer {spec}: {reason}") from error
+    # Some exported tokenizers pad every text to a fixed length or cut it (sentence-
+    # transformers' to 128): attnctl pads batches itself and reports texts too long.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
 
 
 def _encode_bpe(text: str, tokenizer) -> list[Token]:

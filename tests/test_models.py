@@ -446,6 +446,20 @@ def test_other_misuse_exits_2(invoke, models, args, message):
     assert message in result.stderr
 
 
+def test_a_tokenizer_that_pads_and_truncates_gives_the_texts_own_tokens(invoke, models, tmp_path):
+    """sentence-transformers export tokenizers that pad to 128 and truncate."""
+    from tokenizers import Tokenizer
+
+    directory = _copy(models, "bert", tmp_path)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.enable_padding(length=40, pad_token="[PAD]", pad_id=0)
+    tokenizer.enable_truncation(max_length=4)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    padded = run_json(invoke, TEXT, "--model", str(directory))["tokens"][0]
+    plain = run_json(invoke, TEXT, "--model", str(models["bert"]))["tokens"][0]
+    assert padded == plain and len(plain) > 4 and plain[-1]["text"] == "[SEP]"
+
+
 def test_run_needs_the_models_tokenizer(invoke, models, tmp_path):
     directory = _copy(models, "bert", tmp_path)
     (directory / "tokenizer.json").unlink()
