@@ -21,6 +21,7 @@ MASKS = ("none", "causal")
 NORMS = ("post", "pre", "none")
 NORM_TYPES = ("layer", "rms")
 IMPLS = ("auto", "math", "sdpa")
+ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -48,6 +49,14 @@ class LayerConfig:
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
     norm_eps: float = 1e-5  # added to the variance (LayerNorm) or mean square (RMSNorm)
     rope_theta: float = 10000.0  # RoPE base: θ_i = rope_theta^(-2i/d_k)
+    # RoPE for long contexts: "linear" divides every θ_i by rope_factor; "llama3" divides
+    # the slow ones (wavelength > original / low_freq_factor), keeps the fast ones
+    # (< original / high_freq_factor) and blends in between (Llama 3.1's rope_scaling)
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
     dropout: float = 0.0  # on the attention weights, in training only (math path)
     seed: int = 42  # torch.manual_seed before the weights are created
@@ -74,6 +83,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "norm_type": NORM_TYPES,
     "impl": IMPLS,
     "dtype": DTYPES,
+    "rope_type": ROPE_TYPES,
 }
 _FIELD_TYPES: dict[str, type] = {f.name: type(f.default) for f in dataclasses.fields(LayerConfig)}
 
@@ -146,6 +156,10 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(f"norm_eps must be positive, got {config.norm_eps}")
     if not config.rope_theta > 1:
         raise AttnctlError(f"rope_theta must be above 1, got {config.rope_theta}")
+    if not config.rope_factor > 0 or config.rope_original_max_positions <= 0:
+        raise AttnctlError("rope_factor and rope_original_max_positions must be positive")
+    if not 0 < config.rope_low_freq_factor < config.rope_high_freq_factor:
+        raise AttnctlError("rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor")
     if config.max_positions <= 0:
         raise AttnctlError(f"max_positions must be positive, got {config.max_positions}")
     if not config.tokenizer:

@@ -81,15 +81,38 @@ def sinusoidal_positions(
 
 
 def rotary_angles(
-    seq_len: int, d_k: int, device: torch.device | None = None, theta: float = 10000.0
+    seq_len: int, d_k: int, device: torch.device | None = None, config: LayerConfig | None = None
 ) -> torch.Tensor:
-    """RoPE angles pos·θ_i, θ_i = theta^(-2i/d_k), laid out for half-rotation: (L, d_k)."""
+    """RoPE angles pos·θ_i, θ_i = theta^(-2i/d_k), laid out for half-rotation: (L, d_k).
+
+    ``config`` gives the base (rope_theta) and any long-context scaling (rope_type).
+    """
+    theta = config.rope_theta if config is not None else 10000.0
     inv_freq = torch.pow(
         theta, torch.arange(0, d_k, 2, device=device, dtype=torch.float32).div_(-d_k)
-    )
+    )  # (d_k/2,)
+    if config is not None and config.rope_type != "default":
+        scaled = [scaled_frequency(f, config) for f in inv_freq.tolist()]
+        inv_freq = torch.tensor(scaled, device=device, dtype=torch.float32)  # (d_k/2,)
     position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
     angles = torch.outer(position, inv_freq)  # (L, d_k/2)
     return torch.cat((angles, angles), dim=-1)  # (L, d_k): dims i and i + d_k/2 share θ_i
+
+
+def scaled_frequency(frequency: float, config: LayerConfig) -> float:
+    """One RoPE frequency under "linear" or "llama3" scaling (as Hugging Face defines them)."""
+    factor = config.rope_factor
+    if config.rope_type == "linear":
+        return frequency / factor
+    original = config.rope_original_max_positions
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    wavelength = 2 * math.pi / frequency
+    if wavelength < original / high:  # fast: kept
+        return frequency
+    if wavelength > original / low:  # slow: stretched by the factor
+        return frequency / factor
+    smooth = (original / wavelength - low) / (high - low)  # in between: blended
+    return (1 - smooth) * frequency / factor + smooth * frequency
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -244,7 +267,7 @@ class AttentionLayer(nn.Module):
         v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
         record("v_heads", v, kv_split)
         if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
-            angles = rotary_angles(seq_len, d_k, q.device, config.rope_theta)  # (L, d_k), float32
+            angles = rotary_angles(seq_len, d_k, q.device, config)  # (L, d_k), float32
             record("rope_angles", angles, "L d_k")
             cos = angles.cos().to(q.dtype)  # (L, d_k)
             record("rope_cos", cos, "L d_k")
@@ -363,7 +386,7 @@ def attention_window(
         :, heads_t
     ]  # (B, h, r, d_k)
     if config.pos == "rope":  # keys at every position, queries at theirs
-        angles = rotary_angles(seq_len, config.d_k, q.device, config.rope_theta)  # (L, d_k)
+        angles = rotary_angles(seq_len, config.d_k, q.device, config)  # (L, d_k)
         cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
         k = rotate(k, cos, sin)  # (B, h, L, d_k)
         q = rotate(q, cos[rows_t], sin[rows_t])  # (B, h, r, d_k)

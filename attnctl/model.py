@@ -75,7 +75,8 @@ class ModelSpec:
     intermediate: int  # the feed-forward width I
     max_positions: int
     norm_eps: float
-    rope_theta: float
+    rope: dict[str, Any] = field(compare=False, hash=False)  # RoPE's base and scaling, as
+    # LayerConfig names them (rope_theta, rope_type, ...); empty without RoPE
     activation: str  # of the feed-forward
     bias: bool  # in the attention projections
     mlp_bias: bool
@@ -132,7 +133,7 @@ class ModelSpec:
             "norm": "pre" if decoder else "post",
             "norm_type": "rms" if self.family == "llama" else "layer",
             "norm_eps": self.norm_eps,
-            "rope_theta": self.rope_theta,
+            **self.rope,
             "dtype": self.dtype,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -328,7 +329,7 @@ def _spec_from_config(
             "intermediate": get("intermediate_size"),
             "max_positions": get("max_position_embeddings"),
             "norm_eps": get("layer_norm_eps", default=1e-12, kind=float),
-            "rope_theta": 10000.0,
+            "rope": {},
             "activation": get("hidden_act", default="gelu", kind=str),
             "bias": True,
             "mlp_bias": True,
@@ -350,7 +351,7 @@ def _spec_from_config(
             "intermediate": get("n_inner", default=4 * hidden),
             "max_positions": get("n_positions"),
             "norm_eps": get("layer_norm_epsilon", default=1e-5, kind=float),
-            "rope_theta": 10000.0,
+            "rope": {},
             "activation": get("activation_function", default="gelu_new", kind=str),
             "bias": True,
             "mlp_bias": True,
@@ -359,14 +360,7 @@ def _spec_from_config(
         }
     else:
         hidden, heads = get("hidden_size"), get("num_attention_heads")
-        rope = config.get("rope_parameters") or {}
-        scaling = config.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
-        if rope_type not in (None, "default"):
-            raise AttnctlError(f"attnctl supports plain RoPE only, not rope_type {rope_type!r}")
-        theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
-        if not isinstance(theta, int | float) or isinstance(theta, bool):
-            raise AttnctlError(f"{path / 'config.json'}: rope_theta must be a number")
+        rope = _rope(path, config)
         head_dim = config.get("head_dim")
         if head_dim is not None and head_dim * heads != hidden:
             raise AttnctlError(
@@ -382,7 +376,7 @@ def _spec_from_config(
             "intermediate": get("intermediate_size"),
             "max_positions": get("max_position_embeddings", default=2048),
             "norm_eps": get("rms_norm_eps", default=1e-6, kind=float),
-            "rope_theta": float(theta),
+            "rope": rope,
             "activation": get("hidden_act", default="silu", kind=str),
             "bias": get("attention_bias", default=False, kind=bool),
             "mlp_bias": get("mlp_bias", default=False, kind=bool),
@@ -416,6 +410,35 @@ def _spec_from_config(
     except AttnctlError as error:
         raise AttnctlError(f"{path / 'config.json'}: {error.message}") from None
     return spec
+
+
+def _rope(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """RoPE's base and scaling from rope_parameters (transformers 5) or rope_theta and
+    rope_scaling (earlier), as LayerConfig's rope_* values."""
+    rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    try:
+        values: dict[str, Any] = {
+            "rope_theta": float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+        }
+        if rope_type == "linear":
+            values |= {"rope_type": "linear", "rope_factor": float(rope["factor"])}
+        elif rope_type == "llama3":
+            values |= {
+                "rope_type": "llama3",
+                "rope_factor": float(rope["factor"]),
+                "rope_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
+                "rope_high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
+                "rope_original_max_positions": int(rope["original_max_position_embeddings"]),
+            }
+        elif rope_type != "default":
+            raise AttnctlError(
+                f"attnctl supports RoPE unscaled or with linear or llama3 scaling, not "
+                f"rope_type {rope_type!r}"
+            )
+    except (KeyError, TypeError, ValueError) as error:
+        raise AttnctlError(f"{path / 'config.json'}: malformed RoPE settings ({error})") from None
+    return values
 
 
 def _check_tensors(spec: ModelSpec) -> None:

@@ -229,7 +229,8 @@ def build_plan(
             "rope_angles",
             "L d_k",
             dtype="float32",
-            what=f"RoPE angles pos·θ_i, θ_i = {config.rope_theta:g}^(-2i/d_k)",
+            what=f"RoPE angles pos·θ_i, θ_i = {config.rope_theta:g}^(-2i/d_k)"
+            + ("" if config.rope_type == "default" else f", {config.rope_type} scaling"),
             scratch=4 * (half + seq_len + seq_len * half),  # frequencies, positions, outer
         )
         cast = float32_table if config.dtype != "float32" else 0  # cos() in float32, then .to

@@ -83,6 +83,33 @@ def test_every_layer_equals_transformers_eager_attention(invoke, models, family)
     assert torch.tensor(other["attention"]).shape[-1] != ours.shape[-1]
 
 
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        # original 16 puts the tiny model's 4 frequencies on both sides of and inside the blend
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 16},
+    ],
+)  # fmt: skip
+def test_scaled_rope_equals_transformers(invoke, tmp_path, rope):
+    """Llama 3.1's rope_scaling (and linear position interpolation), every layer."""
+    directory = tiny_models.write("llama", tmp_path, rope_parameters={"rope_theta": 500.0, **rope})
+    _, _, attentions = reference(directory, [TEXT])
+    everything = run_json(
+        invoke, TEXT, "--model", str(directory), "--layer", "all", "--rows", "all"
+    )
+    assert everything["config"]["rope_type"] == rope["rope_type"]
+    for n, expected in enumerate(attentions):
+        ours = torch.tensor(everything["layers"][n]["attention"])
+        assert (ours - expected).abs().max() <= TOLERANCE, f"layer {n}"
+    plain_rope = {"rope_type": "default", "rope_theta": 500.0}
+    plain = tiny_models.write("llama", tmp_path / "plain", rope_parameters=plain_rope)
+    unscaled = run_json(invoke, TEXT, "--model", str(plain), "--layer", "2", "--rows", "all")
+    difference = torch.tensor(unscaled["attention"]) - attentions[2]
+    assert difference.abs().max() > 1e-3  # the scaling matters here
+
+
 def test_special_tokens_come_from_the_models_tokenizer(invoke, models):
     bert = run_json(invoke, "Are you OK?", "--model", str(models["bert"]))["tokens"][0]
     assert (bert[0]["text"], bert[-1]["text"]) == ("[CLS]", "[SEP]")
@@ -254,6 +281,7 @@ def test_memory_uses_the_models_own_config(invoke, models, family):
         ("gpt2-small", 124_439_808, 2 * 12 * 768 * 2),
         ("bert-base", 109_482_240, 2 * 12 * 768 * 2),
         ("llama-2-7b", 6_738_415_616, 2 * 32 * 4096 * 2),  # 0.5 MiB a token in float16
+        ("llama-3.2-1b", 1_235_814_400, 2 * 16 * 8 * 64 * 2),  # GQA: 8 K/V heads of 32
     ],
 )
 def test_full_size_models_have_their_published_parameter_counts(
@@ -371,9 +399,13 @@ BAD_FOLDERS = {
         _quantize_one,
         "is stored as I8; attnctl reads F32 (float32), F16 (float16), BF16 (bfloat16)",
     ),
+    "incomplete rope scaling": (
+        lambda d: _rewrite_config(d, rope_parameters={"rope_type": "llama3", "factor": 8.0}),
+        "malformed RoPE settings ('original_max_position_embeddings')",
+    ),
     "unsupported rope": (
-        lambda d: _rewrite_config(d, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}),
-        "plain RoPE only, not rope_type 'llama3'",
+        lambda d: _rewrite_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+        "RoPE unscaled or with linear or llama3 scaling, not rope_type 'yarn'",
     ),
     "garbled weights": (
         lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 64),

@@ -275,6 +275,30 @@ def test_positions_plan_trace_and_measurement(pos, impl):
     assert where in [s.name for s in plan.stages]
 
 
+@pytest.mark.parametrize("rope_type", ["linear", "llama3"])
+@pytest.mark.parametrize("seq_len", [1, 9])
+def test_scaled_rope_plan_trace_and_measurement(rope_type, seq_len):
+    """The scaled frequencies are computed within the rope_angles stage: the same bytes."""
+    config = build_config(
+        d_model=64, heads=4, pos="rope", device="cpu", rope_type=rope_type, rope_factor=8.0,
+        rope_original_max_positions=16,
+    )  # fmt: skip
+    assert_plan_matches(config, seq_len=seq_len, long=seq_len)
+
+
+def test_llama3_scaling_keeps_fast_stretches_slow_and_blends_between():
+    from attnctl.layer import scaled_frequency
+
+    config = build_config(
+        pos="rope", rope_type="llama3", rope_factor=8.0, rope_original_max_positions=8192
+    )
+    fast, slow = 2 * math.pi / 100, 2 * math.pi / 10000  # wavelengths 100 and 10000
+    assert scaled_frequency(fast, config) == fast  # < 8192 / 4: kept
+    assert scaled_frequency(slow, config) == pytest.approx(slow / 8)  # > 8192 / 1: ÷ factor
+    middle = 2 * math.pi / 4096  # between: smooth = (8192 / 4096 - 1) / 3 = 1/3
+    assert scaled_frequency(middle, config) == pytest.approx(middle * (2 / 3 / 8 + 1 / 3))
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -160,6 +160,20 @@ FULL_SIZE = {
             "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
         },
     ),
+    "llama-3.2-1b": (
+        "LlamaForCausalLM",
+        {
+            "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+            "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": True, "head_dim": 64,
+            "rope_parameters": {
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        },
+    ),
 }  # fmt: skip
 
 
@@ -185,7 +199,7 @@ def write_header_only(name: str, directory: Path, dtype: str = "float16") -> Pat
     code = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[dtype]
     size = torch.finfo(getattr(torch, dtype)).bits // 8
     header, offset = {}, 0
-    for key, tensor in model.state_dict().items():
+    for key, tensor in model.named_parameters():  # a tied head once, as save_pretrained does
         if tensor.is_floating_point():
             end = offset + tensor.numel() * size
             header[key] = {
