@@ -18,14 +18,10 @@ from safetensors import safe_open
 
 from attnctl.config import LayerConfig
 from attnctl.errors import AttnctlError
-from attnctl.layer import TORCH_DTYPES, AttentionLayer, attention_window
+from attnctl.layer import TORCH_DTYPES, AttentionLayer, _no_record, attention_window
 from attnctl.model import ModelSpec, block_of
 
 Record = Callable[[str, torch.Tensor, str], None]
-
-
-def _no_record(name: str, tensor: torch.Tensor, dims: str) -> None:
-    pass
 
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -90,8 +86,6 @@ class PretrainedModel:
                     for key in file_keys:
                         stored = handle.get_tensor(spec.tensors[key].stored_as)
                         tensors[key] = stored.to(device=self.device, dtype=self.dtype)
-            except AttnctlError:
-                raise
             except Exception as error:  # safetensors raises its own error types
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
                 raise AttnctlError(f"cannot read {spec.path / file}: {reason}") from error
