@@ -75,8 +75,8 @@ class ModelSpec:
     intermediate: int  # the feed-forward width I
     max_positions: int
     norm_eps: float
-    rope: dict[str, Any] = field(compare=False, hash=False)  # RoPE's base and scaling, as
-    # LayerConfig names them (rope_theta, rope_type, ...); empty without RoPE
+    # RoPE's base and scaling as LayerConfig names them (rope_theta, rope_type, ...)
+    rope: dict[str, Any] = field(compare=False, hash=False)  # empty without RoPE
     activation: str  # of the feed-forward
     bias: bool  # in the attention projections
     mlp_bias: bool
