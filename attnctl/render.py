@@ -836,6 +836,7 @@ def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, An
 
 def shapes_json(plan: Plan) -> dict[str, Any]:
     return {
+        "model": model_dict(plan),
         "config": plan.config.to_dict(),
         "seq_len": plan.seq_len,
         "batch": plan.batch,
@@ -862,6 +863,7 @@ def memory_json(
         return {**documents[0], **extra}
     first = reports[0].plan
     return {
+        "model": model_dict(first),
         "config": first.config.to_dict(),
         "batch": first.batch,
         "layers": reports[0].estimate.layers,
@@ -881,6 +883,7 @@ def _length_json(report: MemoryReport) -> dict[str, Any]:
         stages.append(entry)
     variants = variant_table(plan, estimate.layers)
     document: dict[str, Any] = {
+        "model": model_dict(plan),
         "config": plan.config.to_dict(),
         "seq_len": plan.seq_len,
         "batch": plan.batch,
