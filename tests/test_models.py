@@ -269,6 +269,7 @@ def test_memory_uses_the_models_own_config(invoke, models, family):
     assert data["kv_cache_bytes"] == kv
     assert data["config"]["heads"] == spec.heads and data["config"]["kv_heads"] == spec.kv_heads
     shapes = json.loads(invoke("shapes", "--model", str(models[family]), "--json").stdout)
+    assert shapes["model"]["model_type"] == family == data["model"]["model_type"]
     by_name = {s["name"]: s for s in shapes["stages"]}
     assert by_name["ffn_down"]["shape"] == [1, 16, spec.hidden]
     assert by_name["k_heads"]["shape"] == [1, spec.kv_heads, 16, spec.d_k]
