@@ -366,7 +366,7 @@ def run(
     per_block = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
     shown_bytes = per_block * (len(blocks) if blocks else 1)
 
-    what = "the layer" if model is None else f"{model.name}"
+    what = "the layer" if model is None else model.name
     weights = memory.parameter_bytes  # a model: only the blocks up to the one shown load
     if model is not None:
         weights = model.loaded_values(max(blocks) + 1) * DTYPE_BYTES[layer.dtype]
@@ -376,22 +376,21 @@ def run(
             traces = [run_batch(batch, layer, heads, query_rows, need_bytes=need, context=cross)]
         else:
             traces = run_model(batch, model, layer, blocks, heads, query_rows, need_bytes=need)
+    every_block = len(traces) > 1  # --layer all: a summary of each block's heads
     if as_json:
-        if len(traces) > 1:
+        if every_block:
             _print_json(blocks_json(traces, plan, memory))
         else:
             _print_json(run_json(traces[0], plan, memory))
         return
     console = _console()
-    shown = heads
-    if len(traces) > 1:
+    if every_block:
         console.print(blocks_view(texts, traces, plan, memory, console.width))
         return
-    trace = traces[0]
-    console.print(run_view(texts, trace, plan, memory, shown, console.width, digits, contexts))
-    if not head and layer.heads > len(shown):
+    console.print(run_view(texts, traces[0], plan, memory, heads, console.width, digits, contexts))
+    if not head and layer.heads > len(heads):
         console.print(
-            f"heads {len(shown)}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
+            f"heads {len(heads)}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
         )
 
 
