@@ -13,7 +13,7 @@ from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.memory import format_bytes
 from attnctl.model import ModelSpec
 from attnctl.tokenize import Batch, encode_batch
-from attnctl.trace import Trace
+from attnctl.trace import RowSums, Trace
 
 TOP_KEYS = 64  # strongest keys kept per query row, for tables too narrow for every key
 
@@ -76,7 +76,8 @@ def run_batch(
         else:  # sdpa: compute just those weights
             window = attention_window(layer, token_ids, heads, rows, **inputs)
         del result
-        attention, top_keys = shown_weights(window)
+        queries = [len(row) for row in batch.rows]
+        attention, top_keys, sums = shown_weights(window, rows, queries)
     return Trace(
         tokens=padded_rows,
         stages=record.stages,
@@ -89,6 +90,7 @@ def run_batch(
         vocab_size=batch.vocab_size,
         impl=config.impl,
         context_tokens=context_rows,
+        sums=sums,
     )
 
 
@@ -122,12 +124,13 @@ def run_model(
     token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
     padding = padding_mask(batch, device) if needs_padding_mask(batch, config) else None
     record = Recorder()
-    windows: dict[int, tuple[list, list]] = {}
+    windows: dict[int, tuple[list, list, RowSums]] = {}
+    queries = [len(row) for row in batch.rows]
 
     def keep_window(n: int, layer, block_input, weights) -> None:
         if n in layers:
             shown = weights_window(layer, block_input, weights, heads, rows, padding)
-            windows[n] = shown_weights(shown)
+            windows[n] = shown_weights(shown, rows, queries)
 
     pretrained = PretrainedModel(model, config, device, blocks=max(layers) + 1)
     with device_errors(device), torch.inference_mode():
@@ -152,6 +155,7 @@ def run_model(
             vocab_size=batch.vocab_size,
             impl=config.impl,
             layer=n,
+            sums=windows[n][2],
         )
         for n in layers
     ]
@@ -186,15 +190,25 @@ def padding_mask(keys: Batch, device) -> Any:
     return key_positions < lengths[:, None]  # (B, Lk)
 
 
-def shown_weights(window) -> tuple[list, list]:
-    """(B, h, r, Lk) weights as compact float32 rows, and each row's strongest keys."""
+def shown_weights(window, rows: list[int], queries: list[int]) -> tuple[list, list, RowSums]:
+    """(B, h, r, Lk) weights as compact float32 rows, each row's strongest keys, and the
+    sums the statistics need (``queries``: each text's own length, without padding)."""
+    import torch
+
     top = window.topk(min(TOP_KEYS, window.shape[-1]), dim=-1).indices  # (B, h, r, K)
     # one compact float32 array per row: 4 bytes a weight, not a 32-byte Python float
     window = window.float().cpu()
     attention = [
         [[array("f", row.tolist()) for row in head] for head in batch_row] for batch_row in window
     ]  # (B, h, r) rows of Lk weights
-    return attention, top.cpu().tolist()
+    wide = window.double()  # summed in float64, as Python adds floats
+    own = torch.tensor([[row < count for row in rows] for count in queries])  # (B, r)
+    sums = RowSums(
+        entropy=torch.special.xlogy(wide, wide).sum(-1).neg().tolist(),  # (B, h, r); 0·log 0 = 0
+        support=(window > 0).sum(-1).tolist(),  # (B, h, r)
+        columns=(wide * own[:, None, :, None]).sum(2).tolist(),  # (B, h, Lk)
+    )
+    return attention, top.cpu().tolist(), sums
 
 
 @contextlib.contextmanager

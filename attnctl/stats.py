@@ -10,7 +10,9 @@ right after an earlier copy of this one). A pattern the input cannot show is Non
 
 from __future__ import annotations
 
+import bisect
 import math
+import operator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -60,41 +62,63 @@ def head_stats(trace: Trace) -> list[HeadStats]:
         rows = [(i, r) for i, r in enumerate(trace.attention_rows) if r < query_count]
         if not rows:
             continue
-        ids = [t.id for t in keys[:key_count]]
+        ids = [t.id for t in keys[:key_count]] if self_attention else None
+        where: dict[int, list[int]] = {}  # token id -> its positions, in order
+        for position, token in enumerate(ids or ()):
+            where.setdefault(token, []).append(position)
         for head_index, head in enumerate(trace.attention_heads):
             matrix = trace.attention[batch_row][head_index]
-            stats = _one_head(batch_row, head, matrix, rows, ids, keys, key_count, self_attention)
+            if trace.sums is None:
+                sums = _row_sums(matrix, rows, key_count)
+            else:
+                sums = (
+                    trace.sums.entropy[batch_row][head_index],
+                    trace.sums.support[batch_row][head_index],
+                    trace.sums.columns[batch_row][head_index][:key_count],
+                )
+            stats = _one_head(batch_row, head, matrix, rows, ids, where, keys, sums)
             results.append(stats if trace.layer is None else replace(stats, layer=trace.layer))
     return results
 
 
-def _one_head(batch_row, head, matrix, rows, ids, keys, key_count, self_attention) -> HeadStats:
+def _row_sums(matrix, rows, key_count) -> tuple[list[float], list[int], list[float]]:
+    """Each row's entropy and support, each key's column sum (over the query rows given)."""
+    entropy, support = [0.0] * len(matrix), [0] * len(matrix)
+    columns = [0.0] * key_count
+    for row_index, _ in rows:
+        weights = matrix[row_index][:key_count]  # the real keys (no padding)
+        columns = list(map(operator.add, columns, weights))  # map: C speed, long rows
+        positive = [w for w in weights if w > 0]
+        entropy[row_index] = -sum(map(operator.mul, positive, map(math.log, positive)))
+        support[row_index] = len(positive)
+    return entropy, support, columns
+
+
+def _one_head(batch_row, head, matrix, rows, ids, where, keys, sums) -> HeadStats:
+    """``ids`` and ``where`` (each token's positions): self-attention only; None for a
+    context, whose positions do not line up with the queries'. ``sums``: row entropies,
+    row supports and column sums (see :func:`_row_sums`)."""
+    row_entropy, row_support, column_sums = sums
+    key_count = len(column_sums)
     entropies, fractions = [], []
-    column_sums = [0.0] * key_count
     patterns: dict[str, list[float]] = {p: [] for p in PATTERNS}
     for row_index, query in rows:
         weights = matrix[row_index]
-        allowed = 0
-        entropy = 0.0
-        for key in range(key_count):
-            w = weights[key]
-            column_sums[key] += w
-            if w > 0:
-                allowed += 1
-                entropy -= w * math.log(w)
+        entropy, support = row_entropy[row_index], row_support[row_index]
         entropies.append(entropy)
-        if allowed > 1:
-            fractions.append(entropy / math.log(allowed))
+        if support > 1:
+            fractions.append(entropy / math.log(support))
         patterns["first"].append(weights[0])
-        if not self_attention:
-            continue  # positions of a context do not line up with the queries'
+        if ids is None:
+            continue
         patterns["diagonal"].append(weights[query])
         if query > 0:
             patterns["previous"].append(weights[query - 1])
-        earlier = [k for k in range(query) if ids[k] == ids[query]]
-        if earlier:
-            patterns["same_token"].append(sum(weights[k] for k in earlier))
-            after = [k + 1 for k in earlier if k + 1 < key_count]
+        positions = where[ids[query]]
+        copies = positions[: bisect.bisect_left(positions, query)]  # earlier copies
+        if copies:
+            patterns["same_token"].append(sum(weights[k] for k in copies))
+            after = [k + 1 for k in copies if k + 1 < key_count]
             patterns["induction"].append(sum(weights[k] for k in after))
     top_key = max(range(key_count), key=column_sums.__getitem__)
 

@@ -60,6 +60,16 @@ class Token:
 
 
 @dataclass
+class RowSums:
+    """Sums over every computed weight that the statistics need, made by the run (in torch:
+    a long input has millions of weights); ``stats`` computes them itself without them."""
+
+    entropy: list  # (B, heads, rows): -Σ w·log w over each row, in nats
+    support: list  # (B, heads, rows): how many keys have weight > 0
+    columns: list  # (B, heads, Lk): each key's weight summed over the text's own query rows
+
+
+@dataclass
 class Trace:
     """What one real run produced: tokens, recorded stages, per-head weights (if computed)."""
 
@@ -76,6 +86,7 @@ class Trace:
     impl: str  # the implementation that produced the output: "math" or "sdpa"
     context_tokens: list[list[Token]] | None = None  # cross-attention: the keys' tokens
     layer: int | None = None  # a pretrained model's block these weights come from
+    sums: RowSums | None = None
 
     def attention_lists(self) -> list:
         """The weights as plain nested lists (B, heads, rows, Lk), e.g. for JSON."""

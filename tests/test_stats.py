@@ -96,3 +96,38 @@ def test_stats_in_run_output_and_json(invoke):
         weights = data["attention"][0][s["head"]]
         mean_first = sum(row[0] for row in weights) / len(weights)
         assert s["first"] == pytest.approx(mean_first, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "texts, options",
+    [
+        (["Are you OK? Are you OK?", "猫吃鱼"], {}),  # padded, with repeated tokens
+        (["Are you OK? Are you OK?"], {"rows": [0, 3, 7]}),  # some rows only (sdpa)
+        (["the cat eats the fish"], {"context": "猫吃鱼, 猫吃鱼"}),  # cross-attention
+    ],
+)
+def test_the_runs_sums_give_the_same_statistics_as_the_reference(texts, options):
+    """run computes entropies and column sums in torch; stats.py's own loops are the oracle."""
+    import dataclasses
+
+    from attnctl.config import build_config
+    from attnctl.runner import run_batch
+    from attnctl.tokenize import encode_batch
+
+    context = options.get("context")
+    config = build_config(device="cpu", d_model=32, heads=4, cross=context is not None)
+    both = encode_batch(texts + ([context] * len(texts) if context else []), "bundled")
+    batch, contexts = both.split(len(texts))
+    trace = run_batch(
+        batch, config, rows=options.get("rows"), context=contexts if context else None
+    )
+    assert trace.sums is not None
+    fast = head_stats(trace)
+    reference = head_stats(dataclasses.replace(trace, sums=None))
+    assert len(fast) == len(reference) == len(texts) * 4
+    for ours, theirs in zip(fast, reference, strict=True):
+        for field, value in ours.to_dict().items():
+            if isinstance(value, float):
+                assert value == pytest.approx(getattr(theirs, field), rel=1e-9, abs=1e-12), field
+            else:
+                assert value == theirs.to_dict()[field], field
