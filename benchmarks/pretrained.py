@@ -14,15 +14,13 @@ attnctl <= 1.3x the transformers script in time and in peak RSS.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from long_input import run
+from long_input import report, run
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = 1.3
 
 PLAIN = r"""
 import sys
@@ -86,23 +84,8 @@ def main() -> int:
         for _ in range(args.rounds):
             for name, command in commands.items():
                 samples[name].append(run(command))
-    base = samples["transformers eager"]
-    base_time = statistics.median(t for t, _ in base)
-    base_rss = statistics.median(r for _, r in base)
     print(f"GPT-2 small shape, {args.tokens} tokens, {args.rounds} interleaved rounds (medians)")
-    print(f"{'command':<20} {'time':>8} {'ratio':>6} {'peak RSS':>10} {'ratio':>6}")
-    ratios = {}
-    for name, values in samples.items():
-        seconds = statistics.median(t for t, _ in values)
-        rss = statistics.median(r for _, r in values)
-        ratios[name] = (seconds / base_time, rss / base_rss)
-        print(f"{name:<20} {seconds:7.2f}s {ratios[name][0]:6.2f} {rss / 2**20:8.0f}MiB "
-              f"{ratios[name][1]:6.2f}")  # fmt: skip
-    time_ratio, rss_ratio = ratios["attnctl --layer 11"]
-    ok = time_ratio <= TARGET and rss_ratio <= TARGET
-    print(f"attnctl vs transformers: time {time_ratio:.2f}x, peak RSS {rss_ratio:.2f}x "
-          f"(target <= {TARGET}): {'PASS' if ok else 'FAIL'}")  # fmt: skip
-    return 0 if ok else 1
+    return report(samples, "attnctl --layer 11", "transformers eager")
 
 
 if __name__ == "__main__":
