@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
+import transformers  # a test extra (pip install -e ".[test]"): the oracle
 
 from attnctl.config import DTYPE_BYTES
 from attnctl.layer import Recorder
@@ -21,8 +22,6 @@ from attnctl.memory import estimate
 from attnctl.model import read_model
 from attnctl.plan import build_plan
 from attnctl.pretrained import PretrainedModel
-
-transformers = pytest.importorskip("transformers")  # a test extra: pip install -e ".[test]"
 
 CPU = ("--device", "cpu")
 TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."
