@@ -58,7 +58,10 @@ def reference_mha(layer: AttentionLayer) -> nn.MultiheadAttention:
         mha.out_proj.weight.copy_(layer.W_o.weight)
         if config.bias:
             mha.in_proj_bias.copy_(torch.cat([layer.W_q.bias, layer.W_k.bias, layer.W_v.bias]))
-            mha.out_proj.bias.copy_(layer.W_o.bias)
+            if layer.W_o.bias is not None:  # else W_o has none (output_bias = false)
+                mha.out_proj.bias.copy_(layer.W_o.bias)
+            else:
+                mha.out_proj.bias.zero_()
     return mha.eval()
 
 

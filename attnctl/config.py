@@ -40,6 +40,7 @@ class LayerConfig:
     heads: int = 8  # attention heads (H); d_k = d_model // heads
     kv_heads: int = 0  # key/value heads (Hkv) for grouped-query attention; 0 = heads
     bias: bool = True  # bias in W_q, W_k, W_v, W_o
+    output_bias: bool = True  # with bias: W_o's too (Qwen2 has biases in W_q, W_k, W_v only)
     pos: str = "sinusoidal"  # added to the embeddings (sinusoidal, learned), rotating Q and K
     # (rope), or biasing the scores (alibi)
     max_positions: int = 2048  # rows of the learned position table

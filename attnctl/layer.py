@@ -159,7 +159,7 @@ class AttentionLayer(nn.Module):
         kv_width = config.kv_heads * config.d_k  # narrower than d_model under GQA
         self.W_k = nn.Linear(d_model, kv_width, bias=config.bias)
         self.W_v = nn.Linear(d_model, kv_width, bias=config.bias)
-        self.W_o = nn.Linear(d_model, d_model, bias=config.bias)
+        self.W_o = nn.Linear(d_model, d_model, bias=config.bias and config.output_bias)
         if config.pos == "learned":  # created after W_o so earlier weights keep their values
             self.positions = nn.Embedding(config.max_positions, d_model)
         self.norm = None

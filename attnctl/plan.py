@@ -70,7 +70,7 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
     params = [Parameter("embedding.weight", (vocab_size, d))]
     for proj, width in (("W_q", d), ("W_k", kv), ("W_v", kv), ("W_o", d)):
         params.append(Parameter(f"{proj}.weight", (width, d)))
-        if config.bias:
+        if config.bias and (proj != "W_o" or config.output_bias):
             params.append(Parameter(f"{proj}.bias", (width,)))
     if config.pos == "learned":
         params.append(Parameter("positions.weight", (config.max_positions, d)))
@@ -316,7 +316,13 @@ def build_plan(
         what="transpose(1, 2).contiguous().view: heads side by side"
         + (" (already in order: no copy)" if no_copy else " (a copy)"),
     )
-    out = add("output_projection", "B L D", (concat,), what="concat · W_o")
+    has_output_bias = config.bias and config.output_bias
+    out = add(
+        "output_projection",
+        "B L D",
+        (concat,),
+        what="concat · W_o" + (" + b" if has_output_bias else ""),
+    )
     if config.norm != "none":
         residual = add("residual", "B L D", (x, out), what="x + attention output")
     if config.norm == "post":

@@ -71,8 +71,14 @@ def config_line(config: LayerConfig) -> str:
         f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}{kv}) · "
         f"pos {config.pos} · mask {config.mask} · norm {config.norm}"
         f"{' (rms)' if config.norm_type == 'rms' and config.norm != 'none' else ''} · "
-        f"impl {config.impl} · bias {'on' if config.bias else 'off'}"
+        f"impl {config.impl} · bias {_bias_text(config)}"
     )
+
+
+def _bias_text(config: LayerConfig) -> str:
+    if not config.bias:
+        return "off"
+    return "on" if config.output_bias else "on (not W_o)"
 
 
 def sizes_line(plan: Plan) -> str:

@@ -68,6 +68,7 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         ("--norm", config.norm, None if config.norm == "pre" else config.norm),
         ("--norm-type", config.norm_type, "layer"),
         ("--pos", config.pos, config.pos if config.pos in ("sinusoidal", "none") else None),
+        ("output_bias", config.output_bias, True),
     ):
         if value != modelled:
             raise AttnctlError(

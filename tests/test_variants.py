@@ -511,3 +511,19 @@ def test_norms_plan_trace_and_measurement(norm, norm_type, impl):
         d_model=64, heads=4, norm=norm, norm_type=norm_type, impl=impl, device="cpu"
     )
     assert_plan_matches(config)
+
+
+def test_output_bias_off_biases_q_k_v_only(invoke, tmp_path):
+    """Qwen2's layout: biases in W_q, W_k, W_v and none in W_o (preset key output_bias)."""
+    config = build_config(d_model=32, heads=4, device="cpu", output_bias=False)
+    plan = assert_plan_matches(config)
+    names = [p.name for p in plan.parameters]
+    assert {"W_q.bias", "W_k.bias", "W_v.bias"} <= set(names) and "W_o.bias" not in names
+    preset = tmp_path / "qkv-bias.toml"
+    preset.write_text("d_model = 32\nheads = 4\noutput_bias = false\n")
+    result = invoke("check", "--config", str(preset), *CPU)
+    assert result.exit_code == 0, result.output  # math == sdpa == nn.MultiheadAttention
+    shapes = invoke("shapes", "--config", str(preset), columns=200)
+    assert "bias on (not W_o)" in shapes.stdout
+    refused = invoke("memory", "--config", str(preset), "--train")
+    assert refused.exit_code == 2 and "does not model output_bias False" in refused.stderr
