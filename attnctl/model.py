@@ -26,8 +26,9 @@ MODEL_TYPES = {
     "gpt2": ("gpt2", "GPT-2"),
     "llama": ("llama", "Llama"),
     "mistral": ("llama", "Mistral"),  # a Llama with a sliding window
+    "qwen2": ("llama", "Qwen2"),  # a Llama with biases in W_q, W_k, W_v
 }
-SUPPORTED = "bert (BERT encoders), gpt2 (GPT-2), llama and mistral (Llama-style decoders)"
+SUPPORTED = "bert (BERT encoders), gpt2 (GPT-2), llama, mistral and qwen2 (Llama-style decoders)"
 SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
 MAX_HEADER = 100 * 2**20  # a safetensors header longer than this is not one
@@ -79,6 +80,7 @@ class ModelSpec:
     rope: dict[str, Any] = field(compare=False, hash=False)  # empty without RoPE
     activation: str  # of the feed-forward
     bias: bool  # in the attention projections
+    output_bias: bool  # with bias: in W_o too (Qwen2: no)
     mlp_bias: bool
     type_vocab_size: int  # BERT's segment embeddings; 0 elsewhere
     sliding_window: int  # Mistral: keys at most this far back; 0 = none
@@ -127,6 +129,7 @@ class ModelSpec:
             "heads": self.heads,
             "kv_heads": self.kv_heads,
             "bias": self.bias,
+            "output_bias": self.output_bias,
             "pos": "rope" if self.family == "llama" else "none",
             "max_positions": self.max_positions,
             "mask": "causal" if decoder else "none",
@@ -204,7 +207,7 @@ class ModelSpec:
                     ("self_attn.q_proj", d, d, self.bias),
                     ("self_attn.k_proj", kv, d, self.bias),
                     ("self_attn.v_proj", kv, d, self.bias),
-                    ("self_attn.o_proj", d, d, self.bias),
+                    ("self_attn.o_proj", d, d, self.bias and self.output_bias),
                     ("mlp.gate_proj", i, d, self.mlp_bias),
                     ("mlp.up_proj", i, d, self.mlp_bias),
                     ("mlp.down_proj", d, i, self.mlp_bias),
@@ -332,6 +335,7 @@ def _spec_from_config(
             "rope": {},
             "activation": get("hidden_act", default="gelu", kind=str),
             "bias": True,
+            "output_bias": True,
             "mlp_bias": True,
             "type_vocab_size": get("type_vocab_size", default=2),
             "sliding_window": 0,
@@ -354,6 +358,7 @@ def _spec_from_config(
             "rope": {},
             "activation": get("activation_function", default="gelu_new", kind=str),
             "bias": True,
+            "output_bias": True,
             "mlp_bias": True,
             "type_vocab_size": 0,
             "sliding_window": 0,
@@ -361,6 +366,11 @@ def _spec_from_config(
     else:
         hidden, heads = get("hidden_size"), get("num_attention_heads")
         rope = _rope(path, config)
+        qwen = model_type == "qwen2"
+        # Mistral's window is always on; Qwen2's only with use_sliding_window
+        windowed = model_type == "mistral" or (
+            qwen and get("use_sliding_window", default=False, kind=bool)
+        )
         head_dim = config.get("head_dim")
         if head_dim is not None and head_dim * heads != hidden:
             raise AttnctlError(
@@ -378,10 +388,11 @@ def _spec_from_config(
             "norm_eps": get("rms_norm_eps", default=1e-6, kind=float),
             "rope": rope,
             "activation": get("hidden_act", default="silu", kind=str),
-            "bias": get("attention_bias", default=False, kind=bool),
+            "bias": qwen or get("attention_bias", default=False, kind=bool),
+            "output_bias": not qwen,  # Qwen2 biases W_q, W_k and W_v only
             "mlp_bias": get("mlp_bias", default=False, kind=bool),
             "type_vocab_size": 0,
-            "sliding_window": get("sliding_window", default=0) if model_type == "mistral" else 0,
+            "sliding_window": get("sliding_window", default=0) if windowed else 0,
         }
     for key in ("hidden", "heads", "kv_heads", "layers", "vocab_size", "intermediate"):
         if values[key] <= 0:

@@ -134,7 +134,7 @@ class PretrainedModel:
             base = f"layers.{n}."
             for ours, theirs in (("W_q", "q"), ("W_k", "k"), ("W_v", "v"), ("W_o", "o")):
                 state[f"{ours}.weight"] = self.tensor(f"{base}self_attn.{theirs}_proj.weight")
-                if spec.bias:
+                if spec.bias and (ours != "W_o" or spec.output_bias):
                     state[f"{ours}.bias"] = self.tensor(f"{base}self_attn.{theirs}_proj.bias")
             state["norm.weight"] = self.tensor(base + "input_layernorm.weight")
         with torch.device("meta"):  # no random init: every weight used comes from the file

@@ -282,6 +282,7 @@ def test_memory_uses_the_models_own_config(invoke, models, family):
         ("bert-base", 109_482_240, 2 * 12 * 768 * 2),
         ("llama-2-7b", 6_738_415_616, 2 * 32 * 4096 * 2),  # 0.5 MiB a token in float16
         ("llama-3.2-1b", 1_235_814_400, 2 * 16 * 8 * 64 * 2),  # GQA: 8 K/V heads of 32
+        ("qwen2.5-0.5b", 494_032_768, 2 * 24 * 2 * 64 * 2),  # biases in W_q, W_k, W_v only
     ],
 )
 def test_full_size_models_have_their_published_parameter_counts(

@@ -2,13 +2,13 @@
 
 Each folder is what ``save_pretrained`` writes (config.json, model.safetensors) plus a
 tokenizer.json trained here with the family's special tokens and post-processing:
-BERT wraps a text in [CLS] … [SEP], Llama and Mistral start it with <s>, GPT-2 adds
-nothing.
+BERT wraps a text in [CLS] … [SEP], Llama and Mistral start it with <s>, GPT-2 and Qwen2
+add nothing.
 The weights are our own seeded draw, by parameter name (so they do not change with how
 transformers initialises), and far wider than the families' (std 0.3, not 0.02): the heads
 are far from uniform, and a wrong reshape, scale or rotation cannot hide under 1e-5.
 
-    python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, DIR/llama, DIR/mistral
+    python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, ... one folder a family
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent.parent / "scripts" / "corpus"
-FAMILIES = ("bert", "gpt2", "llama", "mistral")
+FAMILIES = ("bert", "gpt2", "llama", "mistral", "qwen2")
 SLIDING_WINDOW = 48  # the tiny Mistral's: longer than the tests' texts
 
 
@@ -58,7 +58,7 @@ def build_tokenizer(family: str):
             special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
         )
         return tokenizer
-    if family == "gpt2":
+    if family in ("gpt2", "qwen2"):  # byte-level BPE, no special tokens added
         special = ["<|endoftext|>"]
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -75,7 +75,7 @@ def build_tokenizer(family: str):
         tokenizer.decoder = decoders.Metaspace()
         trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=special)
     tokenizer.train_from_iterator(_corpus(), trainer)
-    if family != "gpt2":  # Llama and Mistral begin with <s>
+    if family in ("llama", "mistral"):  # they begin with <s>
         bos = tokenizer.token_to_id("<s>")
         tokenizer.post_processor = TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
@@ -108,13 +108,19 @@ def build_model(family: str, vocab_size: int, layers: int = 3, **config):
             num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64, **common,
         )  # fmt: skip
         model_class = transformers.LlamaModel
-    else:
+    elif family == "mistral":
         cfg = transformers.MistralConfig(
             hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
             num_key_value_heads=1, intermediate_size=40, max_position_embeddings=64,
             sliding_window=SLIDING_WINDOW, rope_theta=1000.0, **common,
         )  # fmt: skip
         model_class = transformers.MistralModel
+    else:
+        cfg = transformers.Qwen2Config(
+            hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64, **common,
+        )  # fmt: skip
+        model_class = transformers.Qwen2Model
     for key, value in config.items():
         setattr(cfg, key, value)
     model = model_class._from_config(cfg, attn_implementation="eager")
@@ -172,6 +178,16 @@ FULL_SIZE = {
                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192,
             },
+        },
+    ),
+    "qwen2.5-0.5b": (
+        "Qwen2ForCausalLM",
+        {
+            "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+            "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+            "vocab_size": 151936, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         },
     ),
 }  # fmt: skip
