@@ -341,7 +341,8 @@ def run(
     cross = context_batch if contexts else None
     seq_len = batch.seq_len
     heads = choose_heads(head, layer.heads)
-    if not head and not as_json:  # compute only the weight tables that will be printed
+    every_block = blocks is not None and len(blocks) > 1  # --layer all: a summary of each
+    if not head and not as_json and not every_block:  # compute only the tables printed
         heads = heads[:DEFAULT_HEADS_SHOWN]
     query_rows = choose_rows(rows, seq_len)
     layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
@@ -376,7 +377,6 @@ def run(
             traces = [run_batch(batch, layer, heads, query_rows, need_bytes=need, context=cross)]
         else:
             traces = run_model(batch, model, layer, blocks, heads, query_rows, need_bytes=need)
-    every_block = len(traces) > 1  # --layer all: a summary of each block's heads
     if as_json:
         if every_block:
             _print_json(blocks_json(traces, plan, memory))

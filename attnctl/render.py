@@ -471,9 +471,11 @@ def blocks_view(
     for name in ("layer", "entropy", "kinds", "clearest head"):
         table.add_column(name, no_wrap=True, justify="right" if name == "entropy" else "left")
     every: list[HeadStats] = []
+    by_layer: list[list[HeadStats]] = []
     for trace in traces:
         stats = head_stats(trace)
         every += stats
+        by_layer.append([s for s in stats if s.batch_row == 0])
         kinds: dict[str, int] = {}
         for s in stats:
             kinds[s.kind] = kinds.get(s.kind, 0) + 1
@@ -489,9 +491,49 @@ def blocks_view(
     table.caption_justify = "left"
     clearest = heads_overview(every, batched, limit=10, title="the 10 most clear-cut heads")
     hint = f"weights and stages of one block: --layer N (0–{len(traces) - 1})"
-    parts += [table, Text(""), clearest, Text(hint, style="dim"), Text("")]
+    head_map = heads_map(by_layer, first.attention_heads, width, "text 0" if batched else "")
+    parts += [table, Text(""), *head_map, Text(""), clearest, Text(hint, style="dim"), Text("")]
     parts.append(memory_footer(estimate))
     return Group(*parts)
+
+
+KIND_MARKS = {"previous": "P", "first": "F", "diagonal": "D", "same_token": "S",
+              "induction": "I", "mixed": "·", "diffuse": "~"}  # fmt: skip
+CLEAR = 0.7  # a pattern holding this much weight: the mark is bold
+
+
+def heads_map(
+    by_layer: list[list[HeadStats]], heads: list[int], width: int, which: str = ""
+) -> list[RenderableType]:
+    """One mark per head and block, its kind: the whole model at a glance."""
+    cell = len(str(max(heads))) + 1
+    label = len(str(len(by_layer) - 1)) + 7  # "layer 11 "
+    compact = label + cell * len(heads) > width
+    if compact:  # one character a head, numbered every fifth
+        cell = 1
+    ruler = [" "] * (cell * len(heads) + 3)
+    for position, head in enumerate(heads):
+        number = str(head)
+        start = position * cell
+        free = all(c == " " for c in ruler[max(0, start - 1) : start + len(number) + 1])
+        if (not compact or head % 5 == 0) and free:
+            ruler[start : start + len(number)] = number
+    lines = Text("head".rjust(label - 1) + " " + "".join(ruler).rstrip() + "\n")
+    for layer, stats in enumerate(by_layer):
+        lines.append(f"layer {layer:>{label - 7}} ")
+        for s in stats:
+            strength = _strength(s)
+            style = "bold" if strength >= CLEAR else "" if s.kind in PATTERNS else "dim"
+            lines.append(KIND_MARKS[s.kind].ljust(cell), style=style)
+        lines.append("\n")
+    lines.rstrip()
+    title = "heads by block" + (f" ({which})" if which else "")
+    legend = "  ".join(f"{mark} {kind.replace('_', ' ')}" for kind, mark in KIND_MARKS.items())
+    return [
+        Text(title, style="bold"),
+        lines,
+        Text(f"{legend}; bold: the pattern holds {CLEAR:.0%} of the weight", style="dim"),
+    ]
 
 
 def _shown_text(text: str) -> str:

@@ -331,6 +331,22 @@ def test_layer_all_summarises_every_block(invoke, models):
     assert "the 10 most clear-cut heads" in result.stdout
     table = result.stdout.split("every block")[1].split("entropy: mean")[0]
     assert [line.split()[0] for line in table.splitlines()[4:7]] == ["0", "1", "2"]
+    grid = result.stdout.split("heads by block\n")[1].splitlines()
+    assert grid[0].split() == ["head", "0", "1", "2", "3"]
+    for n, row in enumerate(grid[1:4]):  # one mark per head: its kind
+        label, marks = row[:8], row[8:].split()
+        assert label == f"layer {n} " and len(marks) == 4
+        assert set(marks) <= {"P", "F", "D", "S", "I", "·", "~"}
+
+
+def test_layer_all_maps_every_head_even_past_the_eight_tables_shown(invoke, tmp_path):
+    wide = {"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 48}
+    directory = tiny_models.write("llama", tmp_path, head_dim=4, **wide)
+    result = invoke("run", TEXT, "--model", str(directory), "--layer", "all", *CPU)
+    assert result.exit_code == 0, result.output
+    grid = result.stdout.split("heads by block\n")[1].splitlines()
+    assert grid[0].split() == ["head", *map(str, range(12))]
+    assert all(len(row[8:].split()) == 12 for row in grid[1:4])
 
 
 # ---------------------------------------------------------------- bad folders and options
