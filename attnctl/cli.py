@@ -188,7 +188,7 @@ MODEL_OPTION = Annotated[
         "-m",
         metavar="DIR",
         help="A local model folder (config.json, model.safetensors, tokenizer.json): "
-        "BERT, GPT-2 or Llama-style. Its config sets the layer.",
+        "BERT, GPT-2, Llama, Mistral or Qwen2. Its config sets the layer.",
         rich_help_panel="Model",
     ),
 ]
