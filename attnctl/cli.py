@@ -526,12 +526,13 @@ def memory(
 ) -> None:
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
     lengths = _parse_lengths(seq_len)
+    stack, kv_layers = layers, layers  # --layers: weights and K/V of a stack of this layer
     if model is not None:
         clash = {"--layers": layers != 1, "--train": train, "--context-len": context_len}
         for option, given in clash.items():
             if given:
                 raise AttnctlError(f"{option} does not apply to --model (a whole model's memory)")
-        layers = model.layers  # for the KV cache; the plan's parameters are the whole model's
+        stack, kv_layers = 1, model.layers  # the plan holds every weight; K and V per block
     if kv_cache is not None and kv_cache < 0:
         raise AttnctlError(f"kv-cache must be a number of tokens >= 0, got {kv_cache}")
     if budget is not None and fit_device:
@@ -543,15 +544,14 @@ def memory(
     def peak_of(plan: Plan) -> int:
         if train:
             return estimate_training(plan, layers).peak_bytes
-        return estimate(plan, 1 if model is not None else layers).peak_bytes
+        return estimate(plan, stack).peak_bytes
 
-    stack = 1 if model is not None else layers  # a model's plan holds all its parameters
     reports = []
     for length in lengths:
         plan = _plan(layer, length, batch, context_len, model)
         result = estimate(plan, stack)
         tokens = kv_cache if kv_cache is not None else context_len or length  # K/V's length
-        report = MemoryReport(plan, result, tokens, kv_cache_bytes(plan, tokens, layers))
+        report = MemoryReport(plan, result, tokens, kv_cache_bytes(plan, tokens, kv_layers))
         if train:
             report.training = estimate_training(plan, layers)
         if measure:

@@ -319,12 +319,21 @@ def _spec_from_config(
             raise AttnctlError(f"{path / 'config.json'} has no {keys[0]}")
         return default
 
+    # what most families share; each sets the rest from its own config.json keys
+    values: dict[str, Any] = {
+        "rope": {},
+        "bias": True,
+        "output_bias": True,
+        "mlp_bias": True,
+        "type_vocab_size": 0,
+        "sliding_window": 0,
+    }
     if family == "bert":
         if get("position_embedding_type", default="absolute", kind=str) != "absolute":
             raise AttnctlError("attnctl supports BERT with absolute position embeddings only")
-        hidden, heads = get("hidden_size"), get("num_attention_heads")
-        values = {
-            "hidden": hidden,
+        heads = get("num_attention_heads")
+        values |= {
+            "hidden": get("hidden_size"),
             "heads": heads,
             "kv_heads": heads,
             "layers": get("num_hidden_layers"),
@@ -332,13 +341,8 @@ def _spec_from_config(
             "intermediate": get("intermediate_size"),
             "max_positions": get("max_position_embeddings"),
             "norm_eps": get("layer_norm_eps", default=1e-12, kind=float),
-            "rope": {},
             "activation": get("hidden_act", default="gelu", kind=str),
-            "bias": True,
-            "output_bias": True,
-            "mlp_bias": True,
             "type_vocab_size": get("type_vocab_size", default=2),
-            "sliding_window": 0,
         }
     elif family == "gpt2":
         if get("scale_attn_by_inverse_layer_idx", default=False, kind=bool):
@@ -346,7 +350,7 @@ def _spec_from_config(
         if not get("scale_attn_weights", default=True, kind=bool):
             raise AttnctlError("attnctl supports GPT-2 with scale_attn_weights only")
         hidden, heads = get("n_embd"), get("n_head")
-        values = {
+        values |= {
             "hidden": hidden,
             "heads": heads,
             "kv_heads": heads,
@@ -355,17 +359,10 @@ def _spec_from_config(
             "intermediate": get("n_inner", default=4 * hidden),
             "max_positions": get("n_positions"),
             "norm_eps": get("layer_norm_epsilon", default=1e-5, kind=float),
-            "rope": {},
             "activation": get("activation_function", default="gelu_new", kind=str),
-            "bias": True,
-            "output_bias": True,
-            "mlp_bias": True,
-            "type_vocab_size": 0,
-            "sliding_window": 0,
         }
     else:
         hidden, heads = get("hidden_size"), get("num_attention_heads")
-        rope = _rope(path, config)
         qwen = model_type == "qwen2"
         # Mistral's window is always on; Qwen2's only with use_sliding_window
         windowed = model_type == "mistral" or (
@@ -377,7 +374,7 @@ def _spec_from_config(
                 f"head_dim {head_dim} × {heads} heads is not hidden_size {hidden}; attnctl "
                 "needs head_dim = hidden_size / num_attention_heads"
             )
-        values = {
+        values |= {
             "hidden": hidden,
             "heads": heads,
             "kv_heads": get("num_key_value_heads", default=heads),
@@ -386,12 +383,11 @@ def _spec_from_config(
             "intermediate": get("intermediate_size"),
             "max_positions": get("max_position_embeddings", default=2048),
             "norm_eps": get("rms_norm_eps", default=1e-6, kind=float),
-            "rope": rope,
+            "rope": _rope(path, config),
             "activation": get("hidden_act", default="silu", kind=str),
             "bias": qwen or get("attention_bias", default=False, kind=bool),
             "output_bias": not qwen,  # Qwen2 biases W_q, W_k and W_v only
             "mlp_bias": get("mlp_bias", default=False, kind=bool),
-            "type_vocab_size": 0,
             "sliding_window": get("sliding_window", default=0) if windowed else 0,
         }
     for key in ("hidden", "heads", "kv_heads", "layers", "vocab_size", "intermediate"):

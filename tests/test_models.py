@@ -77,9 +77,6 @@ def test_every_layer_equals_transformers_eager_attention(invoke, models, family)
         assert (ours - expected).abs().max() <= TOLERANCE, f"layer {n}"
         summary = torch.tensor(everything["layers"][n]["attention"])
         assert (summary - expected).abs().max() <= TOLERANCE, f"--layer all, layer {n}"
-    # a different text, the same heads: the weights really depend on the input
-    other = run_json(invoke, "the cat", "--model", str(directory), "--layer", "1")
-    assert torch.tensor(other["attention"]).shape[-1] != ours.shape[-1]
 
 
 @pytest.mark.parametrize(
