@@ -371,12 +371,13 @@ def run(
     weights = memory.parameter_bytes  # a model: only the blocks up to the one shown load
     if model is not None:
         weights = model.loaded_values(max(blocks) + 1) * DTYPE_BYTES[layer.dtype]
+    need = weights + memory.peak_activation_bytes + shown_bytes
+    _preflight(plan, need, force, blocks=max(blocks) + 1 if blocks else 1)
     with _progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
-        need = None if force else weights + memory.peak_activation_bytes + shown_bytes
         if blocks is None:
-            traces = [run_batch(batch, layer, heads, query_rows, need_bytes=need, context=cross)]
+            traces = [run_batch(batch, layer, heads, query_rows, context=cross)]
         else:
-            traces = run_model(batch, model, layer, blocks, heads, query_rows, need_bytes=need)
+            traces = run_model(batch, model, layer, blocks, heads, query_rows)
     if as_json:
         if every_block:
             _print_json(blocks_json(traces, plan, memory))
@@ -558,13 +559,13 @@ def memory(
             from attnctl.measure import measure_forward, measure_model_forward, measure_training
 
             what = "a training step" if train else "a forward pass"
+            _preflight(plan, peak_of(plan), force, passes=3 if train else 1)
             with _progress(f"measuring {what} over {length} tokens"):
-                need = None if force else peak_of(plan)
                 if model is not None:
-                    report.measured = measure_model_forward(model, plan.config, plan, need)
+                    report.measured = measure_model_forward(model, plan.config, plan)
                 else:
                     measure_one = measure_training if train else measure_forward
-                    report.measured = measure_one(plan.config, plan, need)
+                    report.measured = measure_one(plan.config, plan)
         reports.append(report)
     budget_bytes = _device_free_bytes(layer.device) if fit_device else None
     if budget is not None:
@@ -615,13 +616,34 @@ def _parse_lengths(text: str) -> list[int]:
 
 def _device_free_bytes(device_spec: str) -> int:
     from attnctl.layer import resolve_device
-    from attnctl.runner import free_memory
+    from attnctl.resources import available_memory
 
     device = resolve_device(device_spec)
-    free = free_memory(device)
-    if free is None:
+    available = available_memory(device)
+    if available is None:
         raise AttnctlError(f"cannot tell how much memory {device} has free; use --budget SIZE")
-    return free
+    return available.bytes
+
+
+def _preflight(plan: Plan, need_bytes: int, force: bool, blocks: int = 1, passes: int = 1) -> None:
+    """The one check before a command allocates: memory (skipped with --force), then time.
+
+    A run estimated to take over LONG_RUN_SECONDS (its FLOPs at the rates measured on the
+    device just now; ``passes`` forward passes of ``blocks`` blocks) says so on stderr first.
+    """
+    from attnctl.layer import resolve_device
+    from attnctl.resources import LONG_RUN_SECONDS, duration_text, estimated_seconds, preflight
+
+    device = resolve_device(plan.config.device)
+    if not force:
+        preflight(need_bytes, device)
+    seconds = estimated_seconds(plan, device, blocks)
+    if seconds is not None and seconds * passes > LONG_RUN_SECONDS:
+        typer.echo(
+            f"attnctl: this will take about {duration_text(seconds * passes)} on {device} "
+            "(its operations at the speed measured here just now)",
+            err=True,
+        )
 
 
 @app.command()
@@ -629,6 +651,9 @@ def _device_free_bytes(device_spec: str) -> int:
 def check(
     seq_len: SeqLenOption = 16,
     batch: BatchOption = 2,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run even when the estimate exceeds free memory.")
+    ] = False,
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
@@ -637,6 +662,8 @@ def check(
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; check compares inference")
     plan = _plan(layer, seq_len, batch)  # validates the sizes before torch is imported
+    # three copies of the layer (math, sdpa, nn.MultiheadAttention), each with its outputs
+    _preflight(plan, 3 * estimate(plan).peak_bytes, force, passes=3)
     from attnctl.check import run_check
 
     with _progress("comparing implementations and running gradcheck"):

@@ -103,8 +103,19 @@ def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerC
     return dataclasses.replace(config, impl="math" if math else "sdpa")
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+SUGGESTED_UP_TO = 4096  # head counts suggested in an error: the divisors up to this
+
+
+def divisors(n: int, up_to: int | None = None) -> list[int]:
+    """The divisors of n (only those <= ``up_to``: the loop never runs past it)."""
+    return [d for d in range(1, min(n, up_to or n) + 1) if n % d == 0]
+
+
+def _counts_that_work(n: int, what: str) -> str:
+    """'head counts that work: 1, 2, 4' (bounded, so a huge or prime n answers at once)."""
+    listed = ", ".join(map(str, divisors(n, SUGGESTED_UP_TO)))
+    bound = f" up to {SUGGESTED_UP_TO}" if n > SUGGESTED_UP_TO else ""
+    return f"{what}{bound} that work: {listed}"
 
 
 def validate(config: LayerConfig) -> LayerConfig:
@@ -114,18 +125,17 @@ def validate(config: LayerConfig) -> LayerConfig:
     if config.heads <= 0:
         raise AttnctlError(f"heads must be a positive integer, got {config.heads}")
     if config.d_model % config.heads:
-        choices = ", ".join(map(str, divisors(config.d_model)))
         raise AttnctlError(
             f"heads={config.heads} does not divide d_model={config.d_model}; "
-            f"head counts that work: {choices}"
+            + _counts_that_work(config.d_model, "head counts")
         )
     if config.kv_heads == 0:
         config = dataclasses.replace(config, kv_heads=config.heads)
     if config.kv_heads < 0 or config.heads % config.kv_heads:
-        choices = ", ".join(map(str, divisors(config.heads)))
         raise AttnctlError(
             f"kv-heads={config.kv_heads} does not divide heads={config.heads}; "
-            f"kv-head counts that work: {choices} (1 = multi-query)"
+            + _counts_that_work(config.heads, "kv-head counts")
+            + " (1 = multi-query)"
         )
     for key, allowed in _CHOICES.items():
         value = getattr(config, key)

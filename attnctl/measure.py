@@ -23,7 +23,6 @@ from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device
 from attnctl.model import ModelSpec
 from attnctl.plan import Plan
-from attnctl.runner import preflight
 
 
 @dataclass(frozen=True)
@@ -89,14 +88,12 @@ class LiveStorages(TorchDispatchMode):
         return out
 
 
-def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = None) -> Measurement:
+def measure_forward(config: LayerConfig, plan: Plan) -> Measurement:
     """Run the layer once at the plan's batch and length, on the configured device.
 
-    ``need_bytes``, when given, is checked against the device's free memory first.
+    The caller has checked memory first (``resources.preflight``).
     """
     device = resolve_device(config.device)
-    if need_bytes is not None:
-        preflight(need_bytes, device)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).eval()
     parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
@@ -120,14 +117,12 @@ def measure_forward(config: LayerConfig, plan: Plan, need_bytes: int | None = No
 
 
 def measure_model_forward(
-    model: ModelSpec, config: LayerConfig, plan: Plan, need_bytes: int | None = None
+    model: ModelSpec, config: LayerConfig, plan: Plan
 ) -> Measurement:
     """Load the whole checkpoint, then run its embeddings and block 0 (every block is alike)."""
     from attnctl.pretrained import PretrainedModel
 
     device = resolve_device(config.device)
-    if need_bytes is not None:
-        preflight(need_bytes, device)
     pretrained = PretrainedModel(model, config, device, blocks=None)
     torch.manual_seed(config.seed)
     token_ids = torch.randint(0, model.vocab_size, (plan.batch, plan.seq_len), device=device)
@@ -214,7 +209,7 @@ def _measure_cuda(
     )
 
 
-def measure_training(config: LayerConfig, plan: Plan, need_bytes: int | None = None) -> Measurement:
+def measure_training(config: LayerConfig, plan: Plan) -> Measurement:
     """One training step at the plan's size: forward, loss.backward(), Adam.step().
 
     The step ``training.py`` models: ``loss = output.sum()``; Adam with foreach=False on
@@ -222,8 +217,6 @@ def measure_training(config: LayerConfig, plan: Plan, need_bytes: int | None = N
     gradients are copied from the model's just before the step.
     """
     device = resolve_device(config.device)
-    if need_bytes is not None:
-        preflight(need_bytes, device)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).train()
     parameters = list(layer.parameters())

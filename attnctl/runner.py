@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from array import array
 from collections.abc import Iterator
 from typing import Any
 
 from attnctl.config import LayerConfig, resolve_impl
 from attnctl.errors import RUNTIME, AttnctlError
-from attnctl.memory import format_bytes
 from attnctl.model import ModelSpec
+from attnctl.resources import tune_allocator
 from attnctl.tokenize import Batch, encode_batch
 from attnctl.trace import RowSums, Trace
 
@@ -41,19 +40,18 @@ def run_batch(
     config: LayerConfig,
     heads: list[int] | None = None,
     rows: list[int] | None = None,
-    need_bytes: int | None = None,
     context: Batch | None = None,
 ) -> Trace:
     """Run the layer over a (padded) batch; weights only for ``heads`` x ``rows``.
 
-    ``need_bytes``, when given, is checked against the device's free memory first.
+    The caller has checked memory first (``resources.preflight``).
     ``context``, one row per text, makes it cross-attention over those tokens.
     """
     import torch
 
     from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, attention_window
 
-    config, device, heads, rows = _start(batch, config, heads, rows, need_bytes)
+    config, device, heads, rows = _start(batch, config, heads, rows)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(config, batch.vocab_size)  # float32 on CPU: same weights anywhere
     layer = layer.to(device=device, dtype=TORCH_DTYPES[config.dtype]).eval()
@@ -101,7 +99,6 @@ def run_model(
     layers: list[int],
     heads: list[int] | None = None,
     rows: list[int] | None = None,
-    need_bytes: int | None = None,
 ) -> list[Trace]:
     """Run a pretrained model's blocks up to the last of ``layers``; a Trace for each.
 
@@ -113,7 +110,7 @@ def run_model(
     from attnctl.layer import Recorder
     from attnctl.pretrained import PretrainedModel, weights_window
 
-    config, device, heads, rows = _start(batch, config, heads, rows, need_bytes)
+    config, device, heads, rows = _start(batch, config, heads, rows)
     padded_rows = batch.padded_rows()
     largest = max(t.id for row in padded_rows for t in row)
     if largest >= model.vocab_size:
@@ -166,9 +163,8 @@ def _start(
     config: LayerConfig,
     heads: list[int] | None,
     rows: list[int] | None,
-    need_bytes: int | None,
 ) -> tuple[LayerConfig, Any, list[int], list[int]]:
-    """The implementation for the rows shown, the device (memory checked), heads and rows."""
+    """The implementation for the rows shown, the device, heads and rows."""
     from attnctl.layer import resolve_device
 
     seq_len = batch.seq_len
@@ -176,8 +172,7 @@ def _start(
     rows = list(range(seq_len)) if rows is None else rows
     config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
     device = resolve_device(config.device)
-    if need_bytes is not None:
-        preflight(need_bytes, device)
+    tune_allocator()
     return config, device, heads, rows
 
 
@@ -228,38 +223,6 @@ def device_errors(device) -> Iterator[None]:
                 f"out of memory on {device}: {message}", exit_code=RUNTIME
             ) from error
         raise AttnctlError(f"the layer failed on {device}: {message}", exit_code=RUNTIME) from error
-
-
-def free_memory(device) -> int | None:
-    """Bytes free on the device now: MemAvailable on CPU, the CUDA driver's count on CUDA."""
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.mem_get_info(device)[0]
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def preflight(need_bytes: int, device) -> None:
-    """Refuse before allocating when the estimate exceeds free memory (``--force`` skips)."""
-    free = free_memory(device)
-    if free is not None and need_bytes > free:
-        raise AttnctlError(
-            f"the estimated peak of {format_bytes(need_bytes)} is more than the "
-            f"{format_bytes(free)} free on {device}; use --force to try anyway",
-            exit_code=RUNTIME,
-        )
 
 
 def _first_line(error: BaseException) -> str:

@@ -41,15 +41,34 @@ def vocab_size(spec: str, seq_len: int) -> int:
     return _file_vocab_size(path)
 
 
+MAX_TOKEN_ID = 2**32 - 1  # tokenizers stores ids as u32
+
+
 @functools.lru_cache(maxsize=8)
 def _file_vocab_size(path: Path) -> int:
+    """One more than the largest id in model.vocab and added_tokens, each id checked."""
     data = read_json_object(path, "tokenizer")
-    try:
-        ids = set(data["model"]["vocab"].values())
-        ids.update(t["id"] for t in data.get("added_tokens") or [])
-    except (KeyError, TypeError, AttributeError) as error:
-        raise AttnctlError(f"malformed tokenizer {path}: no model.vocab ({error})") from error
-    return max(ids) + 1 if ids else 0
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, list):  # Unigram: [[piece, score], ...], ids are the positions
+        ids = list(range(len(vocab)))
+    elif isinstance(vocab, dict):  # BPE, WordPiece, WordLevel: {token: id}
+        ids = list(vocab.values())
+    else:
+        raise AttnctlError(f"malformed tokenizer {path}: model.vocab must be an object or a list")
+    added = data.get("added_tokens") or []
+    if not isinstance(added, list) or not all(isinstance(t, dict) and "id" in t for t in added):
+        raise AttnctlError(f"malformed tokenizer {path}: added_tokens must be a list of tokens")
+    ids += [t["id"] for t in added]
+    for token_id in ids:
+        if type(token_id) is not int or not 0 <= token_id <= MAX_TOKEN_ID:
+            raise AttnctlError(
+                f"malformed tokenizer {path}: token ids must be integers from 0 to "
+                f"{MAX_TOKEN_ID}, got {token_id!r}"
+            )
+    if not ids:
+        raise AttnctlError(f"malformed tokenizer {path}: its vocabulary is empty")
+    return max(ids) + 1
 
 
 @dataclass
@@ -115,7 +134,8 @@ def encode_batch(texts: list[str], spec: str) -> Batch:
         rows = [_encode_bpe(text, tokenizer) for text in texts]
         pad_id = next((i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), 0)
         name = "bundled BPE" if spec == "bundled" else str(path)
-        batch = Batch(rows, tokenizer.get_vocab_size(), name, pad_id)
+        # the embedding needs a row for the largest id, also where the ids have gaps
+        batch = Batch(rows, _file_vocab_size(path), name, pad_id)
     for text, row in zip(texts, batch.rows, strict=True):
         if not row:
             raise AttnctlError(f"the tokenizer produced no tokens for {text!r}")

@@ -38,6 +38,7 @@ def choose_rows(specs: list[str] | None, seq_len: int) -> list[int]:
 
 
 def _parse_rows(spec: str, seq_len: int) -> range:
+    """One --rows spec as a range of query rows; every row it names must exist."""
     text = spec.strip()
     last = seq_len - 1
     try:
@@ -47,14 +48,14 @@ def _parse_rows(spec: str, seq_len: int) -> range:
             count = int(text[5:])
             if count <= 0:
                 raise ValueError
-            chosen = range(max(0, seq_len - count), seq_len)
+            chosen = range(seq_len - count, seq_len)
         elif ":" in text:
             start_text, end_text = text.split(":", 1)
             start = int(start_text) if start_text else 0
             end = int(end_text) if end_text else seq_len
             if start < 0 or end <= start:
                 raise ValueError
-            chosen = range(start, min(end, seq_len))
+            chosen = range(start, end)
         else:
             index = int(text)
             if index < 0:
@@ -62,8 +63,10 @@ def _parse_rows(spec: str, seq_len: int) -> range:
             chosen = range(index, index + 1)
     except ValueError:
         raise AttnctlError(f"--rows {spec!r} is not A:B, last:N, N or all (A < B, N > 0)") from None
-    if not chosen or chosen.start > last:
-        raise AttnctlError(f"--rows {spec!r} selects no query row; rows are 0–{last}")
+    if chosen.start < 0 or chosen.stop > seq_len:  # never clamped: a typo is not a window
+        raise AttnctlError(
+            f"--rows {spec!r} reaches past the input: its query rows are 0–{last}"
+        )
     return chosen
 
 

@@ -302,7 +302,7 @@ ERRORS = [
     (["run", "--file", "/no/such.txt"], 2, "text file not found: /no/such.txt"),
     (["run", "hi", "--rows", "5:2"], 2, "--rows '5:2' is not A:B, last:N, N or all"),
     (["run", "hi", "--rows", "last:0"], 2, "is not A:B, last:N, N or all"),
-    (["run", "hi", "--rows", "9"], 2, "--rows '9' selects no query row; rows are 0–"),
+    (["run", "hi", "--rows", "9"], 2, "--rows '9' reaches past the input: its query rows are 0–"),
     (["run", "hi", "--rows", "x"], 2, "is not A:B"),
     (["run", "hi", "--config", "nope"], 2, "unknown preset 'nope'"),
     (["shapes", "--config", "missing.toml"], 2, "config file not found: missing.toml"),
@@ -400,13 +400,14 @@ def test_python_dash_m_and_version():
 
 @pytest.mark.parametrize(
     "command",
-    [["run", "Are you OK?"], ["memory", "--seq-len", "64", "--measure"]],
-    ids=["run", "memory --measure"],
+    [["run", "Are you OK?"], ["memory", "--seq-len", "64", "--measure"], ["check"]],
+    ids=["run", "memory --measure", "check"],
 )
 def test_preflight_refuses_what_does_not_fit_unless_forced(invoke, monkeypatch, command):
-    import attnctl.runner
+    import attnctl.resources
 
-    monkeypatch.setattr(attnctl.runner, "free_memory", lambda device: 1000)
+    free = attnctl.resources.Available(1000, "MemAvailable")
+    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
     result = invoke(*command, *CPU)
     assert result.exit_code == 1
     assert re.fullmatch(
@@ -418,10 +419,10 @@ def test_preflight_refuses_what_does_not_fit_unless_forced(invoke, monkeypatch, 
 
 
 def test_free_memory_reads_the_system():
-    from attnctl.runner import free_memory
+    from attnctl.resources import available_memory
 
-    free = free_memory(torch.device("cpu"))
-    assert free is not None and 0 < free <= 2**50
+    free = available_memory(torch.device("cpu"))
+    assert free is not None and 0 < free.bytes <= 2**50
 
 
 def test_progress_shows_on_a_terminal_and_not_elsewhere(invoke):

@@ -144,9 +144,10 @@ def test_budget_is_solved_exactly(invoke, options):
 
 
 def test_fit_uses_the_free_memory_of_the_device(invoke, monkeypatch):
-    import attnctl.runner
+    import attnctl.resources
 
-    monkeypatch.setattr(attnctl.runner, "free_memory", lambda device: 3 * 2**30)
+    free = attnctl.resources.Available(3 * 2**30, "MemAvailable")
+    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
     fit_data = json.loads(invoke("memory", "--fit", "--device", "cpu", "--json").stdout)
     budget_data = json.loads(invoke("memory", "--budget", "3GiB", "--json").stdout)
     assert fit_data["budget_bytes"] == 3 * 2**30
