@@ -116,9 +116,7 @@ def measure_forward(config: LayerConfig, plan: Plan) -> Measurement:
     return _measure(forward, list(layer.parameters()), given, parameter_bytes, device)
 
 
-def measure_model_forward(
-    model: ModelSpec, config: LayerConfig, plan: Plan
-) -> Measurement:
+def measure_model_forward(model: ModelSpec, config: LayerConfig, plan: Plan) -> Measurement:
     """Load the whole checkpoint, then run its embeddings and block 0 (every block is alike)."""
     from attnctl.pretrained import PretrainedModel
 

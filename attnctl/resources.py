@@ -91,7 +91,10 @@ def _cgroup_dirs(proc: Path, root: Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        _, controllers, path = fields
         if controllers == "" and (root / "cgroup.controllers").is_file():
             version, mount = 2, root
         elif "memory" in controllers.split(","):

@@ -64,9 +64,7 @@ def _parse_rows(spec: str, seq_len: int) -> range:
     except ValueError:
         raise AttnctlError(f"--rows {spec!r} is not A:B, last:N, N or all (A < B, N > 0)") from None
     if chosen.start < 0 or chosen.stop > seq_len:  # never clamped: a typo is not a window
-        raise AttnctlError(
-            f"--rows {spec!r} reaches past the input: its query rows are 0–{last}"
-        )
+        raise AttnctlError(f"--rows {spec!r} reaches past the input: its query rows are 0–{last}")
     return chosen
 
 
