@@ -33,7 +33,10 @@ from attnctl.memory import format_bytes
 from attnctl.plan import Plan
 
 LONG_RUN_SECONDS = 30.0  # a run estimated to take longer says so first
-TIMED_FROM_FLOPS = 10**10  # below this a run is quick anywhere: nothing is timed
+# Faster than any device attnctl runs on (FLOP/s): a run that would be quicker than
+# LONG_RUN_SECONDS even at this speed is not timed at all
+CEILING_PER_CPU_CORE = 50e9
+CEILING_GPU = 2e15
 
 
 @dataclass(frozen=True)
@@ -210,38 +213,55 @@ def forward_flops(plan: Plan, blocks: int = 1) -> tuple[int, int]:
     return 2 * tokens * matrices * blocks, attention * blocks
 
 
-def measured_rates(device: Any, dtype: Any, seconds: float = 0.01) -> tuple[float, float]:
-    """FLOP/s of a matrix product and of SDPA in ``dtype`` on ``device``, timed now."""
+def measured_rates(device: Any, dtype: Any, seconds: float = 0.02) -> tuple[float, float]:
+    """FLOP/s of a matrix product and of SDPA in ``dtype`` on ``device``, timed now.
+
+    Each is timed at growing sizes until one call takes ``seconds``: small calls are
+    dominated by their overhead and would make long runs look slower than they are.
+    """
     import torch
     import torch.nn.functional as F
 
-    side = 512
-    a = torch.randn(side, side, device=device).to(dtype)
-    q = torch.randn(1, 4, side, 64, device=device).to(dtype)  # (B, H, L, d_k)
+    def matmul(side: int) -> tuple[Any, int]:
+        a = torch.randn(side, side, device=device).to(dtype)  # (n, n)
+        return (lambda: a @ a), 2 * side**3
 
-    def rate(step: Any, flops: int) -> float:
-        step()  # once to warm up
-        done, start = 0, time.perf_counter()
-        while True:
+    def sdpa(length: int) -> tuple[Any, int]:
+        q = torch.randn(1, 8, length, 64, device=device).to(dtype)  # (B, H, L, d_k)
+        return (lambda: F.scaled_dot_product_attention(q, q, q)), 4 * 8 * length * length * 64
+
+    def fastest_call(step: Any) -> float:
+        """The quickest of two calls (a busy machine slows some), after a warm-up."""
+        step()
+        best = math.inf
+        for _ in range(2):
+            start = time.perf_counter()
             step()
-            done += 1
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds and done >= 2:
-                return flops * done / elapsed
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    def rate(make: Any, size: int, largest: int) -> float:
+        """At growing sizes until one call takes ``seconds``: small calls are mostly overhead."""
+        while True:
+            step, flops = make(size)
+            elapsed = fastest_call(step)
+            if elapsed >= seconds or size >= largest:
+                return flops / max(elapsed, 1e-9)
+            size *= 2
 
     with torch.inference_mode():
-        matmul = rate(lambda: a @ a, 2 * side**3)
-        sdpa = rate(lambda: F.scaled_dot_product_attention(q, q, q), 4 * 4 * side * side * 64)
-    return matmul, sdpa
+        return rate(matmul, 512, 8192), rate(sdpa, 512, 16384)
 
 
 def estimated_seconds(plan: Plan, device: Any, blocks: int = 1) -> float | None:
-    """How long a forward pass of ``plan`` should take on ``device``; None when it is quick
-    by any measure (fewer than TIMED_FROM_FLOPS operations: nothing is timed then)."""
+    """How long a forward pass of ``plan`` should take on ``device``; None when it would
+    be quicker than LONG_RUN_SECONDS even at the CEILING speeds (nothing is timed then)."""
     matrices, attention = forward_flops(plan, blocks)
-    if matrices + attention < TIMED_FROM_FLOPS:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ceiling = CEILING_GPU if device.type != "cpu" else CEILING_PER_CPU_CORE * (cores or 1)
+    if (matrices + attention) / ceiling < LONG_RUN_SECONDS:
         return None
     from attnctl.layer import TORCH_DTYPES
 

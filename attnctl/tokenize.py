@@ -130,12 +130,13 @@ def encode_batch(texts: list[str], spec: str) -> Batch:
     if path is None:
         batch = _encode_chars(texts)
     else:
+        vocab = _file_vocab_size(path)  # every id checked before tokenizers reads the file
         tokenizer = _load(path, spec)
         rows = [_encode_bpe(text, tokenizer) for text in texts]
         pad_id = next((i for t in PAD_TOKENS if (i := tokenizer.token_to_id(t)) is not None), 0)
         name = "bundled BPE" if spec == "bundled" else str(path)
         # the embedding needs a row for the largest id, also where the ids have gaps
-        batch = Batch(rows, _file_vocab_size(path), name, pad_id)
+        batch = Batch(rows, vocab, name, pad_id)
     for text, row in zip(texts, batch.rows, strict=True):
         if not row:
             raise AttnctlError(f"the tokenizer produced no tokens for {text!r}")

@@ -1,0 +1,271 @@
+"""Resource guards and bad input: what this process may use, how long a run takes, and
+every malformed number or file ending in one line, the right exit code, within seconds."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnctl.resources as resources
+from attnctl.config import build_config
+from attnctl.errors import AttnctlError
+from attnctl.plan import build_plan
+from attnctl.resources import Available, cpu_available, forward_flops
+
+CPU = ("--device", "cpu")
+GiB = 2**30
+
+
+def one_clean_line(result, code: int) -> str:
+    """The error line of a failed command: nothing on stdout, one line on stderr."""
+    assert result.exit_code == code, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnctl: error: "), result.stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------- memory this process may use
+
+
+def fake_proc(tmp_path: Path, cgroup: str, available_kib: int = 20 * 2**20) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal: 99 kB\nMemAvailable: {available_kib} kB\n")
+    (proc / "self" / "cgroup").write_text(cgroup)
+    (proc / "self" / "status").write_text("VmSize:\t1000 kB\nVmData:\t500 kB\n")
+    return proc
+
+
+def write(folder: Path, **files: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name.replace("_", ".", 1)).write_text(text)
+
+
+def test_a_cgroup_v2_limit_below_the_machine_is_what_counts(tmp_path):
+    proc = fake_proc(tmp_path, "0::/user.slice/job\n")
+    root = tmp_path / "cgroup"
+    write(root, cgroup_controllers="memory\n")
+    write(root / "user.slice", memory_max="max\n", memory_current="123\n")
+    write(
+        root / "user.slice" / "job",
+        memory_max=f"{4 * GiB}\n",
+        memory_current=f"{GiB}\n",
+        memory_stat=f"anon 1\ninactive_file {GiB // 2}\nactive_file 7\n",
+    )
+    available = cpu_available(proc, root)
+    assert available == Available(4 * GiB - GiB + GiB // 2, "cgroup memory.max")
+
+
+def test_a_parent_cgroup_limits_its_children(tmp_path):
+    proc = fake_proc(tmp_path, "0::/a/b\n")
+    root = tmp_path / "cgroup"
+    write(root, cgroup_controllers="memory\n")
+    write(root / "a", memory_max=f"{2 * GiB}\n", memory_current=f"{GiB}\n")
+    write(root / "a" / "b", memory_max=f"{8 * GiB}\n", memory_current=f"{GiB}\n")
+    assert cpu_available(proc, root) == Available(GiB, "cgroup memory.max")
+
+
+def test_a_cgroup_v1_limit_counts_too(tmp_path):
+    proc = fake_proc(tmp_path, "5:devices:/\n4:memory:/box/one\n0::/\n")
+    root = tmp_path / "cgroup"
+    write(
+        root / "memory" / "box" / "one",
+        memory_limit_in_bytes=f"{3 * GiB}\n",
+        memory_usage_in_bytes=f"{GiB}\n",
+        memory_stat="total_inactive_file 0\n",
+    )
+    write(root / "memory", memory_limit_in_bytes="9223372036854771712\n")  # v1's "no limit"
+    assert cpu_available(proc, root) == Available(2 * GiB, "cgroup memory.limit_in_bytes")
+
+
+def test_without_limits_the_machine_counts(tmp_path):
+    proc = fake_proc(tmp_path, "0::/\n", available_kib=1234)
+    root = tmp_path / "cgroup"
+    write(root, cgroup_controllers="memory\n", memory_max="max\n")
+    assert cpu_available(proc, root) == Available(1234 * 1024, "MemAvailable")
+
+
+def test_garbage_in_proc_or_cgroup_files_is_no_limit(tmp_path):
+    proc = fake_proc(tmp_path, "nonsense\n0::/x\n")
+    root = tmp_path / "cgroup"
+    write(root, cgroup_controllers="memory\n")
+    write(root / "x", memory_max="lots\n", memory_current="-1\n", memory_stat="\x00\n")
+    assert cpu_available(proc, root).source == "MemAvailable"
+
+
+def run_limited(args: list[str], limit: int) -> subprocess.CompletedProcess:
+    """attnctl in a process whose address space is limited, as under `ulimit -v`."""
+
+    def limit_address_space() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return subprocess.run(
+        [sys.executable, "-m", "attnctl", *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit_address_space,
+        timeout=120,
+    )
+
+
+def test_the_preflight_honours_ulimit_v():
+    # 16 GiB of weights: refused under a 4 GiB address space however much RAM is free
+    done = run_limited(["run", "hi", "--d-model", "32768", "--heads", "8", *CPU], 4 * GiB)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("attnctl: error: the estimated peak of 16.27 GiB is more than")
+    assert "left by RLIMIT_AS on cpu; use --force" in done.stderr
+    assert done.stderr.count("\n") == 1
+    # a layer that fits runs under the same limit
+    assert run_limited(["run", "hi", "--json", *CPU], 4 * GiB).returncode == 0
+
+
+# ---------------------------------------------------------------- time
+
+
+def test_forward_flops_count_every_product():
+    config = build_config(d_model=64, heads=4, kv_heads=2)
+    plan = build_plan(config, 10, 3, 100)
+    tokens, d, kv = 3 * 10, 64, 2 * 16
+    projections = 2 * tokens * (d * d + 2 * d * kv + d * d)  # W_q, W_k, W_v, W_o
+    attention = 2 * (2 * 3 * 4 * 10 * 10 * 16)  # Q·Kᵀ and weights·V, per head
+    assert forward_flops(plan) == (projections, attention)
+    assert forward_flops(plan, blocks=5) == (5 * projections, 5 * attention)
+
+
+def test_a_long_run_says_how_long_first(invoke, monkeypatch):
+    monkeypatch.setattr(resources, "CEILING_PER_CPU_CORE", 1.0)  # time even a short run
+    monkeypatch.setattr(resources, "measured_rates", lambda device, dtype: (1e3, 1e3))
+    result = invoke("run", "Are you OK?", "--json", *CPU)
+    assert result.exit_code == 0
+    json.loads(result.stdout)  # stdout stays pure JSON
+    note = result.stderr.splitlines()
+    assert len(note) == 1
+    assert note[0].startswith("attnctl: this will take about ")
+    assert note[0].endswith(" on cpu (its operations at the speed measured here just now)")
+
+
+def test_a_quick_run_is_not_timed(invoke, monkeypatch):
+    def never(device, dtype):
+        raise AssertionError("a quick run measured the device")
+
+    monkeypatch.setattr(resources, "measured_rates", never)
+    result = invoke("run", "Are you OK?", *CPU)
+    assert result.exit_code == 0 and result.stderr == ""
+
+
+def test_the_measured_rates_are_rates():
+    matmul, sdpa = resources.measured_rates(torch.device("cpu"), torch.float32, seconds=0.001)
+    assert 1e6 < matmul < 1e15 and 1e6 < sdpa < 1e15
+
+
+def test_duration_text():
+    assert resources.duration_text(42) == "42 s"
+    assert resources.duration_text(200) == "3.3 min"
+    assert resources.duration_text(3 * 3600) == "3.0 h"
+
+
+# ---------------------------------------------------------------- numbers typed by the user
+
+
+HUGE = str(10**18)
+QUICK_REFUSALS = [
+    # a hint that lists divisors must not loop up to a huge or prime width
+    (["shapes", "--d-model", "1000000007", "--heads", "2"],
+     "heads=2 does not divide d_model=1000000007; head counts up to 4096 that work: 1"),
+    (["shapes", "--d-model", HUGE, "--heads", "7"],
+     f"heads=7 does not divide d_model={HUGE}; head counts up to 4096 that work: 1, 2, 4, 5, 8"),
+    (["shapes", "--d-model", HUGE, "--heads", HUGE, "--kv-heads", "3"],
+     f"kv-heads=3 does not divide heads={HUGE}; kv-head counts up to 4096 that work: 1, 2"),
+    # --rows names rows of the input, or is refused: never clamped
+    (["run", "hi", "--rows", f"0:{10**30}"], f"--rows '0:{10**30}' reaches past the input"),
+    (["run", "hi", "--rows", "last:3"], "--rows 'last:3' reaches past the input"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args,message", QUICK_REFUSALS, ids=[" ".join(a) for a, _ in QUICK_REFUSALS]
+)
+def test_huge_numbers_are_refused_at_once(invoke, args, message):
+    start = time.perf_counter()
+    line = one_clean_line(invoke(*args, *CPU) if args[0] == "run" else invoke(*args), 2)
+    assert time.perf_counter() - start < 5
+    assert message in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--seq-len", "20000"], ["--batch", "100000"], ["--d-model", "65536"]],
+    ids=lambda a: " ".join(a),
+)
+def test_check_goes_through_the_preflight(invoke, monkeypatch, args):
+    monkeypatch.setattr(resources, "available_memory", lambda device: Available(8 * GiB, "x"))
+    line = one_clean_line(invoke("check", *args, *CPU), 1)
+    assert "is more than the 8.00 GiB left by x on cpu; use --force to try anyway" in line
+
+
+# ---------------------------------------------------------------- tokenizer files
+
+
+def tokenizer_file(tmp_path: Path, vocab, added=None) -> str:
+    data = {"model": {"type": "BPE", "vocab": vocab, "merges": []}}  # one token a character
+    if added is not None:
+        data["added_tokens"] = added
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+BAD_VOCABS = {
+    "empty": ({}, None, "its vocabulary is empty"),
+    "string ids": ({"h": "0", "i": "1"}, None, "token ids must be integers from 0 to 4294967295"),
+    "bool id": ({"h": True, "i": 1}, None, "got True"),
+    "negative id": ({"h": 0, "i": -5}, None, "got -5"),
+    "id past u32": ({"h": 0, "i": 2**40}, None, f"got {2**40}"),
+    "float id": ({"h": 0.0}, None, "got 0.0"),
+    "vocab a string": ("abc", None, "model.vocab must be an object or a list"),
+    "added not a list": ({"h": 0}, {"id": 3}, "added_tokens must be a list of tokens"),
+    "added id a string": ({"h": 0}, [{"id": "9", "content": "x"}], "got '9'"),
+}
+
+
+@pytest.mark.parametrize("command", ["shapes", "check", "run"])
+@pytest.mark.parametrize("case", BAD_VOCABS, ids=list(BAD_VOCABS))
+def test_a_malformed_vocabulary_is_one_line(invoke, tmp_path, command, case):
+    vocab, added, message = BAD_VOCABS[case]
+    path = tokenizer_file(tmp_path, vocab, added)
+    args = {"shapes": ["shapes"], "check": ["check", *CPU], "run": ["run", "hi", *CPU]}[command]
+    start = time.perf_counter()
+    line = one_clean_line(invoke(*args, "--tokenizer", path), 2)
+    assert time.perf_counter() - start < 5
+    assert f"malformed tokenizer {path}" in line and message in line
+
+
+def test_gaps_in_the_ids_get_embedding_rows(invoke, tmp_path):
+    """tokenizers counts 2 tokens here; the embedding still needs a row for id 1000."""
+    path = tokenizer_file(tmp_path, {"h": 0, "i": 1000})
+    shapes = json.loads(invoke("shapes", "--tokenizer", path, "--json").stdout)
+    run = json.loads(invoke("run", "hi", "--tokenizer", path, "--json", *CPU).stdout)
+    assert shapes["sizes"]["V"] == run["vocab_size"] == 1001
+    assert [t["id"] for t in run["tokens"][0]] == [0, 1000]
+
+
+def test_an_unreadable_tokenizer_says_so(invoke, tmp_path):
+    folder = tmp_path / "tokenizer.json"
+    folder.mkdir()  # a folder where the file should be
+    line = one_clean_line(invoke("shapes", "--tokenizer", str(folder)), 2)
+    assert "tokenizer file not found" in line or "cannot read" in line
+
+
+def test_validation_errors_are_usage_errors():
+    with pytest.raises(AttnctlError) as caught:
+        build_config(d_model=10**18 + 1, heads=2)
+    assert caught.value.exit_code == 2
