@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -137,6 +138,10 @@ def validate(config: LayerConfig) -> LayerConfig:
             + _counts_that_work(config.heads, "kv-head counts")
             + " (1 = multi-query)"
         )
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise AttnctlError(f"{field.name} must be a finite number, got {value}")
     for key, allowed in _CHOICES.items():
         value = getattr(config, key)
         if value not in allowed:

@@ -269,3 +269,12 @@ def test_validation_errors_are_usage_errors():
     with pytest.raises(AttnctlError) as caught:
         build_config(d_model=10**18 + 1, heads=2)
     assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize("key", ["rope_theta", "rope_factor", "norm_eps", "dropout"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_a_preset_number_must_be_finite(invoke, tmp_path, key, value):
+    preset = tmp_path / "p.toml"
+    preset.write_text(f"{key} = {value}\n")
+    line = one_clean_line(invoke("shapes", "--config", str(preset)), 2)
+    assert f"{key} must be" in line
