@@ -104,6 +104,7 @@ def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerC
     return dataclasses.replace(config, impl="math" if math else "sdpa")
 
 
+LARGEST_SIZE = 2**63  # a tensor dimension is an int64: nothing this large or larger exists
 SUGGESTED_UP_TO = 4096  # head counts suggested in an error: the divisors up to this
 
 
@@ -125,6 +126,10 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(f"d_model must be a positive integer, got {config.d_model}")
     if config.heads <= 0:
         raise AttnctlError(f"heads must be a positive integer, got {config.heads}")
+    if config.d_model >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"d_model must be below 2^63 (torch's largest size), got {config.d_model}"
+        )
     if config.d_model % config.heads:
         raise AttnctlError(
             f"heads={config.heads} does not divide d_model={config.d_model}; "

@@ -11,6 +11,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from attnctl.config import DTYPE_BYTES, DTYPES
@@ -168,9 +169,11 @@ def parse_size(text: str) -> int:
     unit = match.group(2).upper() if match else None
     if not match or unit not in _UNITS:
         raise AttnctlError(f"cannot read size {text!r}; write it like 16GiB, 512MiB or 2GB")
-    size = int(float(match.group(1)) * _UNITS[unit])
+    size = int(Fraction(match.group(1)) * _UNITS[unit])  # exact, however many digits
     if size <= 0:
         raise AttnctlError(f"size must be positive, got {text!r}")
+    if size > 2**64:
+        raise AttnctlError(f"size {text!r} is more than 2^64 bytes, which no device addresses")
     return size
 
 

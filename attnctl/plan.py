@@ -11,7 +11,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from attnctl.config import DTYPE_BYTES, LayerConfig, resolve_impl, validate
+from attnctl.config import DTYPE_BYTES, LARGEST_SIZE, LayerConfig, resolve_impl, validate
 from attnctl.errors import AttnctlError
 from attnctl.model import ModelSpec
 from attnctl.trace import Stage
@@ -117,6 +117,9 @@ def build_plan(
         context_len = seq_len if context_len is None else context_len  # a preset says cross
         if context_len <= 0:
             raise AttnctlError(f"context-len must be a positive integer, got {context_len}")
+    for name, value in (("seq-len", seq_len), ("batch", batch), ("context-len", context_len)):
+        if value is not None and value >= LARGEST_SIZE:
+            raise AttnctlError(f"{name} must be below 2^63 (torch's largest size), got {value}")
     if seq_len <= 0:
         raise AttnctlError(f"seq-len must be a positive integer, got {seq_len}")
     if batch <= 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from attnctl.config import LayerConfig, resolve_impl
@@ -38,7 +38,7 @@ def needs_padding_mask(keys: Batch, config: LayerConfig) -> bool:
 def run_batch(
     batch: Batch,
     config: LayerConfig,
-    heads: list[int] | None = None,
+    heads: Sequence[int] | None = None,
     rows: list[int] | None = None,
     context: Batch | None = None,
 ) -> Trace:
@@ -97,7 +97,7 @@ def run_model(
     model: ModelSpec,
     config: LayerConfig,
     layers: list[int],
-    heads: list[int] | None = None,
+    heads: Sequence[int] | None = None,
     rows: list[int] | None = None,
 ) -> list[Trace]:
     """Run a pretrained model's blocks up to the last of ``layers``; a Trace for each.
@@ -161,14 +161,14 @@ def run_model(
 def _start(
     batch: Batch,
     config: LayerConfig,
-    heads: list[int] | None,
+    heads: Sequence[int] | None,
     rows: list[int] | None,
 ) -> tuple[LayerConfig, Any, list[int], list[int]]:
     """The implementation for the rows shown, the device, heads and rows."""
     from attnctl.layer import resolve_device
 
     seq_len = batch.seq_len
-    heads = list(range(config.heads)) if heads is None else heads
+    heads = list(range(config.heads) if heads is None else heads)
     rows = list(range(seq_len)) if rows is None else rows
     config = resolve_impl(config, shows_every_weight=len(rows) == seq_len)
     device = resolve_device(config.device)

@@ -8,16 +8,19 @@ their first and last ``DEFAULT_ROWS // 2``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from attnctl.errors import AttnctlError
 
 DEFAULT_ROWS = 32  # query rows shown when --rows is not given
 DEFAULT_HEADS_SHOWN = 8  # weight tables printed when --head is not given
 
 
-def choose_heads(requested: list[int] | None, count: int) -> list[int]:
-    """The heads to compute weights for: those asked for, in order, else all of them."""
+def choose_heads(requested: list[int] | None, count: int) -> Sequence[int]:
+    """The heads to compute weights for: those asked for, in order, else all of them (a
+    range: nothing is made per head before the run has checked what it can afford)."""
     if not requested:
-        return list(range(count))
+        return range(count)
     for head in requested:
         if not 0 <= head < count:
             raise AttnctlError(f"--head {head} does not exist; heads are 0–{count - 1}")

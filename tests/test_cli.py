@@ -468,6 +468,6 @@ def test_text_output_computes_only_the_heads_it_prints(invoke, monkeypatch):
 
     monkeypatch.setattr(attnctl.runner, "run_batch", spy)
     invoke("run", LONG, "--heads", "16", "--d-model", "32", *CPU)
-    assert seen["heads"] == list(range(8))
+    assert list(seen["heads"]) == list(range(8))
     run_json(invoke, "run", LONG, "--heads", "16", "--d-model", "32", *CPU)
-    assert seen["heads"] == list(range(16))
+    assert list(seen["heads"]) == list(range(16))

@@ -278,3 +278,30 @@ def test_a_preset_number_must_be_finite(invoke, tmp_path, key, value):
     preset.write_text(f"{key} = {value}\n")
     line = one_clean_line(invoke("shapes", "--config", str(preset)), 2)
     assert f"{key} must be" in line
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["memory", "--budget", "9" * 400 + "TiB"], "is more than 2^64 bytes"),
+        (["memory", "--budget", "1e5GiB"], "cannot read size '1e5GiB'"),
+        (["shapes", "--seq-len", str(2**63)], "seq-len must be below 2^63"),
+        (["shapes", "--batch", str(10**30)], "batch must be below 2^63"),
+        (["shapes", "--context-len", str(2**63)], "context-len must be below 2^63"),
+        (
+            ["shapes", "--d-model", str(10**20), "--heads", str(10**20)],
+            "d_model must be below 2^63",
+        ),
+    ],
+    ids=lambda a: " ".join(a)[:40] if isinstance(a, list) else "",
+)
+def test_sizes_no_tensor_can_have_are_refused(invoke, args, message):
+    assert message in one_clean_line(invoke(*args), 2)
+
+
+def test_every_head_of_a_huge_layer_is_not_listed_before_the_preflight(invoke, monkeypatch):
+    monkeypatch.setattr(resources, "available_memory", lambda device: Available(GiB, "x"))
+    start = time.perf_counter()
+    args = ["run", "hi", "--d-model", str(10**12), "--heads", str(10**12), "--json", *CPU]
+    assert "is more than the 1.00 GiB left by x" in one_clean_line(invoke(*args), 1)
+    assert time.perf_counter() - start < 5
