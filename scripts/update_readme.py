@@ -21,7 +21,7 @@ README = ROOT / "README.md"
 # "<prefix" to stop before the line starting with prefix; None for the whole output)
 EXAMPLES = {
     'attnctl run "Are you OK?" --heads 8 --device cpu': (100, None, None),
-    "attnctl run 猫吃鱼 --config cat-eats-fish --digits 8 --device cpu": (
+    "attnctl run 猫吃鱼 --config cat-eats-fish --digits 4 --device cpu": (
         100, "attention weights", "<memory"),
     "attnctl run --file scripts/corpus/en.txt --head 0 --rows last:6 --device cpu": (
         100, "attention weights", "strongest keys"),
@@ -41,17 +41,12 @@ EXAMPLES = {
 
 
 def prepare_models() -> None:
-    """The folders the --model examples read (models/ is not committed; transformers, a
-    test extra, writes them): a tiny random GPT-2, and Llama-2-7B's config.json with a
-    header-only model.safetensors, all that shapes and memory read."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import tiny_models
+    """The folders the --model examples read: models/ is not committed, so write them
+    each time from tests/tiny_models.py, as a newcomer's fresh clone does."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_example_models import write_example_models
 
-    folders = ROOT / "models"
-    if not (folders / "gpt2-tiny" / "model.safetensors").is_file():
-        tiny_models.write("gpt2", folders / "gpt2-tiny")
-    if not (folders / "llama-2-7b" / "model.safetensors").is_file():
-        tiny_models.write_header_only("llama-2-7b", folders / "llama-2-7b")
+    write_example_models(ROOT / "models")
 
 
 def output_of(command: str, columns: int) -> str:
