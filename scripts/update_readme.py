@@ -89,8 +89,9 @@ def excerpt(text: str, first: str | None, last: str | None) -> str:
     return "\n".join(lines[start : end + 1]).rstrip("\n")
 
 
-def refreshed(text: str, page: str, outputs: dict[str, str]) -> str:
-    """TEXT with every example block's body replaced by the command's real output."""
+def refreshed(text: str, page: str, outputs: dict[str, str], stale: list[str] | None = None) -> str:
+    """TEXT with every example block's body replaced by the command's real output; the
+    commands whose block changed are appended to STALE."""
 
     def body(match: re.Match[str]) -> str:
         command = match.group(1)
@@ -99,6 +100,8 @@ def refreshed(text: str, page: str, outputs: dict[str, str]) -> str:
         if command not in outputs:
             columns, first, last = EXAMPLES[command]
             outputs[command] = excerpt(output_of(command, columns), first, last)
+        if stale is not None and match.group(2) != outputs[command] + "\n":
+            stale.append(f"{page}: $ {command}")
         return f"```text\n$ {command}\n{outputs[command]}\n```"
 
     return BLOCK.sub(body, text)
@@ -111,22 +114,21 @@ def main() -> int:
     os.chdir(ROOT)  # examples name files relative to the repository
     prepare_models()
     outputs: dict[str, str] = {}
-    stale = []
+    unused = sorted(set(EXAMPLES) - {m.group(1) for p in pages() for m in BLOCK.finditer(
+        p.read_text(encoding="utf-8"))})  # fmt: skip
+    if unused:
+        raise SystemExit(f"no example block for {unused!r} in README.md or docs/")
+    stale: list[str] = []
     for path in pages():
         name = path.relative_to(ROOT).as_posix()
         current = path.read_text(encoding="utf-8")
-        new = refreshed(current, name, outputs)
-        if new != current:
-            stale.append(name)
-            if not args.check:
-                path.write_text(new, encoding="utf-8")
-    unused = sorted(set(EXAMPLES) - set(outputs))
-    if unused:
-        raise SystemExit(f"no example block for {unused!r} in README.md or docs/")
+        new = refreshed(current, name, outputs, stale)
+        if new != current and not args.check:
+            path.write_text(new, encoding="utf-8")
     if args.check:
-        print(f"examples are stale in: {', '.join(stale)}" if stale else "examples are current")
+        print("\n".join(["examples are stale:", *stale]) if stale else "examples are current")
         return 1 if stale else 0
-    print(f"examples refreshed in: {', '.join(stale)}" if stale else "examples were current")
+    print("\n".join(["examples refreshed:", *stale]) if stale else "examples were current")
     return 0
 
 

@@ -464,7 +464,9 @@ def test_readme_examples_are_the_real_output():
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 0, "README examples are stale: run scripts/update_readme.py"
+    assert done.returncode == 0, (
+        f"examples are stale (run scripts/update_readme.py): {done.stdout}{done.stderr[-2000:]}"
+    )
 
 
 def test_text_output_computes_only_the_heads_it_prints(invoke, monkeypatch):

@@ -144,9 +144,13 @@ def test_example_blocks_in_docs_are_refreshed_and_unknown_ones_refused():
     module = update_readme()
     command = "attnctl shapes"
     page = f"intro\n\n```text\n$ {command}\nold output\n```\n"
-    assert module.refreshed(page, "docs/x.md", {command: "new output"}) == (
+    stale: list[str] = []
+    assert module.refreshed(page, "docs/x.md", {command: "new output"}, stale) == (
         f"intro\n\n```text\n$ {command}\nnew output\n```\n"
     )
+    assert stale == [f"docs/x.md: $ {command}"]
+    module.refreshed(page, "docs/x.md", {command: "old output"}, stale)
+    assert len(stale) == 1, "a current block is not stale"
     with pytest.raises(SystemExit, match=r"docs/x\.md.*not listed"):
         module.refreshed("```text\n$ attnctl shapes --bogus\n```\n", "docs/x.md", {})
     assert DOCS in {p.parent for p in module.pages()}
