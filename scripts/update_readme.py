@@ -1,28 +1,38 @@
-"""Refresh the example output in README.md from the real commands.
+"""Refresh the example output in README.md and docs/*.md from the real commands.
 
     python scripts/update_readme.py           # rewrite the blocks
     python scripts/update_readme.py --check   # exit 1 if any block is out of date
 
-Each example is a ```text block whose first line is "$ attnctl ...". The command runs
-in-process at the width given below, without colour; some blocks show an excerpt.
+Each example is a ```text block whose first line is "$ attnctl ..."; every such block in
+README.md and docs/*.md must be listed in EXAMPLES below, and every entry must have a block.
+The command runs in-process at the width given, without colour; some blocks show an excerpt.
+The --model examples read the folders scripts/make_example_models.py writes into models/.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import shlex
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 # command -> (columns, excerpt's first line prefix, its last line: a substring, or
-# "<prefix" to stop before the line starting with prefix; None for the whole output)
+# "<prefix" to stop before the line starting with prefix; None for the whole output).
+# Every number shown must be the same on any CPU, thread count and free memory: weights
+# rounded where float noise cannot reach (see docs/run.md), bytes, counts.
 EXAMPLES = {
-    'attnctl run "Are you OK?" --heads 8 --device cpu': (100, None, None),
-    "attnctl run 猫吃鱼 --config cat-eats-fish --digits 8 --device cpu": (
+    "attnctl run 猫吃鱼 --config cat-eats-fish --head 0 --digits 4 --device cpu": (
+        100, "attention weights", "<heads at a glance"),
+    "attnctl run 猫吃鱼 --config cat-eats-fish --digits 4 --device cpu": (
         100, "attention weights", "<memory"),
+    'attnctl run "Are you OK?" --head 0 --device cpu': (100, None, None),
+    'attnctl run "Are you OK?" --heads 8 --device cpu': (100, None, None),
     "attnctl run --file scripts/corpus/en.txt --head 0 --rows last:6 --device cpu": (
         100, "attention weights", "strongest keys"),
     "attnctl shapes": (100, None, None),
@@ -39,19 +49,21 @@ EXAMPLES = {
     "attnctl memory --model models/llama-2-7b --seq-len 4096": (100, "one attention matrix", None),
 }  # fmt: skip
 
+BLOCK = re.compile(r"^```text\n\$ (attnctl[^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def pages() -> list[Path]:
+    """README.md and every docs page, in a fixed order."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
 
 def prepare_models() -> None:
-    """The folders the --model examples read (models/ is not committed; transformers, a
-    test extra, writes them): a tiny random GPT-2, and Llama-2-7B's config.json with a
-    header-only model.safetensors, all that shapes and memory read."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import tiny_models
+    """The folders the --model examples read: models/ is not committed, so write them
+    each time from tests/tiny_models.py, as a newcomer's fresh clone does."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_example_models import write_example_models
 
-    folders = ROOT / "models"
-    if not (folders / "gpt2-tiny" / "model.safetensors").is_file():
-        tiny_models.write("gpt2", folders / "gpt2-tiny")
-    if not (folders / "llama-2-7b" / "model.safetensors").is_file():
-        tiny_models.write_header_only("llama-2-7b", folders / "llama-2-7b")
+    write_example_models(ROOT / "models")
 
 
 def output_of(command: str, columns: int) -> str:
@@ -77,33 +89,46 @@ def excerpt(text: str, first: str | None, last: str | None) -> str:
     return "\n".join(lines[start : end + 1]).rstrip("\n")
 
 
-def refreshed(readme: str) -> str:
-    for command, (columns, first, last) in EXAMPLES.items():
-        head = f"```text\n$ {command}\n"
-        if head not in readme:
-            raise SystemExit(f"README.md has no example block for {command!r}")
-        start = readme.index(head) + len(head)
-        end = readme.index("```", start)
-        body = excerpt(output_of(command, columns), first, last)
-        readme = readme[:start] + body + "\n" + readme[end:]
-    return readme
+def refreshed(text: str, page: str, outputs: dict[str, str], stale: list[str] | None = None) -> str:
+    """TEXT with every example block's body replaced by the command's real output; the
+    commands whose block changed are appended to STALE."""
+
+    def body(match: re.Match[str]) -> str:
+        command = match.group(1)
+        if command not in EXAMPLES:
+            raise SystemExit(f"{page}: example {command!r} is not listed in EXAMPLES")
+        if command not in outputs:
+            columns, first, last = EXAMPLES[command]
+            outputs[command] = excerpt(output_of(command, columns), first, last)
+        if stale is not None and match.group(2) != outputs[command] + "\n":
+            stale.append(f"{page}: $ {command}")
+        return f"```text\n$ {command}\n{outputs[command]}\n```"
+
+    return BLOCK.sub(body, text)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    import os
-
     os.chdir(ROOT)  # examples name files relative to the repository
     prepare_models()
-    current = README.read_text(encoding="utf-8")
-    new = refreshed(current)
+    outputs: dict[str, str] = {}
+    unused = sorted(set(EXAMPLES) - {m.group(1) for p in pages() for m in BLOCK.finditer(
+        p.read_text(encoding="utf-8"))})  # fmt: skip
+    if unused:
+        raise SystemExit(f"no example block for {unused!r} in README.md or docs/")
+    stale: list[str] = []
+    for path in pages():
+        name = path.relative_to(ROOT).as_posix()
+        current = path.read_text(encoding="utf-8")
+        new = refreshed(current, name, outputs, stale)
+        if new != current and not args.check:
+            path.write_text(new, encoding="utf-8")
     if args.check:
-        print("README examples are current" if new == current else "README examples are stale")
-        return 0 if new == current else 1
-    README.write_text(new, encoding="utf-8")
-    print("README examples refreshed")
+        print("\n".join(["examples are stale:", *stale]) if stale else "examples are current")
+        return 1 if stale else 0
+    print("\n".join(["examples refreshed:", *stale]) if stale else "examples were current")
     return 0
 
 
