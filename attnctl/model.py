@@ -37,7 +37,7 @@ SAFETENSORS_ITEM_BYTES = {
     "F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "U64": 8, "I32": 4, "U32": 4,
     "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
 }  # fmt: skip
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu")
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 MAX_HEADER = 100 * 2**20  # a safetensors header longer than this is not one
 
 # Buffers some checkpoints store beside the weights: GPT-2's causal mask, old Llamas'
