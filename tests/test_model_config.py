@@ -453,3 +453,21 @@ def test_permission_denied_cannot_be_read(invoke, folders, tmp_path, monkeypatch
     started = time.perf_counter()
     line = _one_line_exit_2(invoke("shapes", "--model", str(directory)), started)
     assert "cannot read" in line and "Permission denied" in line and name in line
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_a_causal_bert_plans_what_it_runs(tmp_path, impl):
+    """is_decoder adds the causal mask to BERT's post-norm blocks: plan == recorded stages."""
+    from attnctl.layer import Recorder
+    from attnctl.plan import build_plan
+    from attnctl.pretrained import PretrainedModel
+
+    spec = read_model(tiny_models.write("bert", tmp_path / "b", is_decoder=True))
+    config = spec.layer_config(device="cpu", impl=impl)
+    assert (config.mask, config.norm) == ("causal", "post")
+    model = PretrainedModel(spec, config, torch.device("cpu"), blocks=2)
+    record = Recorder()
+    with torch.inference_mode():
+        model.run(torch.randint(0, spec.vocab_size, (2, 9)), 1, record, recorded=1)
+    plan = build_plan(config, 9, 2, spec.vocab_size, "cpu", model=spec, layer_index=1)
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
