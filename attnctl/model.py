@@ -637,8 +637,8 @@ def _spec_from_config(
         tensors=tensors,
         **values,
     )
-    try:
-        spec.layer_config()
+    try:  # in float32: the run's dtype (--dtype) is checked when the run asks for it
+        spec.layer_config(dtype="float32")
     except AttnctlError as error:
         raise AttnctlError(f"{path / 'config.json'}: {error.message}") from None
     return spec
@@ -662,6 +662,8 @@ def _layer_windows(fields: _Fields, model_type: str, layers: int) -> tuple[int, 
     if model_type == "mistral":  # transformers' Mistral reads no layer_types
         return (window,) * layers
     kinds = fields.config.get("layer_types")
+    if kinds is None and not window:  # transformers reads max_window_layers only with one
+        return (0,) * layers
     if kinds is None:
         first = fields.integer("max_window_layers", default=28, minimum=0)
         return tuple(window if n >= first else 0 for n in range(layers))

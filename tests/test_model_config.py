@@ -263,7 +263,8 @@ REFUSED = {
         "qwen2", {"use_sliding_window": False,
                   "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
         "layer_types"),
-    "qwen2 layer_types length": ("qwen2", {"layer_types": ["full_attention"]}, "layer_types"),
+    "qwen2 layer_types length": (
+        "qwen2", {"use_sliding_window": True, "layer_types": ["full_attention"]}, "layer_types"),
 }  # fmt: skip
 
 
@@ -291,6 +292,14 @@ def test_upcast_scores_are_refused_in_half_precision(invoke, tmp_path):
     started = time.perf_counter()
     result = invoke("run", "hi", "--model", str(directory), "--dtype", "bfloat16", *CPU)
     assert "reorder_and_upcast_attn" in _one_line_exit_2(result, started)
+    half = tmp_path / "half"  # stored in float16: refused, unless the run is in float32
+    transformers.AutoModel.from_pretrained(directory).half().save_pretrained(half)
+    shutil.copy(directory / "tokenizer.json", half)
+    started = time.perf_counter()
+    result = invoke("run", "hi", "--model", str(half), *CPU)
+    assert "add --dtype float32" in _one_line_exit_2(result, started)
+    result = invoke("run", "hi", "--model", str(half), "--dtype", "float32", *CPU)
+    assert result.exit_code == 0, result.output
 
 
 # ---------------------------------------------------------------- bad files: one line, fast
@@ -471,3 +480,13 @@ def test_a_causal_bert_plans_what_it_runs(tmp_path, impl):
         model.run(torch.randint(0, spec.vocab_size, (2, 9)), 1, record, recorded=1)
     plan = build_plan(config, 9, 2, spec.vocab_size, "cpu", model=spec, layer_index=1)
     assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+
+
+def test_gpt2_aliases_win_over_the_n_keys_as_in_transformers(invoke, tmp_path):
+    """transformers' attribute_map sets n_embd from hidden_size after n_embd: the alias wins."""
+    directory = tiny_models.write("gpt2", tmp_path / "g")
+    _patch(directory, n_embd=64, hidden_size=32, n_head=8, num_attention_heads=4, n_layer=9,
+           num_hidden_layers=3, n_positions=8, max_position_embeddings=64)  # fmt: skip
+    model, _ = _eager(directory, TEXT)
+    assert (model.config.n_embd, model.config.n_head, model.config.n_layer) == (32, 4, 3)
+    _assert_equal_to_transformers(invoke, directory)
