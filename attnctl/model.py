@@ -362,11 +362,16 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         raise AttnctlError(f"cannot read {file}: {error.strerror or error}") from None
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise AttnctlError(f"malformed safetensors file {file}: {error}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise AttnctlError(f"malformed safetensors file {file}: {reason}") from None
     if not isinstance(header, dict):
         raise AttnctlError(f"malformed safetensors file {file}: the header is not a JSON object")
-    header.pop("__metadata__", None)
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise AttnctlError(
+            f"malformed safetensors file {file}: __metadata__ must map names to strings"
+        )
     data_size = file_size - 8 - size
     return {key: _header_entry(file, key, entry, data_size) for key, entry in header.items()}
 

@@ -399,16 +399,23 @@ BAD_HEADERS = {
                           "data_offsets"),
     "size not the shape's": ({"wte.weight": _tensor(data_offsets=[0, 20])}, bytes(24), None,
                              "has shape (2, 3) of F32 but 20 bytes"),
+    "metadata not strings": ({"__metadata__": {"format": 1}, "wte.weight": _tensor()},
+                             bytes(24), None, "__metadata__ must map names to strings"),
     "header longer than the file": ({"wte.weight": _tensor()}, bytes(24), 10**6,
                                     "header length 1000000 does not fit"),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", BAD_HEADERS)
+@pytest.mark.parametrize("case", [*BAD_HEADERS, "nested too deeply"])
 def test_bad_safetensors_headers_exit_2_fast(invoke, folders, tmp_path, case):
-    header, data, length, message = BAD_HEADERS[case]
     directory = _copy(folders, "gpt2", tmp_path)
-    _header_file(directory / "model.safetensors", header, data, length)
+    if case == "nested too deeply":  # JSON no parser can hold: a RecursionError in Python
+        raw = b"[" * 100_000 + b"]" * 100_000
+        (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+        header, data, length, message = None, b"", None, "nested too deeply"
+    else:
+        header, data, length, message = BAD_HEADERS[case]
+        _header_file(directory / "model.safetensors", header, data, length)
     started = time.perf_counter()
     line = _one_line_exit_2(invoke("shapes", "--model", str(directory)), started)
     assert "malformed safetensors file" in line and message in line
@@ -444,6 +451,14 @@ def test_a_folder_in_place_of_a_file_cannot_be_read(invoke, folders, tmp_path, n
     started = time.perf_counter()
     line = _one_line_exit_2(invoke("shapes", "--model", str(directory)), started)
     assert "cannot read" in line and name in line and "malformed" not in line
+
+
+def test_a_config_nested_too_deeply_is_malformed(invoke, folders, tmp_path):
+    directory = _copy(folders, "gpt2", tmp_path)
+    (directory / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    started = time.perf_counter()
+    line = _one_line_exit_2(invoke("shapes", "--model", str(directory)), started)
+    assert "malformed model config" in line and "nested too deeply" in line
 
 
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
