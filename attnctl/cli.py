@@ -340,6 +340,8 @@ def run(
     batch, context_batch = both.split(len(texts))
     cross = context_batch if contexts else None
     seq_len = batch.seq_len
+    if model is not None and blocks:  # a sliding window past which attnctl's weights differ
+        model.check_run_length(seq_len, max(blocks) + 1)
     heads = choose_heads(head, layer.heads)
     every_block = blocks is not None and len(blocks) > 1  # --layer all: a summary of each
     if not head and not as_json and not every_block:  # compute only the tables printed

@@ -210,9 +210,16 @@ def _check_value(key: str, value: Any, source: str) -> Any:
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
     """A JSON file holding an object (a tokenizer, a model's config); errors name ``what``."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise AttnctlError(f"malformed {what} {path}: {error}") from error
+        text = path.read_bytes()
+    except IsADirectoryError:
+        raise AttnctlError(f"cannot read {what} {path}: it is a folder, not a file") from None
+    except OSError as error:  # permission denied, a vanished file, an I/O error
+        raise AttnctlError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    try:
+        data = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else error
+        raise AttnctlError(f"malformed {what} {path}: {reason}") from None
     if not isinstance(data, dict):
         raise AttnctlError(f"malformed {what} {path}: expected a JSON object")
     return data

@@ -367,11 +367,8 @@ def _model_embeddings(add, model: ModelSpec, seq_len: int, ids: str) -> str:
             f"{seq_len} tokens are more than the {model.max_positions} positions "
             f"{model.name} was trained with"
         )
-    if model.sliding_window and seq_len > model.sliding_window:
-        raise AttnctlError(
-            f"{seq_len} tokens are more than {model.name}'s sliding window of "
-            f"{model.sliding_window}; attnctl shows full causal attention, up to that length"
-        )
+    # a sliding window changes which scores are masked, not a shape or a byte: run checks
+    # the length against it (ModelSpec.check_run_length), shapes and memory need not
     x = add("embeddings", "B L D", (ids,), what="token embedding lookup")
     if model.family == "llama":  # positions come later: RoPE rotates Q and K in every block
         return x

@@ -194,12 +194,14 @@ FULL_SIZE = {
 
 
 def write_header_only(name: str, directory: Path, dtype: str = "float16") -> Path:
-    """config.json and a model.safetensors with a header and no data, from transformers.
+    """config.json and a model.safetensors with a header and no data (a sparse file), from
+    transformers.
 
     transformers builds the model on the meta device (no memory), so the tensor names and
     shapes are its own; ``shapes`` and ``memory`` read nothing but these two files.
     """
     import json
+    import os
 
     import torch
     import transformers
@@ -225,5 +227,9 @@ def write_header_only(name: str, directory: Path, dtype: str = "float16") -> Pat
             }
             offset = end
     raw = json.dumps(header).encode()
-    (directory / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    path = directory / "model.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw)
+    # the data's length without the data: a sparse file, its bytes read as zeros and
+    # stored nowhere, so the header's offsets fit the file as a real checkpoint's do
+    os.truncate(path, 8 + len(raw) + offset)
     return directory
