@@ -18,8 +18,6 @@ DOCS = ROOT / "docs"
 FIRST_SCREEN = 60  # lines
 # Written on another branch of the same change; checked like any page once it exists.
 # Remove this once docs/model-config-keys.md is merged.
-PAGES_FROM_OTHER_BRANCHES = {DOCS / "model-config-keys.md"}
-
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -87,8 +85,6 @@ def test_every_relative_link_resolves(page):
             continue
         target, _, fragment = link.partition("#")
         path = (page.parent / target).resolve() if target else page
-        if not path.exists() and path in PAGES_FROM_OTHER_BRANCHES:
-            continue
         assert path.exists(), f"{page.name}: {link} does not exist"
         if fragment:
             assert fragment in anchors(path), f"{page.name}: {link} names no heading"
