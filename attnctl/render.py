@@ -113,7 +113,8 @@ class FittingTable(Table):
             cells = [*([column.header] if self.show_header else []), *column.cells]
             measured = [Measurement.get(console, wide, cell) for cell in cells]
             if measured:
-                slack += max(m.maximum for m in measured) - max(m.minimum for m in measured)
+                narrowest = max([m.minimum for m in measured] + [column.min_width or 0])
+                slack += max(0, max(m.maximum for m in measured) - narrowest)
         return natural_width - slack
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
@@ -142,8 +143,8 @@ class FittingTable(Table):
                 label = Text(f"{headings[0]} ") + label
             label.stylize("bold")
             yield label
-            shown = [(h, c) for h, c in zip(headings[labels:], cells[labels:], strict=True)
-                     if c.plain.strip()]  # fmt: skip
+            pairs = zip(headings[labels:], cells[labels:], strict=True)
+            shown = [(heading, cell) for heading, cell in pairs if cell.plain.strip()]
             key_width = max((cell_len(h) for h, _ in shown), default=0)
             for heading, value in shown:
                 value_width = max(cell_len(line) for line in value.plain.split("\n"))
@@ -192,28 +193,50 @@ def _table(title: str) -> Table:
 def stage_table(stages: list[Stage], width: int, plan: Plan, show_device: bool = True) -> Table:
     """One row per stage: name, named dims, shape, dtype, (device), bytes, (what).
 
-    Every value stays whole: a terminal too narrow for the table gets its rows stacked
-    (see :class:`FittingTable`). Wide terminals add "what", a line on each stage, wrapped.
+    Every value stays whole. Where the width asks for it, "view of weighted_values" wraps
+    at its space, and a device shared by every stage moves from its column into the
+    caption; a terminal narrower still gets the rows stacked (see :class:`FittingTable`).
+    Wide terminals add "what", a line on each stage, wrapped.
     """
     what = {s.name: s.what for s in plan.stages}
-    rows = []
-    for i, stage in enumerate(stages):
-        size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
-        row = [str(i), stage.name, " ".join(stage.dims), shape_text(stage.shape), stage.dtype]
-        rows.append([*row, *([stage.device] if show_device else []), size])
-    headings = ["#", "stage", "dims", "shape", "dtype", *(["device"] if show_device else [])]
-    headings.append("bytes")
-    widths = [max([len(name)] + [len(row[n]) for row in rows]) for n, name in enumerate(headings)]
+    sizes = [f"view of {s.view_of}" if s.view_of else format_bytes(s.bytes) for s in stages]
+    devices = {stage.device for stage in stages}
+
+    def layout(device: bool) -> tuple[list[str], list[list[str]]]:
+        headings = ["#", "stage", "dims", "shape", "dtype", *(["device"] if device else [])]
+        rows = []
+        for i, (stage, size) in enumerate(zip(stages, sizes, strict=True)):
+            row = [str(i), stage.name, " ".join(stage.dims), shape_text(stage.shape)]
+            rows.append([*row, stage.dtype, *([stage.device] if device else []), size])
+        return [*headings, "bytes"], rows
+
+    def natural(headings: list[str], rows: list[list[str]], wrapped: bool = False) -> int:
+        widths = [max([len(h)] + [len(row[n]) for row in rows]) for n, h in enumerate(headings)]
+        if wrapped:  # the bytes column as narrow as its longest size or word of a view
+            widths[-1] = max([len("bytes")] + [len(w) for size in sizes for w in size.split()])
+            widths[-1] = max([widths[-1]] + [len(size) for size in sizes if "view" not in size])
+        return sum(widths) + 2 * len(widths)  # and rich's spaces between and around columns
+
+    headings, rows = layout(show_device)
+    shared_device = show_device and len(devices) == 1 and natural(headings, rows, True) > width
+    if shared_device:  # stated once below the table instead of on every row
+        headings, rows = layout(False)
     longest_what = max((len(word) for s in plan.stages for word in s.what.split()), default=0)
-    explain = width >= WIDE and sum(widths) + 2 * len(widths) + longest_what + 2 <= width
+    explain = width >= WIDE and natural(headings, rows) + longest_what + 2 <= width
     table = _table("stages")
-    for name in headings:
-        justify = "right" if name in ("#", "bytes") else "left"
-        table.add_column(name, justify=justify, no_wrap=True)
-    if explain:  # the one column that wraps (rich would shrink several unevenly)
+    for name in headings[:-1]:
+        table.add_column(name, justify="right" if name == "#" else "left", no_wrap=True)
+    # one column wraps (rich shrinks several unevenly): "what" when shown, else bytes,
+    # never narrower than a size such as "1023.99 MiB"
+    size_width = max([len(size) for size in sizes if "view" not in size], default=0)
+    table.add_column("bytes", justify="right", no_wrap=explain, min_width=size_width)
+    if explain:
         table.add_column("what")
     for stage, row in zip(stages, rows, strict=True):
         table.add_row(*row, *([what.get(stage.name, "")] if explain else []))
+    if shared_device:
+        table.caption = f"every stage on {next(iter(devices))}"
+        table.caption_justify = "left"
     return table
 
 
