@@ -99,11 +99,11 @@ def _terminal_conventions() -> Iterator[None]:
     """
     saved = os.environ.get("COLUMNS")
     if saved is not None:
-        usable = saved.strip().isdigit() and int(saved) > 0  # isdigit: no sign, no spaces
-        if not usable:
+        usable = saved.strip().isdigit() and int(saved) > 0  # isdigit: no sign
+        if usable:  # " 80" too, which rich alone would not read
+            os.environ["COLUMNS"] = str(min(int(saved), MAX_COLUMNS))
+        else:
             del os.environ["COLUMNS"]
-        elif int(saved) > MAX_COLUMNS:
-            os.environ["COLUMNS"] = str(MAX_COLUMNS)
     stdout = sys.stdout
     piped = not _is_terminal(stdout)
     if piped:

@@ -130,7 +130,7 @@ class FittingTable(Table):
 
     def _stacked(self, width: int) -> Iterator[RenderableType]:
         if self.title:
-            yield _cell_text(self.title, style="table.title")
+            yield _cell_text(self.title, style=self.title_style or "table.title")
         headings = [_cell_text(c.header).plain.replace("\n", " ") for c in self.columns]
         if not self.show_header:
             headings = [""] * len(headings)
@@ -163,7 +163,7 @@ class FittingTable(Table):
                 indent = (fits or [0])[0]
                 yield Padding(value, (0, 0, 0, indent))
         if self.caption:
-            yield _cell_text(self.caption, style="table.caption")
+            yield _cell_text(self.caption, style=self.caption_style or "table.caption")
 
 
 UNBOUNDED = 10**6  # a width to measure what a table needs when nothing limits it

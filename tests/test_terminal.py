@@ -231,13 +231,17 @@ def test_one_token_at_80_columns_keeps_the_device_and_bytes():
 # ---------------------------------------------------------------- COLUMNS and pipes
 
 
-@pytest.mark.parametrize("columns", ["0", "-5", "abc", "", " 80"])
+@pytest.mark.parametrize("columns", ["0", "-5", "abc", "", "1.5"])
 @pytest.mark.parametrize("args", [("shapes",), ("--help",), ("check", "--help")])
 def test_unusable_columns_is_ignored(args, columns):
     result = invoke_at(args, columns)
     unset = invoke_at(args, None)
     assert result.exit_code == unset.exit_code == 0, result.output
     assert result.stdout == unset.stdout and result.stdout.strip()
+
+
+def test_columns_with_spaces_is_read():
+    assert invoke_at(("shapes",), " 40 ").stdout == invoke_at(("shapes",), "40").stdout
 
 
 def test_huge_columns_is_quick_and_bounded():
