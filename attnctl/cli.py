@@ -105,7 +105,7 @@ def _terminal_conventions() -> Iterator[None]:
         else:
             del os.environ["COLUMNS"]
     stdout = sys.stdout
-    piped = not _is_terminal(stdout)
+    piped = stdout is not None and not _is_terminal(stdout)
     if piped:
         sys.stdout = _TrimmedLines(stdout)  # type: ignore[assignment]
     try:
