@@ -12,9 +12,10 @@ import dataclasses
 import functools
 import inspect
 import json
+import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum, StrEnum
 from typing import Annotated, Any
 
@@ -65,6 +66,10 @@ class _OneLineErrors(TyperGroup):
     """Turn every usage error and AttnctlError into one line on stderr."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        with _terminal_conventions():
+            return self._guarded_main(*args, standalone_mode=standalone_mode, **kwargs)
+
+    def _guarded_main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         try:
@@ -78,6 +83,82 @@ class _OneLineErrors(TyperGroup):
         except Exception as error:  # a bug: still one line, the traceback with --debug
             _fail(f"internal error: {type(error).__name__}: {error}", RUNTIME, error)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+MAX_COLUMNS = 1000  # wider terminals get this width: no renderer gains beyond it
+
+
+@contextlib.contextmanager
+def _terminal_conventions() -> Iterator[None]:
+    """An unusable COLUMNS is ignored, and piped output has no trailing spaces.
+
+    COLUMNS that is not a positive integer (0, -5, "abc") is treated as unset, as most
+    programs do; one above :data:`MAX_COLUMNS` is lowered to it. Both rich (our output
+    and Typer's help) and click read it from the environment, so it is set there for the
+    duration of the command and restored afterwards.
+    """
+    saved = os.environ.get("COLUMNS")
+    if saved is not None:
+        usable = saved.strip().isdigit() and int(saved) > 0  # isdigit: no sign
+        if usable:  # " 80" too, which rich alone would not read
+            os.environ["COLUMNS"] = str(min(int(saved), MAX_COLUMNS))
+        else:
+            del os.environ["COLUMNS"]
+    stdout = sys.stdout
+    piped = stdout is not None and not _is_terminal(stdout)
+    if piped:
+        sys.stdout = _TrimmedLines(stdout)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if piped:
+            sys.stdout.finish()  # type: ignore[attr-defined]
+            sys.stdout = stdout
+        if saved is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = saved
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or unusual stream
+        return False
+
+
+class _TrimmedLines:
+    """A text stream that writes each line without its trailing spaces (rich pads cells)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        lines = (self._pending + text).split("\n")
+        self._pending = lines.pop()
+        if lines:
+            self._stream.write("".join(line.rstrip(" \t") + "\n" for line in lines))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:  # a line not ended yet waits: more of it may follow
+        self._stream.flush()
+
+    def finish(self) -> None:
+        if self._pending:
+            self._stream.write(self._pending.rstrip(" \t"))
+            self._pending = ""
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:  # encoding, errors, fileno, buffer, ...
+        return getattr(self._stream, name)
 
 
 def _fail(message: str, code: int, error: BaseException) -> None:
@@ -97,7 +178,7 @@ app = typer.Typer(
     "per-head weights, memory.",
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion
     pretty_exceptions_enable=False,
 )
 
@@ -115,7 +196,9 @@ def _main(
     ] = False,
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+        typer.Option(
+            "--version", "-V", callback=_version, is_eager=True, help="Print the version."
+        ),
     ] = False,
 ) -> None:
     _state["debug"] = debug
@@ -134,13 +217,20 @@ DType = StrEnum("DType", {value: value for value in DTYPES})
 
 
 def _option(kind: Any, *names: str, help: str) -> Any:
-    return Annotated[kind | None, typer.Option(*names, help=help, rich_help_panel="Layer")]
+    metavar = None
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        # a short metavar and the choices in the help text, where they wrap between words
+        # (a long [a|b|c] metavar is broken mid-word on narrow terminals)
+        metavar = names[0].split("-")[-1].upper()  # --norm-type: TYPE
+        help = f"{help} One of: {', '.join(choice.value for choice in kind)}."
+    option = typer.Option(*names, help=help, metavar=metavar, rich_help_panel="Layer")
+    return Annotated[kind | None, option]
 
 
 # name -> annotation; every one defaults to None, meaning "not given: keep the preset's value"
 LAYER_OPTIONS: dict[str, Any] = {
     "config": _option(
-        str, "--config", "-c", help="Preset name (configs/NAME.toml) or a TOML path."
+        str, "--config", "-c", help="Preset name (one of configs/*.toml) or a TOML path."
     ),
     "tokenizer": _option(
         str, "--tokenizer", help="'bundled' (default), 'char', or a tokenizer.json path."
@@ -195,18 +285,28 @@ MODEL_OPTION = Annotated[
 MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer")  # options that still apply to a model
 
 
-def layer_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give a command every layer option; it receives them as one validated ``layer``.
+def layer_options(
+    command: Callable[..., None] | None = None, *, leave_out: tuple[str, ...] = ()
+) -> Any:
+    """Give a command the layer options; it receives them as one validated ``layer``.
 
+    ``leave_out`` names options the command does not offer (they keep the preset's value).
     A command with a ``model`` parameter also gets ``--model DIR``: then the layer comes
     from the model's config.json and ``model`` is its :class:`ModelSpec` (else None).
+    Use it bare (``@layer_options``) or with arguments (``@layer_options(leave_out=...)``).
     """
+    if command is None:
+        return functools.partial(layer_options, leave_out=leave_out)
+    unknown = set(leave_out) - set(LAYER_OPTIONS)
+    if unknown:
+        raise ValueError(f"no such layer option: {sorted(unknown)}")
+    offered = {name: kind for name, kind in LAYER_OPTIONS.items() if name not in leave_out}
     signature = inspect.signature(command, eval_str=True)
     takes_model = "model" in signature.parameters
     own = [p for p in signature.parameters.values() if p.name not in ("layer", "model")]
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
-        for name, kind in LAYER_OPTIONS.items()
+        for name, kind in offered.items()
     ]
     if takes_model:
         shared.append(
@@ -217,7 +317,7 @@ def layer_options(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
-        given = {name: kwargs.pop(name) for name in LAYER_OPTIONS}
+        given = {name: kwargs.pop(name, None) for name in LAYER_OPTIONS}
         values = {k: v.value if isinstance(v, Enum) else v for k, v in given.items()}
         if not takes_model:
             command(layer=build_config(values.pop("config"), **values), **kwargs)
@@ -265,12 +365,13 @@ ContextLenOption = Annotated[
 
 
 @app.command()
-@layer_options
+@layer_options(leave_out=("dropout",))  # dropout acts only in training (memory --train)
 def run(
     text: Annotated[
         list[str] | None,
         typer.Argument(
-            help="The sentence to run (or use --file); several make a batch, padded on the right.",
+            help="The sentence to run ('-' reads stdin, like --file -); several make a batch, "
+            "padded on the right.",
             metavar="TEXT...",
         ),
     ] = None,
@@ -420,10 +521,13 @@ def _choose_blocks(block: str | None, model: ModelSpec | None) -> list[int] | No
 
 
 def _read_texts(texts: list[str] | None, file: str | None) -> list[str]:
+    """TEXT arguments or one file's text; a TEXT of '-' (like --file -) reads stdin."""
     if bool(texts) == (file is not None):
         raise AttnctlError("give the text either as TEXT or with --file PATH, not both or neither")
     if file is None:
-        return texts
+        if texts.count("-") > 1:
+            raise AttnctlError("stdin can be read once: give '-' as one TEXT only")
+        return [_read_texts(None, "-")[0] if text == "-" else text for text in texts]
     try:
         if file == "-":
             return [sys.stdin.read()]
@@ -466,7 +570,7 @@ def _progress(description: str, console: Console | None = None) -> Iterator[None
 
 
 @app.command()
-@layer_options
+@layer_options(leave_out=("dropout",))
 def shapes(
     seq_len: SeqLenOption = 16,
     batch: BatchOption = 1,
@@ -649,7 +753,7 @@ def _preflight(plan: Plan, need_bytes: int, force: bool, blocks: int = 1, passes
 
 
 @app.command()
-@layer_options
+@layer_options(leave_out=("dropout",))
 def check(
     seq_len: SeqLenOption = 16,
     batch: BatchOption = 2,

@@ -8,13 +8,18 @@ characters show as escapes.
 
 from __future__ import annotations
 
+import math
 import unicodedata
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.color import Color
 from rich.columns import Columns
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
@@ -87,8 +92,93 @@ def sizes_line(plan: Plan) -> str:
     return "  ".join(f"{k}={v}" for k, v in shown.items())
 
 
+class FittingTable(Table):
+    """A table that never cuts a value: too narrow for it, it stacks its rows instead.
+
+    Columns marked ``no_wrap`` keep their full width; the others wrap at spaces, down to
+    their longest word (give a table at most one such column: rich shrinks several
+    unevenly). When even that does not fit, each row becomes its label (the first cell,
+    or ``#`` and the next) followed by one ``heading  value`` line per cell, every value
+    whole; one too long for a line goes under its heading and wraps at its spaces.
+    """
+
+    def needed_width(self, console: Console, options: ConsoleOptions) -> int:
+        """The narrowest width that shows every cell without cutting or breaking a word."""
+        wide = options.update_width(UNBOUNDED)
+        natural_width = super().__rich_measure__(console, wide).maximum
+        slack = 0
+        for column in self.columns:
+            if column.no_wrap or column.width is not None:
+                continue
+            cells = [*([column.header] if self.show_header else []), *column.cells]
+            measured = [Measurement.get(console, wide, cell) for cell in cells]
+            if measured:
+                narrowest = max([m.minimum for m in measured] + [column.min_width or 0])
+                slack += max(0, max(m.maximum for m in measured) - narrowest)
+        return natural_width - slack
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        natural = super().__rich_measure__(console, options.update_width(UNBOUNDED)).maximum
+        needed = self.needed_width(console, options)
+        return Measurement(min(needed, options.max_width), min(natural, options.max_width))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.needed_width(console, options) <= options.max_width:
+            yield from super().__rich_console__(console, options)
+        else:
+            yield from self._stacked(options.max_width)
+
+    def _stacked(self, width: int) -> Iterator[RenderableType]:
+        if self.title:
+            yield _cell_text(self.title, style=self.title_style or "table.title")
+        headings = [_cell_text(c.header).plain.replace("\n", " ") for c in self.columns]
+        if not self.show_header:
+            headings = [""] * len(headings)
+        labels = 2 if headings[:1] == ["#"] else 1
+        columns = [list(column.cells) for column in self.columns]
+        for row in range(self.row_count):
+            cells = [_cell_text(column[row]) for column in columns]
+            label = Text(" ").join(cell for cell in cells[:labels] if cell.plain.strip())
+            if labels == 1 and headings[0] and label.plain.isdigit():  # "head 3", not "3"
+                label = Text(f"{headings[0]} ") + label
+            label.stylize("bold")
+            yield label
+            pairs = zip(headings[labels:], cells[labels:], strict=True)
+            shown = [(heading, cell) for heading, cell in pairs if cell.plain.strip()]
+            key_width = max((cell_len(h) for h, _ in shown), default=0)
+            for heading, value in shown:
+                value_width = max(cell_len(line) for line in value.plain.split("\n"))
+                prefixes = (
+                    [f"  {heading.ljust(key_width)}  ", f"  {heading}  "] if heading else ["  "]
+                )
+                prefix = next((p for p in prefixes if len(p) + value_width <= width), None)
+                if "\n" not in value.plain and prefix is not None:
+                    yield Text(prefix) + value
+                    continue
+                if heading:
+                    yield Text(f"  {heading}")
+                longest_word = max(cell_len(word) for word in value.plain.split())
+                fits = [i for i in (4, 2) if i + value_width <= width]  # on one line
+                fits += [i for i in (2,) if i + longest_word <= width]  # wrapped at spaces
+                indent = (fits or [0])[0]
+                yield Padding(value, (0, 0, 0, indent))
+        if self.caption:
+            yield _cell_text(self.caption, style=self.caption_style or "table.caption")
+
+
+UNBOUNDED = 10**6  # a width to measure what a table needs when nothing limits it
+
+
+def _cell_text(cell: RenderableType, style: str = "") -> Text:
+    """A table cell as Text: strings are our own markup, Text (user text) stays as it is."""
+    text = cell.copy() if isinstance(cell, Text) else Text.from_markup(str(cell), emoji=False)
+    if style:
+        text.stylize(style)
+    return text
+
+
 def _table(title: str) -> Table:
-    return Table(
+    return FittingTable(
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
@@ -103,32 +193,50 @@ def _table(title: str) -> Table:
 def stage_table(stages: list[Stage], width: int, plan: Plan, show_device: bool = True) -> Table:
     """One row per stage: name, named dims, shape, dtype, (device), bytes, (what).
 
-    Every column but "what" keeps its full width; the device (also in the header) is left
-    out when it does not fit, and "what" is shown on wide terminals, cut to what fits.
+    Every value stays whole. Where the width asks for it, "view of weighted_values" wraps
+    at its space, and a device shared by every stage moves from its column into the
+    caption; a terminal narrower still gets the rows stacked (see :class:`FittingTable`).
+    Wide terminals add "what", a line on each stage, wrapped.
     """
-    explain = width >= WIDE
     what = {s.name: s.what for s in plan.stages}
-    rows = []
-    for i, stage in enumerate(stages):
-        size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
-        row = [str(i), stage.name, " ".join(stage.dims), shape_text(stage.shape), stage.dtype]
-        rows.append([*row, stage.device, size])
-    headings = ["#", "stage", "dims", "shape", "dtype", "device", "bytes"]
-    widths = [max([len(name)] + [len(row[n]) for row in rows]) for n, name in enumerate(headings)]
-    if not show_device or sum(widths) + 2 * len(widths) > width:
-        del headings[5], widths[5]
-        for row in rows:
-            del row[5]
+    sizes = [f"view of {s.view_of}" if s.view_of else format_bytes(s.bytes) for s in stages]
+    devices = {stage.device for stage in stages}
+
+    def layout(device: bool) -> tuple[list[str], list[list[str]]]:
+        headings = ["#", "stage", "dims", "shape", "dtype", *(["device"] if device else [])]
+        rows = []
+        for i, (stage, size) in enumerate(zip(stages, sizes, strict=True)):
+            row = [str(i), stage.name, " ".join(stage.dims), shape_text(stage.shape)]
+            rows.append([*row, stage.dtype, *([stage.device] if device else []), size])
+        return [*headings, "bytes"], rows
+
+    def natural(headings: list[str], rows: list[list[str]], wrapped: bool = False) -> int:
+        widths = [max([len(h)] + [len(row[n]) for row in rows]) for n, h in enumerate(headings)]
+        if wrapped:  # the bytes column as narrow as its longest size or word of a view
+            widths[-1] = max([len("bytes")] + [len(w) for size in sizes for w in size.split()])
+            widths[-1] = max([widths[-1]] + [len(size) for size in sizes if "view" not in size])
+        return sum(widths) + 2 * len(widths)  # and rich's spaces between and around columns
+
+    headings, rows = layout(show_device)
+    shared_device = show_device and len(devices) == 1 and natural(headings, rows, True) > width
+    if shared_device:  # stated once below the table instead of on every row
+        headings, rows = layout(False)
+    longest_what = max((len(word) for s in plan.stages for word in s.what.split()), default=0)
+    explain = width >= WIDE and natural(headings, rows) + longest_what + 2 <= width
     table = _table("stages")
-    used = 0
-    for name, widest in zip(headings, widths, strict=True):
-        justify = "right" if name in ("#", "bytes") else "left"
-        table.add_column(name, justify=justify, no_wrap=True, min_width=widest)
-        used += widest + 2  # and the space between columns
+    for name in headings[:-1]:
+        table.add_column(name, justify="right" if name == "#" else "left", no_wrap=True)
+    # one column wraps (rich shrinks several unevenly): "what" when shown, else bytes,
+    # never narrower than a size such as "1023.99 MiB"
+    size_width = max([len(size) for size in sizes if "view" not in size], default=0)
+    table.add_column("bytes", justify="right", no_wrap=explain, min_width=size_width)
     if explain:
-        table.add_column("what", overflow="ellipsis", no_wrap=True, max_width=width - used - 1)
+        table.add_column("what")
     for stage, row in zip(stages, rows, strict=True):
         table.add_row(*row, *([what.get(stage.name, "")] if explain else []))
+    if shared_device:
+        table.caption = f"every stage on {next(iter(devices))}"
+        table.caption_justify = "left"
     return table
 
 
@@ -136,7 +244,7 @@ def stage_table(stages: list[Stage], width: int, plan: Plan, show_device: bool =
 
 
 def header(title: str, rows: list[tuple[str, str]]) -> Table:
-    grid = Table.grid(padding=(0, 2))
+    grid = FittingTable.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     for key, value in rows:
@@ -275,7 +383,7 @@ def weight_tables(
 
 def _size_grid(title: str = "") -> Table:
     """Rows of three cells: what, how many bytes, why."""
-    grid = Table.grid(padding=(0, 2))
+    grid = FittingTable.grid(padding=(0, 2))
     if title:
         grid.title, grid.title_justify, grid.title_style = title, "left", "bold"
     grid.add_column(no_wrap=True)
@@ -505,27 +613,40 @@ CLEAR = 0.7  # a pattern holding this much weight: the mark is bold
 def heads_map(
     by_layer: list[list[HeadStats]], heads: list[int], width: int, which: str = ""
 ) -> list[RenderableType]:
-    """One mark per head and block, its kind: the whole model at a glance."""
+    """One mark per head and block, its kind: the whole model at a glance.
+
+    Too many heads for the width: one character a head, numbered every fifth; still too
+    many: the heads are shown in slices that fit, one after the other.
+    """
     cell = len(str(max(heads))) + 1
     label = len(str(len(by_layer) - 1)) + 7  # "layer 11 "
     compact = label + cell * len(heads) > width
     if compact:  # one character a head, numbered every fifth
         cell = 1
-    ruler = [" "] * (cell * len(heads) + 3)
-    for position, head in enumerate(heads):
-        number = str(head)
-        start = position * cell
-        free = all(c == " " for c in ruler[max(0, start - 1) : start + len(number) + 1])
-        if (not compact or head % 5 == 0) and free:
-            ruler[start : start + len(number)] = number
-    lines = Text("head".rjust(label - 1) + " " + "".join(ruler).rstrip() + "\n")
-    for layer, stats in enumerate(by_layer):
-        lines.append(f"layer {layer:>{label - 7}} ")
-        for s in stats:
-            strength = _strength(s)
-            style = "bold" if strength >= CLEAR else "" if s.kind in PATTERNS else "dim"
-            lines.append(KIND_MARKS[s.kind].ljust(cell), style=style)
-        lines.append("\n")
+    per_slice = max(1, (width - label) // cell)
+    lines = Text()
+    for first in range(0, len(heads), per_slice):
+        shown = range(first, min(first + per_slice, len(heads)))  # positions of the heads
+        ruler = [" "] * (cell * len(shown))
+        for position in shown:
+            number = str(heads[position])
+            start = (position - first) * cell
+            end = start + len(number)
+            free = end <= len(ruler) and all(c == " " for c in ruler[max(0, start - 1) : end + 1])
+            if (not compact or heads[position] % 5 == 0) and free:
+                ruler[start:end] = number
+        if first:
+            lines.append("\n")
+        lines.append("head".rjust(label - 1) + " " + "".join(ruler).rstrip() + "\n")
+        for layer, stats in enumerate(by_layer):
+            lines.append(f"layer {layer:>{label - 7}} ")
+            for position in shown:
+                s = stats[position]
+                strength = _strength(s)
+                style = "bold" if strength >= CLEAR else "" if s.kind in PATTERNS else "dim"
+                mark = KIND_MARKS[s.kind]
+                lines.append(mark if position == shown[-1] else mark.ljust(cell), style=style)
+            lines.append("\n")
     lines.rstrip()
     title = "heads by block" + (f" ({which})" if which else "")
     legend = "  ".join(f"{mark} {kind.replace('_', ' ')}" for kind, mark in KIND_MARKS.items())
@@ -677,12 +798,12 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
         variants.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
     table = variant_table(plan, estimate.layers)
     for dtype in DTYPES:
-        math, sdpa = table[dtype]["math"], table[dtype].get("sdpa")
+        on_math, sdpa = table[dtype]["math"], table[dtype].get("sdpa")
         variants.add_row(
             dtype,
-            format_bytes(math.parameter_bytes),
-            format_bytes(math.attention_matrix_bytes),
-            format_bytes(math.peak_bytes),
+            format_bytes(on_math.parameter_bytes),
+            format_bytes(on_math.attention_matrix_bytes),
+            format_bytes(on_math.peak_bytes),
             format_bytes(sdpa.peak_bytes) if sdpa else "n/a",
         )
     parts: list[RenderableType] = [params, stages, summary]
@@ -758,15 +879,27 @@ def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
         table.add_row(*row)
     totals = [sum(bar_parts(r)) for r in reports]
     label_width = max(len(str(r.plan.seq_len)) for r in reports) + 2
-    bar_width = max(10, width - (label_width + 2) - len(" 1023.99 MiB") - 1)
+    total_width = len(" 1023.99 MiB")
+    bar_width = width - (label_width + 2) - total_width - 1
+    # too narrow for label, bar and total on one line: the bar goes under its label
+    beneath = bar_width < 10
+    if beneath:
+        bar_width = max(len(BAR_PARTS), width - 2)  # every part keeps at least one mark
     chart = Text()
     for report, total in zip(reports, totals, strict=True):
-        chart.append(f"L={report.plan.seq_len}".ljust(label_width + 2))
+        label = f"L={report.plan.seq_len}"
+        chart.append(
+            f"{label} {format_bytes(total)}\n  " if beneath else label.ljust(label_width + 2)
+        )
         for (_, char, colour), part in zip(BAR_PARTS, bar_parts(report), strict=True):
-            cells = round(bar_width * part / max(totals))
-            chart.append(char * (max(1, cells) if part else 0), style=colour)  # none vanish
-        chart.append(f" {format_bytes(total)}\n")
-    legend = "  ".join(f"{char} {name}" for name, char, _ in BAR_PARTS)
+            # a part is at least one mark: room for those kept aside, so no bar is too long
+            cells = max(1, int((bar_width - len(BAR_PARTS)) * part / max(totals)))
+            chart.append(char * (cells if part else 0), style=colour)
+        chart.append("\n" if beneath else f" {format_bytes(total)}\n")
+    items = [f"{char} {name}" for name, char, _ in BAR_PARTS]
+    legend = "  ".join(items)
+    if len(legend) > width:  # one item a line, so no mark is parted from its name
+        legend = "\n".join(items)
     return [
         table,
         Text(
@@ -963,13 +1096,32 @@ def _length_json(report: MemoryReport) -> dict[str, Any]:
     return document
 
 
+def difference_bound(difference: float) -> str:
+    """A difference as the next power of ten above it (``< 1e-06``); 0 stays ``0``.
+
+    Float noise differs between CPUs (AVX2 and AVX-512 round differently), so the exact
+    value is not shown on screen (it is in --json): the bound holds on any machine.
+    """
+    if difference == 0:
+        return "0"
+    if not math.isfinite(difference):
+        return str(difference)  # nan or inf: nothing to bound
+    exponent = math.floor(math.log10(difference)) + 1
+    while 10.0**exponent <= difference:  # log10 may round either way at a power of ten
+        exponent += 1
+    while 10.0 ** (exponent - 1) > difference:
+        exponent -= 1
+    return f"< 1e{exponent:+03d}"
+
+
 def check_view(result: CheckResult, plan: Plan) -> Group:
     table = _table("implementations compared (same weights)")
     for name in ("a", "b", "what", "max |a - b|", "tolerance", ""):
         table.add_column(name, no_wrap=True, justify="right" if "|" in name else "left")
     for c in result.comparisons:
         verdict = Text("ok", style="green") if c.ok else Text("FAIL", style="bold red")
-        table.add_row(c.a, c.b, c.what, f"{c.max_abs_diff:.2e}", f"{c.tolerance:.0e}", verdict)
+        bound = difference_bound(c.max_abs_diff)
+        table.add_row(c.a, c.b, c.what, bound, f"{c.tolerance:.0e}", verdict)
     verdict = "ok" if result.gradcheck else "FAIL"
     return Group(
         header(
@@ -982,6 +1134,8 @@ def check_view(result: CheckResult, plan: Plan) -> Group:
         ),
         Text(""),
         table,
+        Text("max |a - b| is rounded up to a power of ten; the exact values are in --json",
+             style="dim"),
         *(Text(f"not compared: {reason}", style="dim") for reason in result.skipped),
         Text(f"gradcheck: {verdict} ({result.gradcheck_note})"),
         Text("all agree" if result.ok else "MISMATCH: see the rows marked FAIL", style="bold"),
