@@ -19,7 +19,7 @@ from attnctl.layer import (
     sinusoidal_positions,
 )
 from attnctl.measure import measure_forward
-from attnctl.memory import estimate, kv_cache_bytes
+from attnctl.memory import allowed_impls, estimate, kv_cache_bytes, variant_table
 from attnctl.plan import build_plan
 
 CPU = ("--device", "cpu")
@@ -360,6 +360,56 @@ def test_llama3_scaling_keeps_fast_stretches_slow_and_blends_between():
     assert scaled_frequency(slow, config) == pytest.approx(slow / 8)  # > 8192 / 1: ÷ factor
     middle = 2 * math.pi / 4096  # between: smooth = (8192 / 4096 - 1) / 3 = 1/3
     assert scaled_frequency(middle, config) == pytest.approx(middle * (2 / 3 / 8 + 1 / 3))
+
+
+@pytest.mark.parametrize("how", [["--budget", "16GiB"], ["--budget", "16GiB", "--impl", "math"],
+                                 ["--fit", "--device", "cpu"]])  # fmt: skip
+def test_alibi_memory_budget_fits_the_math_path_only(invoke, monkeypatch, how):
+    import attnctl.runner
+
+    monkeypatch.setattr(attnctl.runner, "free_memory", lambda device: 16 * 2**30)
+    args = ("memory", "--pos", "alibi", *how)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    fit_table = result.stdout.split("fits in 16.00 GiB")[1].split()
+    assert "math" in fit_table and "sdpa" not in fit_table
+    data = json.loads(invoke(*args, "--json").stdout)
+    assert data["budget_bytes"] == 16 * 2**30
+    assert set(data["max_seq_len"]) == set(data["max_batch"]) == {"math"}  # sdpa: refused
+    config = build_config(pos="alibi", impl="math")
+
+    def peak(length, rows):
+        return estimate(build_plan(config, length, rows, 2214)).peak_bytes
+
+    longest, largest = data["max_seq_len"]["math"], data["max_batch"]["math"]
+    assert peak(longest, 1) <= 16 * 2**30 < peak(longest + 1, 1)
+    assert peak(2048, largest) <= 16 * 2**30 < peak(2048, largest + 1)
+
+
+@pytest.mark.parametrize(
+    "options,impls",
+    [({}, ("math", "sdpa")), ({"pos": "alibi"}, ("math",)), ({"dropout": 0.1}, ("math",)),
+     ({"pos": "alibi", "kv_heads": 2, "mask": "causal"}, ("math",)),
+     ({"pos": "rope", "kv_heads": 2}, ("math", "sdpa"))],
+)  # fmt: skip
+def test_variant_table_has_the_implementations_the_configuration_allows(options, impls):
+    config = build_config(d_model=64, heads=4, **options)
+    assert allowed_impls(config) == impls
+    plan = build_plan(config, 32, 2, 50)
+    table = variant_table(plan)
+    assert list(table) == ["float32", "float16", "bfloat16"]
+    assert all(tuple(row) == impls for row in table.values())
+    for dtype, row in table.items():
+        for impl, found in row.items():
+            other = build_plan(dataclasses.replace(config, dtype=dtype, impl=impl), 32, 2, 50)
+            assert found == estimate(other)
+
+
+def test_alibi_memory_table_shows_the_math_path_only(invoke):
+    data = json.loads(invoke("memory", "--pos", "alibi", "--seq-len", "64", "--json").stdout)
+    assert data["config"]["impl"] == "math"
+    result = invoke("memory", "--pos", "alibi", "--seq-len", "64")
+    assert result.exit_code == 0 and "alibi" in result.stdout
 
 
 @pytest.mark.parametrize(
