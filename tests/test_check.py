@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from torch import nn
 
 import attnctl.check
 import attnctl.layer
@@ -216,6 +217,13 @@ ORIGINAL_ALIBI, ORIGINAL_ROTATE = attnctl.layer.alibi_bias, attnctl.layer.rotate
         (attnctl.layer, ("causal_mask", wrong_causal_mask), {"mask": "causal"}, {"math"}),
         (attnctl.layer, ("causal_mask", wrong_causal_mask), {"mask": "causal", "pos": "rope"},
          {"math"}),
+        # a norm that does not normalise: after attention, only the layer output shows it;
+        # before (pre-norm), the attention of both paths too
+        (nn.RMSNorm, ("forward", lambda self, x: x * self.weight), {"norm_type": "rms"},
+         {"math"}),
+        (nn.RMSNorm, ("forward", lambda self, x: x * self.weight),
+         {"norm_type": "rms", "norm": "pre", "pos": "rope"}, {"math", "sdpa"}),
+        (nn.LayerNorm, ("forward", lambda self, x: x * self.weight + self.bias), {}, {"math"}),
     ],
 )  # fmt: skip
 def test_a_broken_variant_in_the_layer_is_caught(monkeypatch, target, broken, options, caught):
@@ -273,3 +281,20 @@ def test_a_wrong_backward_fails_gradcheck_with_alibi(monkeypatch):
     monkeypatch.setattr(torch, "softmax", lambda s, dim: DoubledBackward.apply(s).softmax(dim))
     result = run_check(config, 2, 5, 30)
     assert not result.gradcheck and not result.ok
+
+
+def test_the_layer_output_tolerance_scales_with_its_values(monkeypatch):
+    """A residual stream reaches several units, where a bfloat16 step exceeds 5e-2."""
+    expected = []
+    original = attnctl.check.reference_layer_output
+
+    def recorded(*args):
+        expected.append(original(*args))
+        return expected[-1]
+
+    monkeypatch.setattr(attnctl.check, "reference_layer_output", recorded)
+    result = run_check(build_config(**SMALL, dtype="bfloat16", norm="pre"), 2, 5, 30)
+    largest = expected[0].abs().max().item()
+    assert largest > 1  # x + attention: the embeddings alone are N(0, 1)
+    tolerances = {c.what: c.tolerance for c in result.comparisons}
+    assert tolerances == {"output": 5e-2, "weights": 5e-2, "layer output": 5e-2 * largest}
