@@ -144,8 +144,17 @@ def test_the_product_is_what_validate_accepts():
     assert len(VARIANTS) == 5 * 2 * 3 * 2 * 3 + 3 * 1 * 3 * 2 * 3 == 234
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread is faster than waiting on a second on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("options", VARIANTS, ids=lambda o: "-".join(map(str, o.values())))
-def test_check_passes_for_every_accepted_variant(options):
+def test_check_passes_for_every_accepted_variant(options, one_thread):
     result = run_check(build_config(**SMALL, **options), batch=2, seq_len=5, vocab_size=30)
     assert result.ok and result.gradcheck and result.skipped == []
     assert all(c.ok for c in result.comparisons), result.comparisons
@@ -262,8 +271,10 @@ def test_gradcheck_covers_alibi(monkeypatch):
     monkeypatch.setattr(
         attnctl.layer, "alibi_bias", lambda *args: added.append(args[-1]) or original(*args)
     )
+    threads = torch.get_num_threads()
     passed, note = attnctl.check._gradcheck(config, 30)
     assert passed and "float64" in note
+    assert torch.get_num_threads() == threads  # gradcheck's one thread, given back
     assert added and set(added) == {torch.float64}  # the float64 copy adds the bias
 
 
