@@ -1,31 +1,50 @@
-"""`attnctl check`: one configuration through three implementations and gradcheck.
+"""`attnctl check`: one configuration through the layer's two paths, an oracle, and gradcheck.
 
-The math path (every weight built), the same layer with SDPA, and torch's own
-``nn.MultiheadAttention`` given the same W_q, W_k, W_v, W_o: the attention outputs (and
-the weights, where both sides have them) must agree within a tolerance for the dtype.
-``torch.autograd.gradcheck`` then checks the layer's backward in float64.
+The math path (every weight built) and the same layer with SDPA are compared with each
+other and with an oracle written here, independently of ``layer.py``:
+
+- torch's own ``nn.MultiheadAttention`` given the same W_q, W_k, W_v, W_o, for every
+  configuration it can express: grouped K/V heads (GQA) by repeating each K/V head's rows of
+  W_k and W_v for the query heads that read it, ALiBi (and the causal mask with it) as a
+  float ``attn_mask`` built here;
+- with ``--pos rope``, which rotates Q and K inside the attention where
+  ``nn.MultiheadAttention`` cannot reach: an "SDPA reference" that projects with the layer's
+  weights, rotates the pairs (i, i + d_k/2) by angles computed here in float64, picks each
+  query head's K/V head, and calls ``F.scaled_dot_product_attention``.
+
+The attention outputs, the weights (where both sides have them) and the layer's output
+(after its residual and norm, recomputed here) must agree within a tolerance for the dtype.
+``torch.autograd.gradcheck`` then checks the layer's backward in float64. The positions
+added to the embeddings (sinusoidal, learned) are the layer's own: the oracle starts from
+the layer's input, and tests hold those tables to their formulas.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnctl.config import LayerConfig
-from attnctl.layer import TORCH_DTYPES, AttentionLayer, causal_mask, resolve_device
+from attnctl.layer import TORCH_DTYPES, AttentionLayer, resolve_device
 
-# max |a - b| allowed, by dtype
+# max |a - b| allowed, by dtype (times max(1, max |b|) for the layer output)
 TOLERANCE = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 5e-2}
+MHA = "nn.MultiheadAttention"
+SDPA_REFERENCE = "SDPA reference"
 
 
 @dataclass(frozen=True)
 class Comparison:
     a: str
     b: str
-    what: str  # "output" (the attention output, before any residual) or "weights"
+    # "output": the attention output, before any residual; "weights"; "layer output": after
+    # the residual and the norm
+    what: str
     max_abs_diff: float
     tolerance: float
 
@@ -47,22 +66,170 @@ class CheckResult:
         return self.gradcheck and all(c.ok for c in self.comparisons)
 
 
+@dataclass(frozen=True)
+class ReferenceAttention:
+    name: str  # who computed it
+    output: torch.Tensor  # (B, L, D): after W_o, before any residual
+    weights: torch.Tensor  # (B, H, L, Lk)
+
+
+def _per_query_head(tensor: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """(Hkv·d_k, ...) rows of W_k, W_v or their bias -> (H·d_k, ...): query head h reads
+    K/V head h // (H / Hkv), as in grouped-query attention."""
+    groups = heads // kv_heads
+    per_head = tensor.reshape(kv_heads, 1, -1, *tensor.shape[1:])  # (Hkv, 1, d_k, ...)
+    expanded = per_head.expand(kv_heads, groups, *per_head.shape[2:])  # (Hkv, groups, d_k, ...)
+    return expanded.reshape(heads * per_head.shape[2], *tensor.shape[1:])  # (H·d_k, ...)
+
+
 def reference_mha(layer: AttentionLayer) -> nn.MultiheadAttention:
-    """torch's own multi-head attention with this layer's W_q, W_k, W_v, W_o copied in."""
+    """torch's own multi-head attention with this layer's W_q, W_k, W_v, W_o copied in.
+
+    Under GQA, W_k and W_v get each K/V head's rows once per query head that reads it.
+    """
     config = layer.config
     weight = layer.W_q.weight
     mha = nn.MultiheadAttention(config.d_model, config.heads, bias=config.bias, batch_first=True)
     mha = mha.to(device=weight.device, dtype=weight.dtype)
+
+    def widened(tensor: torch.Tensor) -> torch.Tensor:
+        return _per_query_head(tensor, config.heads, config.kv_heads)
+
     with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([layer.W_q.weight, layer.W_k.weight, layer.W_v.weight]))
+        mha.in_proj_weight.copy_(
+            torch.cat([layer.W_q.weight, widened(layer.W_k.weight), widened(layer.W_v.weight)])
+        )
         mha.out_proj.weight.copy_(layer.W_o.weight)
         if config.bias:
-            mha.in_proj_bias.copy_(torch.cat([layer.W_q.bias, layer.W_k.bias, layer.W_v.bias]))
+            mha.in_proj_bias.copy_(
+                torch.cat([layer.W_q.bias, widened(layer.W_k.bias), widened(layer.W_v.bias)])
+            )
             if layer.W_o.bias is not None:  # else W_o has none (output_bias = false)
                 mha.out_proj.bias.copy_(layer.W_o.bias)
             else:
                 mha.out_proj.bias.zero_()
     return mha.eval()
+
+
+def reference_bias(config: LayerConfig, seq_len: int, key_len: int) -> torch.Tensor | None:
+    """What is added to the scores, in float64 on the CPU: (H, L, Lk), or None if nothing.
+
+    ALiBi's -m_h·|i - j| with m_h = 2^(-8(h+1)/H), and -inf where the causal mask blocks
+    key j > query i.
+    """
+    queries = torch.arange(seq_len, dtype=torch.float64).view(seq_len, 1)  # (L, 1)
+    keys = torch.arange(key_len, dtype=torch.float64).view(1, key_len)  # (1, Lk)
+    bias = torch.zeros(config.heads, seq_len, key_len, dtype=torch.float64)  # (H, L, Lk)
+    if config.pos == "alibi":
+        head = torch.arange(config.heads, dtype=torch.float64).view(-1, 1, 1)  # (H, 1, 1)
+        slope = 2.0 ** (-8.0 * (head + 1) / config.heads)  # (H, 1, 1)
+        bias -= slope * (queries - keys).abs()  # (H, L, Lk)
+    if config.mask == "causal":
+        bias.masked_fill_(keys > queries, float("-inf"))
+    if config.pos != "alibi" and config.mask != "causal":
+        return None
+    return bias
+
+
+def mha_attention(
+    layer: AttentionLayer, x: torch.Tensor, source: torch.Tensor
+) -> ReferenceAttention:
+    """nn.MultiheadAttention on queries from x (B, L, D), keys and values from source."""
+    config = layer.config
+    batch, seq_len, key_len = x.shape[0], x.shape[1], source.shape[1]
+    bias = reference_bias(config, seq_len, key_len)
+    attn_mask = None  # float: added to the scores, one (L, Lk) per batch row and head
+    if bias is not None:
+        bias = bias.to(device=x.device, dtype=x.dtype)
+        attn_mask = bias.expand(batch, *bias.shape).reshape(-1, seq_len, key_len)  # (B·H, L, Lk)
+    output, weights = reference_mha(layer)(
+        x, source, source, attn_mask=attn_mask, need_weights=True, average_attn_weights=False
+    )
+    return ReferenceAttention(MHA, output, weights)
+
+
+def reference_frequencies(config: LayerConfig) -> torch.Tensor:
+    """RoPE's θ_i = rope_theta^(-2i/d_k), scaled as Hugging Face defines rope_type: (d_k/2,)."""
+    exponent = torch.arange(0, config.d_k, 2, dtype=torch.float64) / config.d_k
+    frequency = 1.0 / config.rope_theta**exponent  # (d_k/2,)
+    factor = config.rope_factor
+    if config.rope_type == "linear":
+        return frequency / factor
+    if config.rope_type == "llama3":
+        original = config.rope_original_max_positions
+        low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+        wavelength = 2 * math.pi / frequency
+        smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)
+        blended = (1 - smooth) * frequency / factor + smooth * frequency
+        slow, fast = wavelength > original / low, wavelength < original / high
+        return torch.where(slow, frequency / factor, torch.where(fast, frequency, blended))
+    return frequency
+
+
+def _turn_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each pair (x_i, x_{i + d_k/2}) by its angle: x (..., L, d_k), cos, sin (L, d_k/2)."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]  # (..., L, d_k/2) each
+    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
+
+
+def sdpa_reference_attention(
+    layer: AttentionLayer, x: torch.Tensor, source: torch.Tensor
+) -> ReferenceAttention:
+    """The attention written out here with the layer's weights; F.scaled_dot_product_attention
+    for the output, softmax(Q·Kᵀ/√d_k + bias) for the weights."""
+    config = layer.config
+    heads, kv_heads, d_k = config.heads, config.kv_heads, config.d_k
+    batch, seq_len, key_len = x.shape[0], x.shape[1], source.shape[1]
+    q = F.linear(x, layer.W_q.weight, layer.W_q.bias)  # (B, L, D)
+    k = F.linear(source, layer.W_k.weight, layer.W_k.bias)  # (B, Lk, Hkv·d_k)
+    v = F.linear(source, layer.W_v.weight, layer.W_v.bias)  # (B, Lk, Hkv·d_k)
+    q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
+    k = k.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    if config.pos == "rope":
+        position = torch.arange(seq_len, dtype=torch.float64)  # (L,)
+        angles = torch.outer(position, reference_frequencies(config))  # (L, d_k/2)
+        cos = angles.cos().to(device=x.device, dtype=x.dtype)
+        sin = angles.sin().to(device=x.device, dtype=x.dtype)
+        q, k = _turn_pairs(q, cos, sin), _turn_pairs(k, cos, sin)
+    kv_head = torch.arange(heads, device=x.device) // (heads // kv_heads)  # (H,)
+    k, v = k[:, kv_head], v[:, kv_head]  # (B, H, Lk, d_k): the K/V head each query head reads
+    bias = reference_bias(config, seq_len, key_len)
+    if bias is not None:
+        bias = bias.to(device=x.device, dtype=x.dtype)  # (H, L, Lk)
+    attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, L, d_k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, L, Lk)
+    weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
+    concat = attended.transpose(1, 2).reshape(batch, seq_len, config.d_model)  # (B, L, D)
+    output = F.linear(concat, layer.W_o.weight, layer.W_o.bias)  # (B, L, D)
+    return ReferenceAttention(SDPA_REFERENCE, output, weights)
+
+
+def reference_norm(layer: AttentionLayer, h: torch.Tensor) -> torch.Tensor:
+    """LayerNorm or RMSNorm over D with the layer's weights, written out, in float32 or wider."""
+    norm, config = layer.norm, layer.config
+    wide = h.to(torch.promote_types(h.dtype, torch.float32))  # (B, L, D)
+    weight = norm.weight.to(wide.dtype)
+    if config.norm_type == "layer":
+        centred = wide - wide.mean(-1, keepdim=True)
+        variance = centred.square().mean(-1, keepdim=True)  # biased, as LayerNorm's
+        normed = centred / torch.sqrt(variance + config.norm_eps) * weight + norm.bias
+    else:
+        mean_square = wide.square().mean(-1, keepdim=True)
+        normed = wide / torch.sqrt(mean_square + config.norm_eps) * weight
+    return normed.to(h.dtype)
+
+
+def reference_layer_output(
+    layer: AttentionLayer, x: torch.Tensor, attention_output: torch.Tensor
+) -> torch.Tensor:
+    """post: Norm(x + attention); pre: x + attention; none: the attention output itself."""
+    norm = layer.config.norm
+    if norm == "none":
+        return attention_output
+    residual = x + attention_output  # (B, L, D)
+    return reference_norm(layer, residual) if norm == "post" else residual
 
 
 def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) -> CheckResult:
@@ -77,64 +244,57 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
 
     def build(impl: str) -> AttentionLayer:
         torch.manual_seed(config.seed)  # the same weights for every implementation
+        # (sdpa is built even where users may not pick it, alibi: to be compared here)
         layer = AttentionLayer(dataclasses.replace(config, impl=impl), vocab_size)
         return layer.to(device=device, dtype=dtype).eval()
 
     math_layer, sdpa_layer = build("math"), build("sdpa")
     tolerance = TOLERANCE[config.dtype]
 
-    def diff(a: torch.Tensor, b: torch.Tensor) -> float:
-        return (a.double() - b.double()).abs().max().item()
+    def compare(a: str, b: str, what: str, left: torch.Tensor, right: torch.Tensor) -> Comparison:
+        max_abs_diff = (left.double() - right.double()).abs().max().item()
+        # the layer output (a residual stream, normed or not) reaches several units, where
+        # one step of a float16 or bfloat16 value is larger: the tolerance scales with it
+        scale = max(1.0, right.abs().max().item()) if what == "layer output" else 1.0
+        return Comparison(a, b, what, max_abs_diff, tolerance * scale)
 
     with torch.no_grad():
-        math = math_layer(token_ids, **inputs)
-        sdpa = sdpa_layer(token_ids, **inputs)
+        math_run = math_layer(token_ids, **inputs)
+        sdpa_run = sdpa_layer(token_ids, **inputs)
+        x = math_layer.embed(math_layer.embedding(token_ids))  # (B, L, D): + added positions
+        source = x  # keys and values: the text itself, or the context (not normed)
+        if config.cross:
+            source = math_layer.embed(math_layer.embedding(inputs["context_ids"]))
+        queries = reference_norm(math_layer, x) if config.norm == "pre" else x
+        if config.norm == "pre" and not config.cross:
+            source = queries
+        oracle = sdpa_reference_attention if config.pos == "rope" else mha_attention
+        reference = oracle(math_layer, queries, source)
+        layer_output = reference_layer_output(math_layer, x, reference.output)
+        name = reference.name
         comparisons = [
-            Comparison(
-                "math", "sdpa", "output", diff(math.attention_output, sdpa.attention_output),
-                tolerance,
-            )
-        ]  # fmt: skip
-        skipped = []
-        if config.kv_heads != config.heads:
-            skipped.append("nn.MultiheadAttention has no grouped K/V heads (--kv-heads)")
-        elif config.pos in ("rope", "alibi"):
-            skipped.append(f"nn.MultiheadAttention cannot apply --pos {config.pos} inside")
-        else:
-            x = _layer_input(math_layer, token_ids)
-            source = x  # keys and values: the text itself, or the context
-            if config.cross:
-                source = math_layer.embed(math_layer.embedding(inputs["context_ids"]))
-            blocked = ~causal_mask(seq_len, device) if config.mask == "causal" else None
-            mha_output, mha_weights = reference_mha(math_layer)(
-                x, source, source, attn_mask=blocked, need_weights=True, average_attn_weights=False
-            )
-            comparisons += [
-                Comparison("math", "nn.MultiheadAttention", "output",
-                           diff(math.attention_output, mha_output), tolerance),
-                Comparison("math", "nn.MultiheadAttention", "weights",
-                           diff(math.weights, mha_weights), tolerance),
-                Comparison("sdpa", "nn.MultiheadAttention", "output",
-                           diff(sdpa.attention_output, mha_output), tolerance),
-            ]  # fmt: skip
+            compare("math", "sdpa", "output", math_run.attention_output, sdpa_run.attention_output),
+            compare("math", name, "output", math_run.attention_output, reference.output),
+            compare("math", name, "weights", math_run.weights, reference.weights),
+            compare("sdpa", name, "output", sdpa_run.attention_output, reference.output),
+            compare("math", name, "layer output", math_run.output, layer_output),
+        ]
     passed, note = _gradcheck(config, vocab_size)
-    return CheckResult(comparisons, passed, note, str(device), skipped)
-
-
-def _layer_input(layer: AttentionLayer, token_ids: torch.Tensor) -> torch.Tensor:
-    """What the projections read: embeddings (+ positions), normed first in a pre-norm layer."""
-    x = layer.embed(layer.embedding(token_ids))  # (B, L, D)
-    return layer.norm(x) if layer.config.norm == "pre" else x
+    return CheckResult(comparisons, passed, note, str(device))
 
 
 def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:
     """gradcheck in float64 on the CPU, small sizes: embeddings -> the layer's output."""
     small = dataclasses.replace(config, d_model=config.heads * 2, impl="math", device="cpu")
-    # (kv_heads still divides heads, so the grouped path is checked too)
+    # (kv_heads still divides heads, so the grouped path is checked too; alibi and rope too)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(small, vocab_size).double()
     embeddings = torch.randn(2, 3, small.d_model, dtype=torch.float64, requires_grad=True)
     context = {"context_ids": torch.randint(0, vocab_size, (2, 4))} if config.cross else {}
+    threads = torch.get_num_threads()
+    # ~150 passes over tensors of a few hundred numbers: one thread, no waiting on others
+    # (on a busy 2-core machine 7x faster than two)
+    torch.set_num_threads(1)
     try:
         passed = torch.autograd.gradcheck(
             lambda e: layer(None, embeddings=e, **context).output,
@@ -144,5 +304,7 @@ def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:
         )
     except RuntimeError as error:  # gradcheck raises with the mismatching Jacobians
         return False, str(error).strip().splitlines()[0]
+    finally:
+        torch.set_num_threads(threads)
     shape = f"(2, 3, {small.d_model})"
     return bool(passed), f"float64 CPU, embeddings {shape} -> output, {small.heads} heads"

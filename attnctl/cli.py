@@ -37,7 +37,14 @@ from attnctl.config import (
     resolve_impl,
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
-from attnctl.memory import MemoryReport, estimate, fit, kv_cache_bytes, parse_size
+from attnctl.memory import (
+    MemoryReport,
+    allowed_impls,
+    estimate,
+    fit,
+    kv_cache_bytes,
+    parse_size,
+)
 from attnctl.model import ModelSpec, read_model
 from attnctl.plan import Plan, build_plan
 from attnctl.render import (
@@ -679,10 +686,8 @@ def memory(
     fits = None
     if budget_bytes is not None:
         fits = {}
-        for impl in ("math", "sdpa"):
+        for impl in allowed_impls(layer):  # not sdpa with dropout or alibi
             variant = dataclasses.replace(layer, impl=impl)
-            if variant.dropout and impl == "sdpa":
-                continue  # dropout is modelled on the math path only
             sizer = functools.partial(_plan, variant, context_len=context_len, model=model)
             fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of)
     if as_json:

@@ -124,10 +124,18 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return rotated
 
 
+def alibi_slopes(heads: int, device: torch.device | None = None) -> torch.Tensor:
+    """ALiBi's slope per head, m_h = 2^(-8(h+1)/H): (H,), float32."""
+    exponents = torch.arange(1, heads + 1, device=device, dtype=torch.float32).mul_(-8.0 / heads)
+    return torch.pow(2.0, exponents)  # (H,)
+
+
 def alibi_bias(
     heads: int, seq_len: int, device: torch.device | None = None, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """ALiBi: bias[h, i, j] = -m_h·|i - j|, slopes m_h = 2^(-8(h+1)/H): (H, L, L)."""
+    # the slopes inline, as alibi_slopes computes them: the exponents stay alive with the
+    # |i - j| table, the float32 scratch plan.py counts
     exponents = torch.arange(1, heads + 1, device=device, dtype=torch.float32).mul_(-8.0 / heads)
     slopes = torch.pow(2.0, exponents)  # (H,)
     position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
@@ -318,10 +326,16 @@ class AttentionLayer(nn.Module):
                 weights = None
         else:
             gqa = {"enable_gqa": True} if grouped else {}  # the kernel groups K/V natively
-            keys = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L) view
+            # bool attn_mask: True = may attend; a float one is added to the scores
+            attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
+            is_causal = causal
+            if config.pos == "alibi":  # the bias as a float mask, -inf where a key is blocked
+                attn_mask = _alibi_attn_mask(heads, seq_len, causal, attn_mask, q, record)
+                is_causal = False  # in the float mask already (SDPA takes one or the other)
             attended = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=keys, is_causal=causal, **gqa
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, **gqa
             )
+            del attn_mask
             # attended: (B, H, L, d_k)
             del q, k
         del v
@@ -345,6 +359,31 @@ class AttentionLayer(nn.Module):
             output = self.norm(output)  # (B, L, D)
             record("norm", output, "B L D")
         return LayerOutput(output, attention_output, weights)
+
+
+def _alibi_attn_mask(
+    heads: int,
+    seq_len: int,
+    causal: bool,
+    allowed: torch.Tensor | None,
+    like: torch.Tensor,
+    record: Callable[[str, torch.Tensor, str], None],
+) -> torch.Tensor:
+    """ALiBi for SDPA: the (H, L, L) bias with -inf where a key is blocked, as a float mask.
+
+    The math path adds the same bias to the scores and sets the same keys to -inf, so the
+    softmax sees equal numbers. ``allowed`` (B, 1, 1, L) bool, True = a real key, or None;
+    with it the mask is (B, H, L, L). Users cannot pick this path (``validate`` refuses
+    sdpa with alibi: the memory of a float mask inside CPU SDPA is not modelled); ``check``
+    builds it to compare with the math path.
+    """
+    bias = alibi_bias(heads, seq_len, like.device, like.dtype)  # (H, L, L)
+    record("alibi", bias, "H L L")
+    if causal:
+        bias.masked_fill_(causal_mask(seq_len, bias.device).logical_not(), float("-inf"))
+    if allowed is not None:  # padded keys: -inf in every head and row of their text
+        bias = bias.masked_fill(allowed.logical_not(), float("-inf"))  # (B, H, L, L)
+    return bias
 
 
 def attention_window(
@@ -391,8 +430,14 @@ def attention_window(
         k = rotate(k, cos, sin)  # (B, h, L, d_k)
         q = rotate(q, cos[rows_t], sin[rows_t])  # (B, h, r, d_k)
     scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, L)
+    keys = torch.arange(seq_len, device=device)
+    if config.pos == "alibi":  # -m_h·|row - key|, for the heads and rows shown only
+        distance = (keys.unsqueeze(0) - rows_t.unsqueeze(1)).abs().float()  # (r, L)
+        slopes = alibi_slopes(config.heads, device)[heads_t]  # (h,)
+        bias = distance * slopes.neg_().view(-1, 1, 1)  # (h, r, L), float32 like alibi_bias
+        scores += bias.to(scores.dtype)
+        del bias
     if config.mask == "causal":
-        keys = torch.arange(seq_len, device=device)
         allowed = keys.unsqueeze(0) <= rows_t.unsqueeze(1)  # (r, L), True = may attend
         scores.masked_fill_(allowed.logical_not(), float("-inf"))
     if padding is not None:  # (B, L), True = a real token

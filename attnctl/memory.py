@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from attnctl.config import DTYPE_BYTES, DTYPES
+from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig, validate
 from attnctl.errors import AttnctlError
 from attnctl.plan import Plan, build_plan
+
+IMPLEMENTATIONS = ("math", "sdpa")  # what "auto" chooses between
 
 
 @dataclass(frozen=True)
@@ -177,16 +179,33 @@ def parse_size(text: str) -> int:
     return size
 
 
+def allowed_impls(config: LayerConfig) -> tuple[str, ...]:
+    """The implementations ``validate`` accepts for this configuration, of math and sdpa.
+
+    math always; sdpa unless the configuration rules it out (dropout, which is modelled on
+    the math path only; alibi, whose float bias CPU SDPA turns into weights out of sight).
+    """
+    allowed = []
+    for impl in IMPLEMENTATIONS:
+        try:
+            validate(dataclasses.replace(config, impl=impl))
+        except AttnctlError:
+            continue
+        allowed.append(impl)
+    return tuple(allowed)
+
+
 def variant_table(plan: Plan, layers: int = 1) -> dict[str, dict[str, MemoryEstimate]]:
     """The same plan's estimate in every dtype and implementation: [dtype][impl].
 
-    An implementation the configuration rules out (sdpa with dropout or alibi) is left out.
+    An implementation the configuration rules out (sdpa with dropout or alibi) is left out:
+    the same :func:`allowed_impls` as ``memory --budget`` fits.
     """
     table: dict[str, dict[str, MemoryEstimate]] = {}
-    math_only = plan.config.dropout > 0 or plan.config.pos == "alibi"
+    impls = allowed_impls(plan.config)
     for dtype in DTYPES:
         table[dtype] = {}
-        for impl in ("math",) if math_only else ("math", "sdpa"):
+        for impl in impls:
             config = dataclasses.replace(plan.config, dtype=dtype, impl=impl)
             other = build_plan(
                 config,

@@ -2,14 +2,41 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 import torch
+from torch import nn
 
 import attnctl.check
+import attnctl.layer
+from attnctl.check import run_check
+from attnctl.config import (
+    MASKS,
+    NORM_TYPES,
+    NORMS,
+    POSITIONS,
+    LayerConfig,
+    build_config,
+    validate,
+)
+from attnctl.errors import AttnctlError
+from attnctl.layer import AttentionLayer
 
 CPU = ("--device", "cpu")
+MHA = "nn.MultiheadAttention"
+
+
+def pairs_with(oracle: str) -> set[tuple[str, str, str]]:
+    """Every comparison check makes: math with sdpa, and both with the oracle."""
+    return {
+        ("math", "sdpa", "output"),
+        ("math", oracle, "output"),
+        ("math", oracle, "weights"),
+        ("sdpa", oracle, "output"),
+        ("math", oracle, "layer output"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -47,6 +74,7 @@ def test_a_wrong_reference_makes_check_fail(invoke, monkeypatch):
     assert {(c["a"], c["b"], c["what"]) for c in failed} == {
         ("math", "nn.MultiheadAttention", "output"),
         ("sdpa", "nn.MultiheadAttention", "output"),
+        ("math", "nn.MultiheadAttention", "layer output"),
     }
 
 
@@ -77,12 +105,207 @@ def test_check_rejects_bad_input(invoke):
 
 
 @pytest.mark.parametrize(
-    "preset,compared_with_torch",
-    [("cross-attention", True), ("decoder", True), ("modern-decoder", False)],
+    "preset,oracle",
+    [("cross-attention", MHA), ("decoder", MHA), ("modern-decoder", "SDPA reference")],
 )
-def test_check_runs_every_preset(invoke, preset, compared_with_torch):
+def test_check_runs_every_preset(invoke, preset, oracle):
     data = json.loads(invoke("check", "--config", preset, *CPU, "--json").stdout)
     assert data["ok"] and data["gradcheck"]
-    torch_pairs = [c for c in data["comparisons"] if c["b"] == "nn.MultiheadAttention"]
-    assert bool(torch_pairs) == compared_with_torch
-    assert bool(data["skipped"]) != compared_with_torch
+    assert {(c["a"], c["b"], c["what"]) for c in data["comparisons"]} == pairs_with(oracle)
+    assert data["skipped"] == []  # GQA, RoPE: compared, not skipped
+
+
+# ------------------------------------------------- every variant check accepts, and its oracle
+SMALL = {"d_model": 16, "heads": 4, "device": "cpu"}  # d_k 4: even, for RoPE
+
+
+def accepted_variants() -> list[dict]:
+    """pos × mask × norm × norm_type × kv_heads (H, 1, H/2) × cross, where validate accepts."""
+    accepted = []
+    for pos, mask, norm, norm_type, kv_heads, cross in itertools.product(
+        POSITIONS, MASKS, NORMS, NORM_TYPES, (4, 1, 2), (False, True)
+    ):
+        options = dict(pos=pos, mask=mask, norm=norm, norm_type=norm_type, kv_heads=kv_heads)
+        try:
+            validate(LayerConfig(**SMALL, **options, cross=cross))
+        except AttnctlError:  # cross-attention has no causal mask, no rope and no alibi
+            assert cross and (mask == "causal" or pos in ("rope", "alibi"))
+            continue
+        accepted.append({**options, "cross": cross})
+    return accepted
+
+
+VARIANTS = accepted_variants()
+
+
+def test_the_product_is_what_validate_accepts():
+    # self-attention: 5 pos × 2 masks × 3 norms × 2 norm types × 3 kv-head counts; cross:
+    # 3 pos (no rope, no alibi) × no mask × 3 × 2 × 3
+    assert len(VARIANTS) == 5 * 2 * 3 * 2 * 3 + 3 * 1 * 3 * 2 * 3 == 234
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread is faster than waiting on a second on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=lambda o: "-".join(map(str, o.values())))
+def test_check_passes_for_every_accepted_variant(options, one_thread):
+    result = run_check(build_config(**SMALL, **options), batch=2, seq_len=5, vocab_size=30)
+    assert result.ok and result.gradcheck and result.skipped == []
+    assert all(c.ok for c in result.comparisons), result.comparisons
+    oracle = "SDPA reference" if options["pos"] == "rope" else MHA
+    assert {(c.a, c.b, c.what) for c in result.comparisons} == pairs_with(oracle)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--pos", "alibi"], ["--pos", "alibi", "--mask", "causal", "--kv-heads", "2"],
+     ["--pos", "rope", "--kv-heads", "1", "--norm", "pre", "--norm-type", "rms"],
+     ["--config", "cross-attention", "--pos", "learned", "--kv-heads", "2", "--norm", "none"]],
+)  # fmt: skip
+def test_check_cli_compares_alibi_rope_and_gqa(invoke, options):
+    args = ("check", *options, "--d-model", "16", "--heads", "4", "--seq-len", "5", *CPU)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert "all agree" in result.stdout and "not compared" not in result.stdout
+    data = json.loads(invoke(*args, "--json").stdout)
+    assert data["ok"] and data["skipped"] == []
+    oracle = "SDPA reference" if "rope" in options else MHA
+    assert {(c["a"], c["b"], c["what"]) for c in data["comparisons"]} == pairs_with(oracle)
+
+
+def test_alibi_check_fails_on_the_old_sdpa_path(monkeypatch):
+    """SDPA without the bias (what the layer did before) is caught by math vs sdpa."""
+    monkeypatch.setattr(attnctl.layer, "_alibi_attn_mask", lambda *args: args[3])
+    result = run_check(build_config(**SMALL, pos="alibi"), 2, 5, 30)
+    failed = {(c.a, c.b, c.what) for c in result.comparisons if not c.ok}
+    assert failed == {("math", "sdpa", "output"), ("sdpa", MHA, "output")}
+    assert not result.ok
+
+
+def wrong_slopes(heads, seq_len, device=None, dtype=None):
+    return 2 * ORIGINAL_ALIBI(heads, seq_len, device, dtype)  # twice the slope
+
+
+def wrong_rotation(x, cos, sin):
+    return ORIGINAL_ROTATE(x, cos, -sin)  # turned the other way
+
+
+def tiled_repeat(tensor, repeats, dim):
+    """[0, 1] -> [0, 1, 0, 1] where repeat_interleave gives [0, 0, 1, 1]."""
+    return tensor.repeat(*(repeats if d == dim else 1 for d in range(tensor.dim())))
+
+
+def wrong_causal_mask(seq_len, device=None):
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril_(1)  # one late key
+
+
+ORIGINAL_ALIBI, ORIGINAL_ROTATE = attnctl.layer.alibi_bias, attnctl.layer.rotate
+
+
+@pytest.mark.parametrize(
+    "target,broken,options,caught",
+    [
+        # a wrong bias in both of the layer's paths: only the oracle can see it
+        (attnctl.layer, ("alibi_bias", wrong_slopes), {"pos": "alibi"}, {"math", "sdpa"}),
+        (attnctl.layer, ("alibi_bias", wrong_slopes), {"pos": "alibi", "mask": "causal"},
+         {"math", "sdpa"}),
+        (attnctl.layer, ("rotate", wrong_rotation), {"pos": "rope", "kv_heads": 2},
+         {"math", "sdpa"}),
+        (attnctl.layer, ("scaled_frequency", lambda f, config: f),
+         {"pos": "rope", "rope_type": "linear", "rope_factor": 4.0}, {"math", "sdpa"}),
+        # the math path's own grouping and causal mask: SDPA does its own
+        (torch.Tensor, ("repeat_interleave", tiled_repeat), {"kv_heads": 2}, {"math"}),
+        (torch.Tensor, ("repeat_interleave", tiled_repeat), {"kv_heads": 2, "pos": "rope"},
+         {"math"}),
+        (attnctl.layer, ("causal_mask", wrong_causal_mask), {"mask": "causal"}, {"math"}),
+        (attnctl.layer, ("causal_mask", wrong_causal_mask), {"mask": "causal", "pos": "rope"},
+         {"math"}),
+        # a norm that does not normalise: after attention, only the layer output shows it;
+        # before (pre-norm), the attention of both paths too
+        (nn.RMSNorm, ("forward", lambda self, x: x * self.weight), {"norm_type": "rms"},
+         {"math"}),
+        (nn.RMSNorm, ("forward", lambda self, x: x * self.weight),
+         {"norm_type": "rms", "norm": "pre", "pos": "rope"}, {"math", "sdpa"}),
+        (nn.LayerNorm, ("forward", lambda self, x: x * self.weight + self.bias), {}, {"math"}),
+    ],
+)  # fmt: skip
+def test_a_broken_variant_in_the_layer_is_caught(monkeypatch, target, broken, options, caught):
+    config = build_config(**SMALL, **options)
+    assert run_check(config, 2, 5, 30).ok  # before the break
+    monkeypatch.setattr(target, *broken)
+    result = run_check(config, 2, 5, 30)
+    assert not result.ok
+    oracle = "SDPA reference" if config.pos == "rope" else MHA
+    wrong = {c.a for c in result.comparisons if c.b == oracle and not c.ok}
+    assert wrong == caught, result.comparisons
+
+
+def test_the_sdpa_reference_is_not_the_layer(monkeypatch):
+    """It computes its own angles, turns and head mapping: the layer's are never called."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the reference used the layer's own code")
+
+    config = build_config(**SMALL, pos="rope", kv_heads=2, mask="causal")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    x = torch.randn(2, 5, 16)
+    for name in ("rotate", "rotary_angles", "scaled_frequency", "alibi_bias", "causal_mask"):
+        monkeypatch.setattr(attnctl.layer, name, forbidden)
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
+    with torch.no_grad():
+        reference = attnctl.check.sdpa_reference_attention(layer, x, x)
+    assert reference.output.shape == (2, 5, 16) and reference.weights.shape == (2, 4, 5, 5)
+
+
+def test_gradcheck_covers_alibi(monkeypatch):
+    config = build_config(**SMALL, pos="alibi", mask="causal", kv_heads=2)
+    added = []
+    original = attnctl.layer.alibi_bias
+    monkeypatch.setattr(
+        attnctl.layer, "alibi_bias", lambda *args: added.append(args[-1]) or original(*args)
+    )
+    threads = torch.get_num_threads()
+    passed, note = attnctl.check._gradcheck(config, 30)
+    assert passed and "float64" in note
+    assert torch.get_num_threads() == threads  # gradcheck's one thread, given back
+    assert added and set(added) == {torch.float64}  # the float64 copy adds the bias
+
+
+def test_a_wrong_backward_fails_gradcheck_with_alibi(monkeypatch):
+    class DoubledBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, scores):
+            return scores.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return 2 * grad
+
+    config = build_config(**SMALL, pos="alibi")
+    monkeypatch.setattr(torch, "softmax", lambda s, dim: DoubledBackward.apply(s).softmax(dim))
+    result = run_check(config, 2, 5, 30)
+    assert not result.gradcheck and not result.ok
+
+
+def test_the_layer_output_tolerance_scales_with_its_values(monkeypatch):
+    """A residual stream reaches several units, where a bfloat16 step exceeds 5e-2."""
+    expected = []
+    original = attnctl.check.reference_layer_output
+
+    def recorded(*args):
+        expected.append(original(*args))
+        return expected[-1]
+
+    monkeypatch.setattr(attnctl.check, "reference_layer_output", recorded)
+    result = run_check(build_config(**SMALL, dtype="bfloat16", norm="pre"), 2, 5, 30)
+    largest = expected[0].abs().max().item()
+    assert largest > 1  # x + attention: the embeddings alone are N(0, 1)
+    tolerances = {c.what: c.tolerance for c in result.comparisons}
+    assert tolerances == {"output": 5e-2, "weights": 5e-2, "layer output": 5e-2 * largest}

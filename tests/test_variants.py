@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,9 +11,15 @@ import torch
 import torch.nn.functional as F
 
 from attnctl.config import build_config
-from attnctl.layer import AttentionLayer, Recorder, causal_mask, sinusoidal_positions
+from attnctl.layer import (
+    AttentionLayer,
+    Recorder,
+    attention_window,
+    causal_mask,
+    sinusoidal_positions,
+)
 from attnctl.measure import measure_forward
-from attnctl.memory import estimate, kv_cache_bytes
+from attnctl.memory import allowed_impls, estimate, kv_cache_bytes, variant_table
 from attnctl.plan import build_plan
 
 CPU = ("--device", "cpu")
@@ -110,7 +117,9 @@ def test_gqa_in_the_cli(invoke):
     shapes = invoke("shapes", "--kv-heads", "2").stdout
     assert "B Hkv L d_k" in shapes and "Hkv=2" in shapes
     check = json.loads(invoke("check", "--kv-heads", "2", *CPU, "--json").stdout)
-    assert check["ok"] and check["skipped"]
+    assert check["ok"] and check["skipped"] == []  # compared with nn.MultiheadAttention
+    compared = {(c["a"], c["b"], c["what"]) for c in check["comparisons"]}
+    assert ("math", "nn.MultiheadAttention", "weights") in compared
 
 
 @pytest.mark.parametrize(
@@ -186,20 +195,29 @@ def test_norm_misuse_exits_2(invoke, args, message):
 # ---------------------------------------------------------------- positions
 
 
-def attention_weights_reference(layer, ids, rotate_qk=None, bias=None):
-    """softmax(Q·Kᵀ/√d_k + bias) per head, Q and K optionally rotated: (B, H, L, L)."""
+def attention_weights_reference(layer, ids, rotate_qk=None, bias=None, padding=None):
+    """softmax(Q·Kᵀ/√d_k + bias) per head, Q and K optionally rotated: (B, H, L, L).
+
+    Query head h reads K head h // (H / Hkv); a causal mask and ``padding`` (B, L), True =
+    a real key, set blocked keys to -inf.
+    """
     config = layer.config
     b, length = ids.shape
     x = layer.embedding(ids)
     if config.pos == "learned":
         x = x + layer.positions.weight[:length]
     q = layer.W_q(x).view(b, length, config.heads, config.d_k).transpose(1, 2)
-    k = layer.W_k(x).view(b, length, config.heads, config.d_k).transpose(1, 2)
+    k = layer.W_k(x).view(b, length, config.kv_heads, config.d_k).transpose(1, 2)
     if rotate_qk is not None:
         q, k = rotate_qk(q), rotate_qk(k)
+    k = k[:, [h // config.groups for h in range(config.heads)]]  # (B, H, L, d_k)
     scores = q @ k.transpose(-2, -1) / math.sqrt(config.d_k)
     if bias is not None:
         scores = scores + bias
+    if config.mask == "causal":
+        scores = scores.masked_fill(~causal_mask(length), float("-inf"))
+    if padding is not None:
+        scores = scores.masked_fill(~padding[:, None, None, :], float("-inf"))
     return scores.softmax(-1)
 
 
@@ -258,6 +276,51 @@ def test_position_window_and_sdpa_agree_with_math(invoke, pos, tmp_path):
     assert (torch.tensor(window["attention"]) - expected).abs().max() <= 1e-5
 
 
+@pytest.mark.parametrize("mask", ["none", "causal"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("padded", [False, True])
+def test_alibi_on_the_sdpa_path_equals_the_formula(mask, kv_heads, padded):
+    """The layer's SDPA path (users get math; check compares the two) adds the same bias."""
+    config = build_config(d_model=32, heads=4, kv_heads=kv_heads, pos="alibi", mask=mask)
+    torch.manual_seed(0)
+    layers = {impl: AttentionLayer(dataclasses.replace(config, impl=impl), 30).eval()
+              for impl in ("math", "sdpa")}  # fmt: skip
+    layers["sdpa"].load_state_dict(layers["math"].state_dict())
+    ids = torch.randint(0, 30, (2, 7))
+    padding = torch.ones(2, 7, dtype=torch.bool)
+    padding[1, 4:] = False  # the second text has 4 real tokens
+    inputs = {"padding": padding} if padded else {}
+    with torch.no_grad():
+        math_run = layers["math"](ids, **inputs)
+        sdpa_run = layers["sdpa"](ids, **inputs)
+        weights = attention_weights_reference(
+            layers["math"], ids, bias=alibi_reference(4, 7), padding=inputs.get("padding")
+        )
+        x = layers["math"].embed(layers["math"].embedding(ids))
+        v = layers["math"].W_v(x).view(2, 7, kv_heads, 8).transpose(1, 2)
+        v = v.repeat_interleave(4 // kv_heads, dim=1)  # (B, H, L, d_k)
+        expected = layers["math"].W_o((weights @ v).transpose(1, 2).reshape(2, 7, 32))
+    assert (math_run.weights - weights).abs().max() <= 1e-6
+    assert (sdpa_run.attention_output - expected).abs().max() <= 1e-5
+    assert (sdpa_run.attention_output - math_run.attention_output).abs().max() <= 1e-5
+    record = Recorder()
+    with torch.no_grad():
+        layers["sdpa"](ids, record, **inputs)
+    names = [s.name for s in record.stages]
+    assert "alibi" in names and "scores" not in names and "weights" not in names
+
+
+def test_attention_window_adds_alibi_for_the_rows_shown():
+    config = build_config(d_model=32, heads=4, pos="alibi", mask="causal")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids = torch.randint(0, 30, (2, 9))
+    with torch.no_grad():
+        full = layer(ids).weights  # (B, H, L, L)
+        window = attention_window(layer, ids, heads=[3, 1], rows=[8, 2, 5])
+    assert (window - full[:, [3, 1]][:, :, [8, 2, 5]]).abs().max() <= 1e-6
+
+
 @pytest.mark.parametrize(  # alibi with sdpa is a usage error, tested below
     "pos,impl",
     [
@@ -297,6 +360,56 @@ def test_llama3_scaling_keeps_fast_stretches_slow_and_blends_between():
     assert scaled_frequency(slow, config) == pytest.approx(slow / 8)  # > 8192 / 1: ÷ factor
     middle = 2 * math.pi / 4096  # between: smooth = (8192 / 4096 - 1) / 3 = 1/3
     assert scaled_frequency(middle, config) == pytest.approx(middle * (2 / 3 / 8 + 1 / 3))
+
+
+@pytest.mark.parametrize("how", [["--budget", "16GiB"], ["--budget", "16GiB", "--impl", "math"],
+                                 ["--fit", "--device", "cpu"]])  # fmt: skip
+def test_alibi_memory_budget_fits_the_math_path_only(invoke, monkeypatch, how):
+    import attnctl.runner
+
+    monkeypatch.setattr(attnctl.runner, "free_memory", lambda device: 16 * 2**30)
+    args = ("memory", "--pos", "alibi", *how)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    fit_table = result.stdout.split("fits in 16.00 GiB")[1].split()
+    assert "math" in fit_table and "sdpa" not in fit_table
+    data = json.loads(invoke(*args, "--json").stdout)
+    assert data["budget_bytes"] == 16 * 2**30
+    assert set(data["max_seq_len"]) == set(data["max_batch"]) == {"math"}  # sdpa: refused
+    config = build_config(pos="alibi", impl="math")
+
+    def peak(length, rows):
+        return estimate(build_plan(config, length, rows, 2214)).peak_bytes
+
+    longest, largest = data["max_seq_len"]["math"], data["max_batch"]["math"]
+    assert peak(longest, 1) <= 16 * 2**30 < peak(longest + 1, 1)
+    assert peak(2048, largest) <= 16 * 2**30 < peak(2048, largest + 1)
+
+
+@pytest.mark.parametrize(
+    "options,impls",
+    [({}, ("math", "sdpa")), ({"pos": "alibi"}, ("math",)), ({"dropout": 0.1}, ("math",)),
+     ({"pos": "alibi", "kv_heads": 2, "mask": "causal"}, ("math",)),
+     ({"pos": "rope", "kv_heads": 2}, ("math", "sdpa"))],
+)  # fmt: skip
+def test_variant_table_has_the_implementations_the_configuration_allows(options, impls):
+    config = build_config(d_model=64, heads=4, **options)
+    assert allowed_impls(config) == impls
+    plan = build_plan(config, 32, 2, 50)
+    table = variant_table(plan)
+    assert list(table) == ["float32", "float16", "bfloat16"]
+    assert all(tuple(row) == impls for row in table.values())
+    for dtype, row in table.items():
+        for impl, found in row.items():
+            other = build_plan(dataclasses.replace(config, dtype=dtype, impl=impl), 32, 2, 50)
+            assert found == estimate(other)
+
+
+def test_alibi_memory_table_shows_the_math_path_only(invoke):
+    data = json.loads(invoke("memory", "--pos", "alibi", "--seq-len", "64", "--json").stdout)
+    assert data["config"]["impl"] == "math"
+    result = invoke("memory", "--pos", "alibi", "--seq-len", "64")
+    assert result.exit_code == 0 and "alibi" in result.stdout
 
 
 @pytest.mark.parametrize(
