@@ -365,9 +365,10 @@ def test_llama3_scaling_keeps_fast_stretches_slow_and_blends_between():
 @pytest.mark.parametrize("how", [["--budget", "16GiB"], ["--budget", "16GiB", "--impl", "math"],
                                  ["--fit", "--device", "cpu"]])  # fmt: skip
 def test_alibi_memory_budget_fits_the_math_path_only(invoke, monkeypatch, how):
-    import attnctl.runner
+    import attnctl.resources
 
-    monkeypatch.setattr(attnctl.runner, "free_memory", lambda device: 16 * 2**30)
+    free = attnctl.resources.Available(16 * 2**30, "MemAvailable")
+    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
     args = ("memory", "--pos", "alibi", *how)
     result = invoke(*args)
     assert result.exit_code == 0, result.output
