@@ -149,6 +149,7 @@ class LayerOutput:
     output: torch.Tensor  # (B, L, D): after residual + norm when norm == "post"
     attention_output: torch.Tensor  # (B, L, D): W_o(concat), before any residual (kept: returned)
     weights: torch.Tensor | None  # (B, H, L, L) for impl "math" with keep_weights; else None
+    window: torch.Tensor | None = None  # (B, h, r, Lk): sdpa's shown weights, when asked for
 
 
 class AttentionLayer(nn.Module):
@@ -215,6 +216,7 @@ class AttentionLayer(nn.Module):
         padding: torch.Tensor | None = None,
         context_ids: torch.Tensor | None = None,
         input_name: str | None = "embeddings",
+        window: tuple[list[int], list[int]] | None = None,
     ) -> LayerOutput:
         """Run the layer on token ids, or on ``embeddings`` (B, L, D) given instead of them.
 
@@ -223,6 +225,8 @@ class AttentionLayer(nn.Module):
         ``padding`` (B, Lk) bool, True = a real key (SDPA's convention), gives padded keys
         weight exactly 0; ``nn.MultiheadAttention``'s key_padding_mask is its negation.
         ``context_ids`` (B, Lc) make it cross-attention: keys and values come from that text.
+        ``window`` (heads, rows): on the SDPA path, also the softmax weights of those heads
+        and query rows, from the Q and K heads at hand (``LayerOutput.window``).
         """
         config = self.config
         heads, d_k, d_model = config.heads, config.d_k, config.d_model
@@ -295,7 +299,7 @@ class AttentionLayer(nn.Module):
 
         # 3. scaled dot-product attention, per head
         causal = config.mask == "causal"
-        weights = None
+        weights = shown = None
         if config.impl == "math":
             scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, Lk)
             del q, k
@@ -337,6 +341,8 @@ class AttentionLayer(nn.Module):
             )
             del attn_mask
             # attended: (B, H, L, d_k)
+            if window is not None:  # the weights shown, while Q and K are at hand
+                shown = _window_weights(config, q, k, *window, padding)
             del q, k
         del v
         record("weighted_values", attended, "B H L d_k")
@@ -358,7 +364,7 @@ class AttentionLayer(nn.Module):
         if config.norm == "post":
             output = self.norm(output)  # (B, L, D)
             record("norm", output, "B L D")
-        return LayerOutput(output, attention_output, weights)
+        return LayerOutput(output, attention_output, weights, shown)
 
 
 def _alibi_attn_mask(
@@ -407,7 +413,6 @@ def attention_window(
         embeddings = layer.embedding(token_ids)  # (B, L, D)
     batch, seq_len = embeddings.shape[:2]
     device = embeddings.device
-    heads_t = torch.tensor(heads, device=device)
     rows_t = torch.tensor(rows, device=device)
     x = layer.embed(embeddings, name=None)  # (B, L, D), with positions where they are added
     if config.norm == "pre":
@@ -418,19 +423,37 @@ def attention_window(
     key_len = source.shape[1]
     k = layer.W_k(source)  # (B, Lk, Hkv * d_k)
     k = k.view(batch, key_len, config.kv_heads, config.d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
-    k = k[:, heads_t // config.groups]  # (B, h, L, d_k): the K head each query head reads
     q = layer.W_q(x[:, rows_t])  # (B, r, D)
     del x
-    q = q.view(batch, len(rows), config.heads, config.d_k).transpose(1, 2)[
-        :, heads_t
-    ]  # (B, h, r, d_k)
+    q = q.view(batch, len(rows), config.heads, config.d_k).transpose(1, 2)  # (B, H, r, d_k)
     if config.pos == "rope":  # keys at every position, queries at theirs
         angles = rotary_angles(seq_len, config.d_k, q.device, config)  # (L, d_k)
         cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
-        k = rotate(k, cos, sin)  # (B, h, L, d_k)
-        q = rotate(q, cos[rows_t], sin[rows_t])  # (B, h, r, d_k)
-    scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, L)
-    keys = torch.arange(seq_len, device=device)
+        k = rotate(k, cos, sin)  # (B, Hkv, L, d_k)
+        q = rotate(q, cos[rows_t], sin[rows_t])  # (B, H, r, d_k)
+    return _window_weights(config, q, k, heads, rows, padding, queries_given=True)
+
+
+def _window_weights(
+    config: LayerConfig,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    heads: list[int],
+    rows: list[int],
+    padding: torch.Tensor | None,
+    queries_given: bool = False,
+) -> torch.Tensor:
+    """Softmax weights of ``heads`` x ``rows`` from Q heads (B, H, L, d_k) (or, with
+    ``queries_given``, only the rows: (B, H, r, d_k)) and K heads (B, Hkv, Lk, d_k), as
+    rotated (RoPE) as the attention uses them: (B, h, r, Lk), the math path's slice."""
+    device = q.device
+    heads_t = torch.tensor(heads, device=device)
+    rows_t = torch.tensor(rows, device=device)
+    q = q[:, heads_t] if queries_given else q[:, heads_t][:, :, rows_t]  # (B, h, r, d_k)
+    k = k[:, heads_t // config.groups]  # (B, h, Lk, d_k): the K head each query head reads
+    scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, Lk)
+    del q, k
+    keys = torch.arange(scores.shape[-1], device=device)
     if config.pos == "alibi":  # -m_h·|row - key|, for the heads and rows shown only
         distance = (keys.unsqueeze(0) - rows_t.unsqueeze(1)).abs().float()  # (r, L)
         slopes = alibi_slopes(config.heads, device)[heads_t]  # (h,)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from array import array
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Any
 
 from attnctl.config import LayerConfig, resolve_impl
@@ -49,7 +51,7 @@ def run_batch(
     """
     import torch
 
-    from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, attention_window
+    from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder
 
     config, device, heads, rows = _start(batch, config, heads, rows)
     torch.manual_seed(config.seed)
@@ -68,11 +70,11 @@ def run_batch(
         inputs["padding"] = padding_mask(keys, device)
     record = Recorder()
     with device_errors(device), torch.inference_mode():
-        result = layer(token_ids, record, **inputs)
+        result = layer(token_ids, record, window=(heads, rows), **inputs)
         if result.weights is not None:  # math: slice what was asked from the full weights
             window = result.weights[:, heads][:, :, rows]  # (B, h, r, Lk)
-        else:  # sdpa: compute just those weights
-            window = attention_window(layer, token_ids, heads, rows, **inputs)
+        else:  # sdpa: just those weights, computed beside the fused kernel
+            window = result.window
         del result
         queries = [len(row) for row in batch.rows]
         attention, top_keys, sums = shown_weights(window, rows, queries)
@@ -191,11 +193,19 @@ def shown_weights(window, rows: list[int], queries: list[int]) -> tuple[list, li
     import torch
 
     top = window.topk(min(TOP_KEYS, window.shape[-1]), dim=-1).indices  # (B, h, r, K)
-    # one compact float32 array per row: 4 bytes a weight, not a 32-byte Python float
-    window = window.float().cpu()
+    # one compact float32 array per row: 4 bytes a weight, not a 32-byte Python float,
+    # copied from the tensor's memory at once (tolist() made a Python float of each)
+    window = window.float().cpu().contiguous()
+    batch, shown_heads, shown_rows, keys = window.shape
+    flat = array("f")
+    flat.frombytes(ctypes.string_at(window.data_ptr(), window.numel() * flat.itemsize))
+    starts = iter(range(0, len(flat), keys))
     attention = [
-        [[array("f", row.tolist()) for row in head] for head in batch_row] for batch_row in window
-    ]  # (B, h, r) rows of Lk weights
+        [[flat[start : start + keys] for start in islice(starts, shown_rows)]
+         for _ in range(shown_heads)]
+        for _ in range(batch)
+    ]  # fmt: skip
+    # attention: (B, h, r) rows of Lk weights
     wide = window.double()  # summed in float64, as Python adds floats
     own = torch.tensor([[row < count for row in rows] for count in queries])  # (B, r)
     sums = RowSums(
