@@ -669,10 +669,10 @@ def memory(
         if train:
             report.training = estimate_training(plan, layers)
         if measure:
+            _preflight(plan, peak_of(plan), force, passes=3 if train else 1)
             from attnctl.measure import measure_forward, measure_model_forward, measure_training
 
             what = "a training step" if train else "a forward pass"
-            _preflight(plan, peak_of(plan), force, passes=3 if train else 1)
             with _progress(f"measuring {what} over {length} tokens"):
                 if model is not None:
                     report.measured = measure_model_forward(model, plan.config, plan)
@@ -742,6 +742,9 @@ def _preflight(plan: Plan, need_bytes: int, force: bool, blocks: int = 1, passes
     A run estimated to take over LONG_RUN_SECONDS (its FLOPs at the rates measured on the
     device just now; ``passes`` forward passes of ``blocks`` blocks) says so on stderr first.
     """
+    from attnctl.resources import import_torch
+
+    import_torch()  # the first command to need it: with the collector paused
     from attnctl.layer import resolve_device
     from attnctl.resources import LONG_RUN_SECONDS, duration_text, estimated_seconds, preflight
 
