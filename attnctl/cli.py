@@ -43,6 +43,7 @@ from attnctl.memory import (
     estimate,
     fit,
     kv_cache_bytes,
+    longest_input,
     parse_size,
 )
 from attnctl.model import ModelSpec, read_model
@@ -82,6 +83,9 @@ class _OneLineErrors(TyperGroup):
         try:
             result = super().main(*args, standalone_mode=False, **kwargs)
         except ClickException as error:
+            if type(error).__name__ == "NoArgsIsHelpError":  # `attnctl` alone: the help
+                typer.echo(error.format_message())
+                sys.exit(0)
             _fail(error.format_message(), error.exit_code, error)
         except AttnctlError as error:
             _fail(error.message, error.exit_code, error)
@@ -456,7 +460,7 @@ def run(
         heads = heads[:DEFAULT_HEADS_SHOWN]
     query_rows = choose_rows(rows, seq_len)
     layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
-    from attnctl.runner import needs_padding_mask, run_batch, run_model
+    from attnctl.runner import device_errors, needs_padding_mask, run_batch, run_model
 
     padded = needs_padding_mask(cross or batch, layer)
     context_len = cross.seq_len if cross else None
@@ -483,7 +487,10 @@ def run(
         weights = model.loaded_values(max(blocks) + 1) * DTYPE_BYTES[layer.dtype]
     need = weights + memory.peak_activation_bytes + shown_bytes
     _preflight(plan, need, force, blocks=max(blocks) + 1 if blocks else 1)
-    with _progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
+    with (
+        _progress(f"running {what} over {len(texts)} x {seq_len} tokens"),
+        device_errors(layer.device),
+    ):
         if blocks is None:
             traces = [run_batch(batch, layer, heads, query_rows, context=cross)]
         else:
@@ -527,6 +534,9 @@ def _choose_blocks(block: str | None, model: ModelSpec | None) -> list[int] | No
     return [number % model.layers]
 
 
+MAX_TEXT_BYTES = 4 * 2**20  # about a million tokens: hours of attention on a CPU
+
+
 def _read_texts(texts: list[str] | None, file: str | None) -> list[str]:
     """TEXT arguments or one file's text; a TEXT of '-' (like --file -) reads stdin."""
     if bool(texts) == (file is not None):
@@ -534,16 +544,53 @@ def _read_texts(texts: list[str] | None, file: str | None) -> list[str]:
     if file is None:
         if texts.count("-") > 1:
             raise AttnctlError("stdin can be read once: give '-' as one TEXT only")
-        return [_read_texts(None, "-")[0] if text == "-" else text for text in texts]
+        return [_read_text_file("-") if text == "-" else _checked_text(text) for text in texts]
+    return [_read_text_file(file)]
+
+
+def _checked_text(text: str) -> str:
+    """A TEXT argument: bytes the shell passed that are not UTF-8 are refused, not guessed."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AttnctlError(f"the text {printable(text)!r} is not valid UTF-8") from None
+    return text
+
+
+def _read_text_file(file: str) -> str:
+    """A file's (or stdin's) UTF-8 text, read up to MAX_TEXT_BYTES: /dev/zero ends too."""
+    what = "stdin" if file == "-" else f"text file {file}"
     try:
         if file == "-":
-            return [sys.stdin.read()]
-        with open(file, encoding="utf-8") as handle:
-            return [handle.read()]
+            if sys.stdin is None or sys.stdin.closed:
+                raise AttnctlError("cannot read stdin: it is closed")
+            stream = getattr(sys.stdin, "buffer", None)
+            if stream is None:  # a text stream without bytes beneath (an embedding host)
+                data = sys.stdin.read(MAX_TEXT_BYTES + 1).encode("utf-8", "surrogateescape")
+            else:
+                data = stream.read(MAX_TEXT_BYTES + 1)
+        else:
+            with open(file, "rb") as handle:
+                data = handle.read(MAX_TEXT_BYTES + 1)
     except FileNotFoundError:
         raise AttnctlError(f"text file not found: {file}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise AttnctlError(f"cannot read text file {file}: {error}") from error
+    except IsADirectoryError:
+        raise AttnctlError(f"cannot read {what}: it is a folder") from None
+    except (OSError, ValueError) as error:
+        raise AttnctlError(
+            f"cannot read {what}: {getattr(error, 'strerror', 0) or error}"
+        ) from None
+    if len(data) > MAX_TEXT_BYTES:
+        raise AttnctlError(
+            f"{what} is longer than the 4 MiB attnctl reads (about a million tokens): "
+            "give a part of it"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise AttnctlError(
+            f"cannot read {what}: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
 
 
 def _read_contexts(contexts: list[str] | None, file: str | None, texts: int) -> list[str]:
@@ -554,6 +601,7 @@ def _read_contexts(contexts: list[str] | None, file: str | None, texts: int) -> 
         contexts = _read_texts(None, file)
     if not contexts:
         return []
+    contexts = [_checked_text(context) for context in contexts]
     if len(contexts) == 1:
         return contexts * texts
     if len(contexts) != texts:
@@ -602,9 +650,14 @@ def shapes(
 @layer_options
 def memory(
     seq_len: Annotated[
-        str,
-        typer.Option("--seq-len", "-L", help="Sequence length L, or several: 512,2048,8192."),
-    ] = "2048",
+        str | None,
+        typer.Option(
+            "--seq-len",
+            "-L",
+            help="Sequence length L, or several: 512,2048,8192. Default 2048 (fewer for a "
+            "model with fewer positions).",
+        ),
+    ] = None,
     batch: BatchOption = 1,
     context_len: ContextLenOption = None,
     layers: Annotated[int, typer.Option("--layers", help="Scale to a stack of N such layers.")] = 1,
@@ -639,6 +692,8 @@ def memory(
     model: ModelSpec | None,
 ) -> None:
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
+    if seq_len is None:  # 2048, or all a model's (or layer's) learned positions
+        seq_len = str(min(2048, longest_input(layer, model) or 2048))
     lengths = _parse_lengths(seq_len)
     stack, kv_layers = layers, layers  # --layers: weights and K/V of a stack of this layer
     if model is not None:
@@ -673,7 +728,9 @@ def memory(
             from attnctl.measure import measure_forward, measure_model_forward, measure_training
 
             what = "a training step" if train else "a forward pass"
-            with _progress(f"measuring {what} over {length} tokens"):
+            from attnctl.runner import device_errors
+
+            with _progress(f"measuring {what} over {length} tokens"), device_errors(layer.device):
                 if model is not None:
                     report.measured = measure_model_forward(model, plan.config, plan)
                 else:
@@ -689,7 +746,8 @@ def memory(
         for impl in allowed_impls(layer):  # not sdpa with dropout or alibi
             variant = dataclasses.replace(layer, impl=impl)
             sizer = functools.partial(_plan, variant, context_len=context_len, model=model)
-            fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of)
+            longest = longest_input(layer, model)  # learned positions end the search
+            fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of, longest)
     if as_json:
         _print_json(memory_json(reports, fits, budget_bytes))
         return
@@ -779,8 +837,9 @@ def check(
     # three copies of the layer (math, sdpa, nn.MultiheadAttention), each with its outputs
     _preflight(plan, 3 * estimate(plan).peak_bytes, force, passes=3)
     from attnctl.check import run_check
+    from attnctl.runner import device_errors
 
-    with _progress("comparing implementations and running gradcheck"):
+    with _progress("comparing implementations and running gradcheck"), device_errors(layer.device):
         result = run_check(layer, batch, seq_len, plan.vocab_size)
     if as_json:
         _print_json(check_json(result, plan))

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import re
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,8 +208,29 @@ def _check_value(key: str, value: Any, source: str) -> Any:
     return value
 
 
+def regular_file(path: Path, what: str, shown: str | None = None) -> Path:
+    """``path`` if it is a regular file; else one line saying what it is instead.
+
+    A pipe or a device is refused before it is opened: opening a FIFO without a writer
+    blocks, and /dev/zero never ends. ``shown``: the path as the user wrote it.
+    """
+    shown = shown or str(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise AttnctlError(f"{what} not found: {shown}") from None
+    except OSError as error:
+        raise AttnctlError(f"cannot read {what} {shown}: {error.strerror or error}") from None
+    if stat.S_ISDIR(mode):
+        raise AttnctlError(f"cannot read {what} {shown}: it is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise AttnctlError(f"cannot read {what} {shown}: not a regular file (a pipe or device)")
+    return path
+
+
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
     """A JSON file holding an object (a tokenizer, a model's config); errors name ``what``."""
+    regular_file(path, what)
     try:
         text = path.read_bytes()
     except IsADirectoryError:
@@ -233,10 +255,10 @@ def preset_names() -> list[str]:
 def resolve_preset(name_or_path: str) -> Path:
     """A preset name (``cat-eats-fish``) or a path to a TOML file."""
     path = Path(name_or_path).expanduser()
+    if not name_or_path.strip():
+        raise AttnctlError(f"--config needs a preset name or a TOML path, got {name_or_path!r}")
     if path.suffix == ".toml" or path.parent != Path(".") or path.exists():
-        if not path.is_file():
-            raise AttnctlError(f"config file not found: {name_or_path}")
-        return path
+        return regular_file(path, "config file", name_or_path)
     for directory in PRESET_DIRS:
         candidate = directory / f"{name_or_path}.toml"
         if candidate.is_file():
@@ -260,6 +282,6 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
 
 def build_config(preset: str | None = None, **overrides: Any) -> LayerConfig:
     """Defaults, then the preset, then every override that is not None; validated."""
-    values: dict[str, Any] = load_preset(preset) if preset else {}
+    values: dict[str, Any] = load_preset(preset) if preset is not None else {}
     values.update({k: _check_value(k, v, "option") for k, v in overrides.items() if v is not None})
     return validate(LayerConfig(**values))

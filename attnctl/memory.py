@@ -16,6 +16,7 @@ from typing import Any
 
 from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig, validate
 from attnctl.errors import AttnctlError
+from attnctl.model import ModelSpec
 from attnctl.plan import Plan, build_plan
 
 IMPLEMENTATIONS = ("math", "sdpa")  # what "auto" chooses between
@@ -126,19 +127,31 @@ def kv_cache_bytes(plan: Plan, tokens: int | None = None, layers: int = 1) -> in
 
 
 def largest_fitting(peak_of: Callable[[int], int], budget: int, limit: int = 2**40) -> int:
-    """The largest n >= 1 with peak_of(n) <= budget (0 if none); peak_of must not decrease."""
-    if peak_of(1) > budget:
+    """The largest n in 1..limit with peak_of(n) <= budget (0 if none); peak_of must not
+    decrease. Nothing above ``limit`` is ever asked of peak_of."""
+
+    def fits(n: int) -> bool:
+        return n <= limit and peak_of(n) <= budget
+
+    if not fits(1):
         return 0
     low, high = 1, 2
-    while high < limit and peak_of(high) <= budget:
+    while fits(high):
         low, high = high, high * 2
-    while high - low > 1:  # invariant: peak_of(low) fits, peak_of(high) does not
+    while high - low > 1:  # invariant: low fits, high does not
         middle = (low + high) // 2
-        if peak_of(middle) <= budget:
+        if fits(middle):
             low = middle
         else:
             high = middle
     return low
+
+
+def longest_input(config: LayerConfig, model: ModelSpec | None = None) -> int | None:
+    """The most tokens a layer (or model) can take: its learned positions; None: no limit."""
+    if model is not None:
+        return None if model.family == "llama" else model.max_positions
+    return config.max_positions if config.pos == "learned" else None
 
 
 def fit(
@@ -147,16 +160,20 @@ def fit(
     batch: int,
     budget: int,
     peak_of: Callable[[Plan], int] | None = None,
+    longest: int | None = None,
 ) -> dict[str, int]:
     """Exactly solved from the model: the longest sequence at ``batch`` and the largest
-    batch at ``seq_len`` whose peak (``peak_of``, default one forward) fits ``budget``."""
+    batch at ``seq_len`` whose peak (``peak_of``, default one forward) fits ``budget``.
+
+    ``longest``: the layer's own limit (learned positions): no length past it is tried.
+    """
     peak_of = peak_of or (lambda plan: estimate(plan).peak_bytes)
 
     def peak(length: int, rows: int) -> int:
         return peak_of(sizer(length, rows))
 
     return {
-        "max_seq_len": largest_fitting(lambda n: peak(n, batch), budget),
+        "max_seq_len": largest_fitting(lambda n: peak(n, batch), budget, longest or 2**40),
         "max_batch": largest_fitting(lambda n: peak(seq_len, n), budget),
     }
 
@@ -221,12 +238,12 @@ def variant_table(plan: Plan, layers: int = 1) -> dict[str, dict[str, MemoryEsti
 
 
 def format_bytes(n: int) -> str:
-    """1024-based sizes: 512 B, 1.50 KiB, 10.04 MiB, 2.00 GiB."""
+    """1024-based sizes: 512 B, 1.50 KiB, 10.04 MiB, 2.00 GiB; past 1024 EiB 1.2e+06 EiB."""
     if n < 1024:
         return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            return f"{value:.2f} {unit}"
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    for power, unit in enumerate(units, start=1):
+        if n < 1024 ** (power + 1) or unit == units[-1]:
+            value = n / 1024**power  # exact integers divided once: no overflow on the way
+            return f"{value:.2f} {unit}" if value < 1024 else f"{value:.2g} {unit}"
     raise AssertionError("unreachable")

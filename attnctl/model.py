@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnctl.config import LayerConfig, read_json_object, validate
+from attnctl.config import LayerConfig, read_json_object, regular_file, validate
 from attnctl.errors import AttnctlError
 
 # config.json's model_type -> (the family whose code runs it, its name)
@@ -264,6 +264,8 @@ def read_model(directory: str | Path) -> ModelSpec:
     """Read and check a model folder; every problem is an AttnctlError (exit 2)."""
     path = Path(directory).expanduser()
     if not path.is_dir():
+        if path.exists():
+            raise AttnctlError(f"--model needs a folder, and {directory} is not one")
         raise AttnctlError(f"model folder not found: {directory}")
     config = _read_config(path)
     model_type = config.get("model_type")
@@ -346,6 +348,8 @@ def _modern_name(key: str) -> str:
 def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """A safetensors header: 8 bytes little-endian length, then JSON {name: {dtype, shape,
     data_offsets}}; every entry is checked against the file's real size."""
+    if file.exists():  # else: "missing weights file", below
+        regular_file(file, "weights file")
     try:
         with file.open("rb") as handle:
             file_size = os.fstat(handle.fileno()).st_size
@@ -361,7 +365,7 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     except OSError as error:
         raise AttnctlError(f"cannot read {file}: {error.strerror or error}") from None
     try:
-        header = json.loads(raw)
+        header = json.loads(raw, object_pairs_hook=_without_duplicates)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         reason = "nested too deeply" if isinstance(error, RecursionError) else error
         raise AttnctlError(f"malformed safetensors file {file}: {reason}") from None
@@ -373,7 +377,29 @@ def _read_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             f"malformed safetensors file {file}: __metadata__ must map names to strings"
         )
     data_size = file_size - 8 - size
-    return {key: _header_entry(file, key, entry, data_size) for key, entry in header.items()}
+    entries = {key: _header_entry(file, key, entry, data_size) for key, entry in header.items()}
+    # no two tensors may share bytes (empty ones take none)
+    spans = sorted((entry["data_offsets"][0], entry["data_offsets"][1], key)
+                   for key, entry in header.items())  # fmt: skip
+    reached, last = 0, None
+    for begin, end, key in spans:
+        if begin < reached:
+            raise AttnctlError(
+                f"malformed safetensors file {file}: tensors {last!r} and {key!r} overlap"
+            )
+        if end > reached:
+            reached, last = end, key
+    return entries
+
+
+def _without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (json.loads would keep the last)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"the key {_brief(key)} appears twice")
+        seen.add(key)
+    return dict(pairs)
 
 
 def _header_entry(file: Path, key: str, entry: Any, data_size: int) -> tuple[str, tuple[int, ...]]:

@@ -273,12 +273,16 @@ def estimated_seconds(plan: Plan, device: Any, blocks: int = 1) -> float | None:
 
 
 def duration_text(seconds: float) -> str:
-    """42 s, 3.5 min, 2.1 h."""
+    """42 s, 3.5 min, 2.1 h, 12 days, over a year."""
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds < 365 * 86400:
+        return f"{seconds / 86400:.0f} days"
+    return "over a year"
 
 
 def import_torch() -> None:

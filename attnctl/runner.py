@@ -223,7 +223,7 @@ def device_errors(device) -> Iterator[None]:
 
     try:
         yield
-    except torch.OutOfMemoryError as error:
+    except (torch.OutOfMemoryError, MemoryError) as error:
         message = _first_line(error)
         raise AttnctlError(f"out of memory on {device}: {message}", exit_code=RUNTIME) from error
     except RuntimeError as error:

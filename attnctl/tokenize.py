@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnctl.config import read_json_object
+from attnctl.config import read_json_object, regular_file
 from attnctl.errors import AttnctlError
 from attnctl.trace import Token
 
@@ -25,9 +25,7 @@ def tokenizer_path(spec: str) -> Path | None:
     if spec == "char":
         return None
     path = BUNDLED_PATH if spec == "bundled" else Path(spec).expanduser()
-    if not path.is_file():
-        raise AttnctlError(f"tokenizer file not found: {spec}")
-    return path
+    return regular_file(path, "tokenizer file", spec)
 
 
 def vocab_size(spec: str, seq_len: int) -> int:

@@ -305,3 +305,157 @@ def test_every_head_of_a_huge_layer_is_not_listed_before_the_preflight(invoke, m
     args = ["run", "hi", "--d-model", str(10**12), "--heads", str(10**12), "--json", *CPU]
     assert "is more than the 1.00 GiB left by x" in one_clean_line(invoke(*args), 1)
     assert time.perf_counter() - start < 5
+
+
+# ---------------------------------------------------------------- texts and files
+
+
+def test_a_text_is_read_up_to_its_limit(invoke, tmp_path):
+    import attnctl.cli
+
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a" * (attnctl.cli.MAX_TEXT_BYTES + 1))
+    start = time.perf_counter()
+    line = one_clean_line(invoke("run", "--file", str(big), *CPU), 2)
+    assert time.perf_counter() - start < 5
+    assert line.startswith(f"attnctl: error: text file {big} is longer than the 4 MiB")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_an_endless_device_as_text_ends_at_once(invoke, device):
+    start = time.perf_counter()
+    line = one_clean_line(invoke("run", "--file", device, *CPU), 2)
+    assert time.perf_counter() - start < 5 and "is longer than the 4 MiB" in line
+
+
+def test_texts_that_are_not_utf8_are_refused(invoke, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ab\xff\xfecd")
+    assert "not UTF-8 text (invalid start byte at byte 2)" in one_clean_line(
+        invoke("run", "--file", str(bad), *CPU), 2
+    )
+    # bytes a shell passes in argv arrive as surrogates
+    line = one_clean_line(invoke("run", "ab\udcff\udcfecd", *CPU), 2)
+    assert "is not valid UTF-8" in line
+    line = one_clean_line(
+        invoke("run", "hi", "--context", "\udcff", "--config", "cross-attention"), 2
+    )
+    assert "is not valid UTF-8" in line
+
+
+def test_stdin_as_text(tmp_path):
+    def attnctl(*args: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "attnctl", *args], capture_output=True, timeout=60, **kwargs
+        )
+
+    closed = attnctl("run", "-", *CPU, stdin=subprocess.DEVNULL, close_fds=True)
+    assert closed.returncode == 2 and b"a text is empty" in closed.stderr  # empty stdin
+    not_utf8 = attnctl("run", "-", *CPU, input=b"ab\xff\xfecd")
+    assert not_utf8.returncode == 2 and not_utf8.stdout == b""
+    assert b"cannot read stdin: not UTF-8 text" in not_utf8.stderr
+    done = attnctl("run", "-", "--json", *CPU, input="猫吃鱼".encode())
+    assert done.returncode == 0 and json.loads(done.stdout)["tokens"]
+
+
+def test_a_closed_stdin_is_one_line(invoke, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)
+    import attnctl.cli
+
+    with pytest.raises(AttnctlError, match="cannot read stdin: it is closed"):
+        attnctl.cli._read_text_file("-")
+
+
+@pytest.fixture
+def fifo(tmp_path) -> Path:
+    import os
+
+    path = tmp_path / "fifo"
+    os.mkfifo(path)  # opening it would wait for a writer forever
+    return path
+
+
+def run_attnctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attnctl", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("option", ["--tokenizer", "--config"])
+def test_a_pipe_as_a_file_is_refused_without_opening_it(fifo, option):
+    done = run_attnctl("shapes", option, str(fifo))
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert f"{fifo}: not a regular file (a pipe or device)" in done.stderr
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
+def test_a_pipe_in_a_model_folder_is_refused_without_opening_it(tmp_path, name):
+    sys.path.insert(0, str(Path(__file__).parent))
+    import os
+
+    import tiny_models
+
+    folder = tiny_models.write("gpt2", tmp_path / "gpt2")
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    done = run_attnctl("shapes", "--model", str(folder))
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert "not a regular file (a pipe or device)" in done.stderr
+
+
+def test_folders_and_files_in_the_wrong_place(invoke, tmp_path):
+    line = one_clean_line(invoke("shapes", "--tokenizer", str(tmp_path)), 2)
+    assert line.startswith(f"attnctl: error: cannot read tokenizer file {tmp_path}: it is a folder")
+    line = one_clean_line(invoke("run", "--file", str(tmp_path), *CPU), 2)
+    assert f"cannot read text file {tmp_path}: it is a folder" in line
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    line = one_clean_line(invoke("shapes", "--model", str(plain)), 2)
+    assert f"--model needs a folder, and {plain} is not one" in line
+
+
+@pytest.mark.parametrize("name", ["", " "])
+def test_an_empty_config_name_is_refused(invoke, name):
+    line = one_clean_line(invoke("run", "hi", "--config", name, *CPU), 2)
+    assert f"--config needs a preset name or a TOML path, got {name!r}" in line
+
+
+# ---------------------------------------------------------------- forced past the estimate
+
+
+def test_forced_past_what_can_exist_is_still_one_error_line(invoke):
+    result = invoke("run", "hi", "--force", "--d-model", str(10**18), "--heads", "1", *CPU)
+    assert result.exit_code == 1 and result.stdout == ""
+    *notes, error = result.stderr.splitlines()
+    assert all(n.startswith("attnctl: this will take about") for n in notes)
+    assert error.startswith("attnctl: error: the layer failed on cpu: ")
+
+
+def test_sizes_print_in_their_unit_however_large():
+    from attnctl.memory import format_bytes
+
+    assert format_bytes(2**50) == "1.00 PiB" and format_bytes(3 * 2**60) == "3.00 EiB"
+    assert format_bytes(10**80) == "8.7e+61 EiB"
+    assert resources.duration_text(5 * 86400) == "5 days"
+    assert resources.duration_text(1e30) == "over a year"
+
+
+# ---------------------------------------------------------------- learned positions
+
+
+def test_the_budget_search_stops_at_the_learned_positions(invoke):
+    data = json.loads(invoke("memory", "--pos", "learned", "--budget", "1TiB", "--json").stdout)
+    assert data["max_seq_len"] == {"math": 2048, "sdpa": 2048}  # memory is not the limit
+    data = json.loads(invoke("memory", "--pos", "learned", "--budget", "100MiB", "--json").stdout)
+    assert data["max_seq_len"]["math"] < 2048
+
+
+def test_memory_of_a_model_defaults_to_the_length_it_takes(invoke, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_models
+
+    folder = tiny_models.write("gpt2", tmp_path / "gpt2")  # 64 positions
+    data = json.loads(invoke("memory", "--model", str(folder), "--json").stdout)
+    assert data["seq_len"] == 64
+    line = one_clean_line(invoke("memory", "--model", str(folder), "-L", "65"), 2)
+    assert "65 tokens are more than the 64 positions" in line

@@ -403,16 +403,23 @@ BAD_HEADERS = {
                              bytes(24), None, "__metadata__ must map names to strings"),
     "header longer than the file": ({"wte.weight": _tensor()}, bytes(24), 10**6,
                                     "header length 1000000 does not fit"),
+    "tensors sharing bytes": ({"wte.weight": _tensor(), "wpe.weight": _tensor()}, bytes(24),
+                              None, "tensors 'wpe.weight' and 'wte.weight' overlap"),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", [*BAD_HEADERS, "nested too deeply"])
+@pytest.mark.parametrize("case", [*BAD_HEADERS, "nested too deeply", "a key twice"])
 def test_bad_safetensors_headers_exit_2_fast(invoke, folders, tmp_path, case):
     directory = _copy(folders, "gpt2", tmp_path)
     if case == "nested too deeply":  # JSON no parser can hold: a RecursionError in Python
         raw = b"[" * 100_000 + b"]" * 100_000
         (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
         header, data, length, message = None, b"", None, "nested too deeply"
+    elif case == "a key twice":  # json.loads alone would keep the second
+        entry = json.dumps(_tensor())
+        raw = f'{{"wte.weight": {entry}, "wte.weight": {entry}}}'.encode()
+        (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(24))
+        message = "the key 'wte.weight' appears twice"
     else:
         header, data, length, message = BAD_HEADERS[case]
         _header_file(directory / "model.safetensors", header, data, length)
