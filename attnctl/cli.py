@@ -28,6 +28,7 @@ from attnctl.config import (
     DTYPE_BYTES,
     DTYPES,
     IMPLS,
+    LARGEST_SIZE,
     MASKS,
     NORM_TYPES,
     NORMS,
@@ -704,6 +705,9 @@ def memory(
         stack, kv_layers = 1, model.layers  # the plan holds every weight; K and V per block
     if kv_cache is not None and kv_cache < 0:
         raise AttnctlError(f"kv-cache must be a number of tokens >= 0, got {kv_cache}")
+    for option, value in (("layers", layers), ("kv-cache", kv_cache)):
+        if value is not None and value >= LARGEST_SIZE:
+            raise AttnctlError(f"{option} must be below 2^63 (torch's largest size), got {value}")
     if budget is not None and fit_device:
         raise AttnctlError("give --budget SIZE or --fit, not both")
 

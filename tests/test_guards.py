@@ -288,6 +288,8 @@ def test_a_preset_number_must_be_finite(invoke, tmp_path, key, value):
         (["shapes", "--seq-len", str(2**63)], "seq-len must be below 2^63"),
         (["shapes", "--batch", str(10**30)], "batch must be below 2^63"),
         (["shapes", "--context-len", str(2**63)], "context-len must be below 2^63"),
+        (["memory", "--layers", str(10**30)], "layers must be below 2^63"),
+        (["memory", "--kv-cache", str(2**63)], "kv-cache must be below 2^63"),
         (
             ["shapes", "--d-model", str(10**20), "--heads", str(10**20)],
             "d_model must be below 2^63",
