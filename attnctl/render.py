@@ -25,7 +25,13 @@ from rich.table import Table
 from rich.text import Text
 
 from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig
-from attnctl.memory import MemoryEstimate, MemoryReport, format_bytes, variant_table
+from attnctl.memory import (
+    MemoryEstimate,
+    MemoryReport,
+    format_bytes,
+    longest_input,
+    variant_table,
+)
 from attnctl.plan import MASK_CONVENTION, Plan
 from attnctl.stats import PATTERNS, HeadStats, head_stats
 from attnctl.trace import Stage, Token, Trace
@@ -920,6 +926,10 @@ def _fit_table(fits: dict[str, dict[str, int]], budget: int, first: MemoryReport
     table.add_column(f"largest B at L={plan.seq_len}", justify="right", no_wrap=True)
     for impl, found in fits.items():
         table.add_row(impl, f"{found['max_seq_len']:,}", f"{found['max_batch']:,}")
+    longest = longest_input(plan.config, plan.model)
+    if longest and any(found["max_seq_len"] == longest for found in fits.values()):
+        table.caption = f"L stops at the {longest:,} learned positions"
+        table.caption_justify = "left"
     return table
 
 

@@ -448,6 +448,8 @@ def test_sizes_print_in_their_unit_however_large():
 def test_the_budget_search_stops_at_the_learned_positions(invoke):
     data = json.loads(invoke("memory", "--pos", "learned", "--budget", "1TiB", "--json").stdout)
     assert data["max_seq_len"] == {"math": 2048, "sdpa": 2048}  # memory is not the limit
+    text = invoke("memory", "--pos", "learned", "--budget", "1TiB").stdout
+    assert "L stops at the 2,048 learned positions\n" in text
     data = json.loads(invoke("memory", "--pos", "learned", "--budget", "100MiB", "--json").stdout)
     assert data["max_seq_len"]["math"] < 2048
 
