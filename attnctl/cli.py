@@ -559,7 +559,8 @@ def _checked_text(text: str) -> str:
 
 
 def _read_text_file(file: str) -> str:
-    """A file's (or stdin's) UTF-8 text, read up to MAX_TEXT_BYTES: /dev/zero ends too."""
+    """A file's (or stdin's) UTF-8 text without its final line end, read up to
+    MAX_TEXT_BYTES: /dev/zero ends too."""
     what = "stdin" if file == "-" else f"text file {file}"
     try:
         if file == "-":
@@ -586,8 +587,8 @@ def _read_text_file(file: str) -> str:
             f"{what} is longer than the 4 MiB attnctl reads (about a million tokens): "
             "give a part of it"
         )
-    try:
-        return data.decode("utf-8")
+    try:  # the final line end is no token (as $(cat FILE) drops it): echo TEXT | run -
+        return data.decode("utf-8").removesuffix("\n").removesuffix("\r")
     except UnicodeDecodeError as error:
         raise AttnctlError(
             f"cannot read {what}: not UTF-8 text ({error.reason} at byte {error.start})"

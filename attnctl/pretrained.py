@@ -19,7 +19,7 @@ from safetensors import safe_open
 from attnctl.config import LayerConfig
 from attnctl.errors import AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, _no_record, attention_window
-from attnctl.model import ModelSpec, block_of
+from attnctl.model import EMBEDDING_KEYS, ModelSpec, block_of
 
 Record = Callable[[str, torch.Tensor, str], None]
 
@@ -64,6 +64,14 @@ class PretrainedModel:
         self.dtype = TORCH_DTYPES[config.dtype]
         self.activation = ACTIVATIONS[spec.activation]
         self.tensors = self._load(blocks)
+        if blocks is not None:  # a run shows weights: it needs real ones, not a header's zeros
+            embedding = self.tensors[spec.prefix + EMBEDDING_KEYS[spec.family]]
+            if not embedding.any():
+                raise AttnctlError(
+                    f"the token embedding in {spec.path} is all zeros: a header-only "
+                    "checkpoint? run needs the trained weights (shapes and memory read only "
+                    "the headers)"
+                )
         count = spec.layers if blocks is None else blocks
         self.blocks = [
             (self.attention_layer(n), self.feed_forward_weights(n)) for n in range(count)

@@ -5,7 +5,8 @@
 
 Each example is a ```text block whose first line is "$ attnctl ..."; every such block in
 README.md and docs/*.md must be listed in EXAMPLES below, and every entry must have a block.
-The command runs in-process at the width given, without colour; some blocks show an excerpt.
+The command runs in-process at the width given, without colour; some blocks show an excerpt,
+with a line "⋮" where output is left out.
 The --model examples read the folders scripts/make_example_models.py writes into models/.
 """
 
@@ -78,7 +79,11 @@ def output_of(command: str, columns: int) -> str:
     return "\n".join(line.rstrip() for line in result.stdout.rstrip("\n").splitlines())
 
 
+CUT = "⋮"  # a line of its own where an excerpt leaves output out (before or after it)
+
+
 def excerpt(text: str, first: str | None, last: str | None) -> str:
+    """The lines from the one starting with FIRST to LAST, marked where output is cut."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(first)) if first else 0
     end = len(lines) - 1
@@ -86,7 +91,10 @@ def excerpt(text: str, first: str | None, last: str | None) -> str:
         end = next(i for i in range(start, len(lines)) if lines[i].startswith(last[1:])) - 1
     elif last:  # stop at the line that contains it
         end = next(i for i in range(start, len(lines)) if last in lines[i])
-    return "\n".join(lines[start : end + 1]).rstrip("\n")
+    shown = lines[start : end + 1]
+    while shown and not shown[-1].strip():
+        shown.pop()
+    return "\n".join([CUT] * (start > 0) + shown + [CUT] * (end < len(lines) - 1))
 
 
 def refreshed(text: str, page: str, outputs: dict[str, str], stale: list[str] | None = None) -> str:

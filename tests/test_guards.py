@@ -463,3 +463,26 @@ def test_memory_of_a_model_defaults_to_the_length_it_takes(invoke, tmp_path):
     assert data["seq_len"] == 64
     line = one_clean_line(invoke("memory", "--model", str(folder), "-L", "65"), 2)
     assert "65 tokens are more than the 64 positions" in line
+
+
+def test_the_final_line_end_of_a_file_is_no_token(invoke, tmp_path):
+    with_end = tmp_path / "a.txt"
+    with_end.write_text("Are you OK?\n")
+    from_file = json.loads(invoke("run", "--file", str(with_end), "--json", *CPU).stdout)
+    from_argv = json.loads(invoke("run", "Are you OK?", "--json", *CPU).stdout)
+    assert from_file["tokens"] == from_argv["tokens"]
+    inner = tmp_path / "b.txt"
+    inner.write_text("Are\nyou\n\n")  # only the last line end goes
+    tokens = json.loads(invoke("run", "--file", str(inner), "--json", *CPU).stdout)["tokens"]
+    assert [t["text"] for t in tokens[0]].count("\n") == 2
+
+
+def test_run_refuses_the_zeros_of_a_header_only_checkpoint(invoke, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_models
+
+    folder = tiny_models.write_header_only("llama-2-7b", tmp_path / "llama")
+    assert invoke("shapes", "--model", str(folder)).exit_code == 0  # headers are enough here
+    line = one_clean_line(invoke("run", "hi", "--model", str(folder), "--tokenizer", "bundled",
+                                 "--dtype", "bfloat16", *CPU), 2)  # fmt: skip
+    assert "is all zeros: a header-only checkpoint?" in line
