@@ -749,10 +749,9 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
     headings += ["measured", "diff"] if per_stage is not None else []
     for name in headings:
         stages.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
+    stages.add_column("", no_wrap=True)  # "◀ peak" beside its stage, the numbers aligned
     for i, stage in enumerate(plan.stages):
         alive = format_bytes(estimate.live_bytes[i])
-        if stage.name == estimate.peak_stage:
-            alive += " ◀ peak"
         if per_stage is None:
             size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
             row = [str(i), stage.name, shape_text(stage.shape), size, alive]
@@ -760,7 +759,7 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
             got = per_stage.stage_peak_bytes[i]
             row = [str(i), stage.name, alive, format_bytes(got)]
             row.append(_percent(estimate.live_bytes[i], got))
-        stages.add_row(*row)
+        stages.add_row(*row, "◀ peak" if stage.name == estimate.peak_stage else "")
 
     summary = _size_grid()
     b, h, length, d_k = sizes["B"], sizes["H"], sizes["L"], sizes["d_k"]
@@ -786,7 +785,7 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
     summary.add_row(
         "KV cache",
         format_bytes(report.kv_cache_bytes),
-        f"K and V for {report.kv_cache_tokens} tokens: 2·B·N·{kv_name}·d_k·{element}{stack} = "
+        f"K and V for N = {report.kv_cache_tokens} tokens: 2·B·N·{kv_name}·d_k·{element}{stack} = "
         f"2·{b}·{report.kv_cache_tokens}·{kv_heads}·{d_k}·{element} bytes{stack}",
     )
     training = report.training
