@@ -131,11 +131,11 @@ def test_the_preflight_honours_ulimit_v():
     done = run_limited(["run", "hi", "--d-model", "32768", "--heads", "8", *CPU], 4 * GiB)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("attnctl: error: the estimated peak of 16.27 GiB is more than")
-    machine = cpu_available()  # on a machine with less than that free, the machine says no
-    limit = "free" if machine.source == "MemAvailable" and machine.bytes < 3 * GiB else "RLIMIT_AS"
-    assert (
-        f"{'free' if limit == 'free' else 'left by RLIMIT_AS'} on cpu; use --force" in done.stderr
-    )
+    # the limit counts unless the machine itself has less than it free
+    said = {"left by RLIMIT_AS on cpu; use --force"}
+    if cpu_available().bytes < 4 * GiB:
+        said.add("free on cpu; use --force")
+    assert any(text in done.stderr for text in said)
     assert done.stderr.count("\n") == 1
     # a layer that fits runs under the same limit
     assert run_limited(["run", "hi", "--json", *CPU], 4 * GiB).returncode == 0
