@@ -803,17 +803,28 @@ def _preflight(plan: Plan, need_bytes: int, force: bool, blocks: int = 1, passes
     """The one check before a command allocates: memory (skipped with --force), then time.
 
     A run estimated to take over LONG_RUN_SECONDS (its FLOPs at the rates measured on the
-    device just now; ``passes`` forward passes of ``blocks`` blocks) says so on stderr first.
+    device just now; ``passes`` forward passes of ``blocks`` blocks) says so on stderr first;
+    one forced past the memory it may use is not timed (it fails, or the swap decides).
     """
     from attnctl.resources import import_torch
 
     import_torch()  # the first command to need it: with the collector paused
     from attnctl.layer import resolve_device
-    from attnctl.resources import LONG_RUN_SECONDS, duration_text, estimated_seconds, preflight
+    from attnctl.resources import (
+        LONG_RUN_SECONDS,
+        available_memory,
+        duration_text,
+        estimated_seconds,
+        preflight,
+    )
 
     device = resolve_device(plan.config.device)
     if not force:
         preflight(need_bytes, device)
+    else:
+        available = available_memory(device)
+        if available is not None and need_bytes > available.bytes:
+            return
     seconds = estimated_seconds(plan, device, blocks)
     if seconds is not None and seconds * passes > LONG_RUN_SECONDS:
         typer.echo(

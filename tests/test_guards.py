@@ -440,10 +440,8 @@ def test_an_empty_config_name_is_refused(invoke, name):
 
 def test_forced_past_what_can_exist_is_still_one_error_line(invoke):
     result = invoke("run", "hi", "--force", "--d-model", str(10**18), "--heads", "1", *CPU)
-    assert result.exit_code == 1 and result.stdout == ""
-    *notes, error = result.stderr.splitlines()
-    assert all(n.startswith("attnctl: this will take about") for n in notes)
-    assert error.startswith("attnctl: error: the layer failed on cpu: ")
+    line = one_clean_line(result, 1)  # not timed either: it cannot fit
+    assert line.startswith("attnctl: error: the layer failed on cpu: ")
 
 
 def test_sizes_print_in_their_unit_however_large():
