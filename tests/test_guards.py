@@ -4,6 +4,7 @@ every malformed number or file ending in one line, the right exit code, within s
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -364,8 +365,11 @@ def test_stdin_as_text(tmp_path):
             [sys.executable, "-m", "attnctl", *args], capture_output=True, timeout=60, **kwargs
         )
 
-    closed = attnctl("run", "-", *CPU, stdin=subprocess.DEVNULL, close_fds=True)
-    assert closed.returncode == 2 and b"a text is empty" in closed.stderr  # empty stdin
+    empty = attnctl("run", "-", *CPU, stdin=subprocess.DEVNULL)
+    assert empty.returncode == 2 and b"a text is empty" in empty.stderr
+    closed = attnctl("run", "-", *CPU, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
+    assert closed.returncode == 2 and closed.stdout == b""
+    assert closed.stderr == b"attnctl: error: cannot read stdin: it is closed (see --help)\n"
     not_utf8 = attnctl("run", "-", *CPU, input=b"ab\xff\xfecd")
     assert not_utf8.returncode == 2 and not_utf8.stdout == b""
     assert b"cannot read stdin: not UTF-8 text" in not_utf8.stderr
@@ -373,18 +377,26 @@ def test_stdin_as_text(tmp_path):
     assert done.returncode == 0 and json.loads(done.stdout)["tokens"]
 
 
-def test_a_closed_stdin_is_one_line(invoke, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", None)
-    import attnctl.cli
+def test_run_gives_large_blocks_back_to_the_system(invoke, monkeypatch):
+    import attnctl.runner
 
-    with pytest.raises(AttnctlError, match="cannot read stdin: it is closed"):
-        attnctl.cli._read_text_file("-")
+    resources.tune_allocator()  # callable here (glibc's mallopt, or nothing elsewhere)
+    calls = []
+    monkeypatch.setattr(attnctl.runner, "tune_allocator", lambda: calls.append(1))
+    assert invoke("run", "hi", *CPU).exit_code == 0 and calls == [1]
+
+
+def test_torch_is_imported_out_of_the_collectors_sight():
+    code = (
+        "import gc, sys, attnctl.resources as r; r.import_torch(); "
+        "print('torch' in sys.modules, gc.isenabled(), gc.get_freeze_count() > 100_000)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "True", "True"], done.stderr
 
 
 @pytest.fixture
 def fifo(tmp_path) -> Path:
-    import os
-
     path = tmp_path / "fifo"
     os.mkfifo(path)  # opening it would wait for a writer forever
     return path
@@ -406,8 +418,6 @@ def test_a_pipe_as_a_file_is_refused_without_opening_it(fifo, option):
 @pytest.mark.parametrize("name", ["config.json", "model.safetensors"])
 def test_a_pipe_in_a_model_folder_is_refused_without_opening_it(tmp_path, name):
     sys.path.insert(0, str(Path(__file__).parent))
-    import os
-
     import tiny_models
 
     folder = tiny_models.write("gpt2", tmp_path / "gpt2")
