@@ -37,7 +37,9 @@ from attnctl.config import (
     build_config,
     resolve_impl,
 )
+from attnctl.describe import ModelDescription
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
+from attnctl.families import read_model, supported_names
 from attnctl.memory import (
     MemoryReport,
     allowed_impls,
@@ -47,7 +49,6 @@ from attnctl.memory import (
     longest_input,
     parse_size,
 )
-from attnctl.model import ModelSpec, read_model
 from attnctl.plan import Plan, build_plan
 from attnctl.render import (
     blocks_json,
@@ -290,7 +291,7 @@ MODEL_OPTION = Annotated[
         "-m",
         metavar="DIR",
         help="A local model folder (config.json, model.safetensors, tokenizer.json): "
-        "BERT, GPT-2, Llama, Mistral or Qwen2. Its config sets the layer.",
+        f"{supported_names()}. Its config sets the layer.",
         rich_help_panel="Model",
     ),
 ]
@@ -304,7 +305,7 @@ def layer_options(
 
     ``leave_out`` names options the command does not offer (they keep the preset's value).
     A command with a ``model`` parameter also gets ``--model DIR``: then the layer comes
-    from the model's config.json and ``model`` is its :class:`ModelSpec` (else None).
+    from the model's config.json and ``model`` is its :class:`ModelDescription` (else None).
     Use it bare (``@layer_options``) or with arguments (``@layer_options(leave_out=...)``).
     """
     if command is None:
@@ -432,7 +433,7 @@ def run(
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
-    model: ModelSpec | None,
+    model: ModelDescription | None,
 ) -> None:
     """Run one attention layer on TEXT (a batch for several) and show every stage and weights."""
     if layer.dropout:
@@ -461,7 +462,7 @@ def run(
         heads = heads[:DEFAULT_HEADS_SHOWN]
     query_rows = choose_rows(rows, seq_len)
     layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
-    from attnctl.runner import device_errors, needs_padding_mask, run_batch, run_model
+    from attnctl.runner import device_errors, needs_padding_mask, run
 
     padded = needs_padding_mask(cross or batch, layer)
     context_len = cross.seq_len if cross else None
@@ -492,10 +493,7 @@ def run(
         _progress(f"running {what} over {len(texts)} x {seq_len} tokens"),
         device_errors(layer.device),
     ):
-        if blocks is None:
-            traces = [run_batch(batch, layer, heads, query_rows, context=cross)]
-        else:
-            traces = run_model(batch, model, layer, blocks, heads, query_rows)
+        traces = run(batch, layer, model, blocks, heads, query_rows, context=cross)
     if as_json:
         if every_block:
             _print_json(blocks_json(traces, plan, memory))
@@ -513,7 +511,7 @@ def run(
         )
 
 
-def _choose_blocks(block: str | None, model: ModelSpec | None) -> list[int] | None:
+def _choose_blocks(block: str | None, model: ModelDescription | None) -> list[int] | None:
     """--layer N or all, for a model (None without one): the blocks whose weights to show."""
     if model is None:
         if block is not None:
@@ -635,7 +633,7 @@ def shapes(
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
-    model: ModelSpec | None,
+    model: ModelDescription | None,
 ) -> None:
     """Show the shape of every stage for a configuration, symbolically and with numbers."""
     if layer.dropout:
@@ -691,7 +689,7 @@ def memory(
     as_json: JsonOption = False,
     *,
     layer: LayerConfig,
-    model: ModelSpec | None,
+    model: ModelDescription | None,
 ) -> None:
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
     if seq_len is None:  # 2048, or all a model's (or layer's) learned positions
@@ -730,17 +728,16 @@ def memory(
             report.training = estimate_training(plan, layers)
         if measure:
             _preflight(plan, peak_of(plan), force, passes=3 if train else 1)
-            from attnctl.measure import measure_forward, measure_model_forward, measure_training
+            from attnctl.measure import measure_forward, measure_training
 
             what = "a training step" if train else "a forward pass"
             from attnctl.runner import device_errors
 
             with _progress(f"measuring {what} over {length} tokens"), device_errors(layer.device):
-                if model is not None:
-                    report.measured = measure_model_forward(model, plan.config, plan)
+                if train:
+                    report.measured = measure_training(plan.config, plan)
                 else:
-                    measure_one = measure_training if train else measure_forward
-                    report.measured = measure_one(plan.config, plan)
+                    report.measured = measure_forward(plan)
         reports.append(report)
     budget_bytes = _device_free_bytes(layer.device) if fit_device else None
     if budget is not None:
@@ -765,7 +762,7 @@ def _plan(
     seq_len: int,
     batch: int,
     context_len: int | None = None,
-    model: ModelSpec | None = None,
+    model: ModelDescription | None = None,
 ) -> Plan:
     if model is not None:  # block 0 of the model stands for every block: they are alike
         return build_plan(config, seq_len, batch, model.vocab_size, config.device, model=model)

@@ -21,7 +21,6 @@ from torch.utils._pytree import tree_leaves
 from attnctl.config import LayerConfig
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device
-from attnctl.model import ModelSpec
 from attnctl.plan import Plan
 
 
@@ -88,53 +87,43 @@ class LiveStorages(TorchDispatchMode):
         return out
 
 
-def measure_forward(config: LayerConfig, plan: Plan) -> Measurement:
-    """Run the layer once at the plan's batch and length, on the configured device.
+def measure_forward(plan: Plan) -> Measurement:
+    """Run the plan's model once at its batch and length, on the configured device: the
+    seeded layer, or a checkpoint loaded whole (its embeddings and block 0 run; every
+    block is alike).
 
     The caller has checked memory first (``resources.preflight``).
     """
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
+
+    description = plan.description
+    config = plan.config
     device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).eval()
-    parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
-    token_ids = torch.randint(0, plan.vocab_size, (plan.batch, plan.seq_len), device=device)
-    inputs: dict[str, torch.Tensor] = {}  # the layer's other inputs, made before it runs
+    torch.manual_seed(config.seed)  # the seeded layer's weights, then the token ids drawn
+    weights = model_weights(description, config, device, blocks=None)
+    vocab_size = description.vocab_size
+    token_ids = torch.randint(0, vocab_size, (plan.batch, plan.seq_len), device=device)
+    context_ids = padding = None  # the model's other inputs, made before it runs
     key_len = plan.sizes.get("Lc", plan.seq_len)
     if "Lc" in plan.sizes:  # cross-attention: a context of its own length
-        inputs["context_ids"] = torch.randint(
-            0, plan.vocab_size, (plan.batch, key_len), device=device
-        )
+        context_ids = torch.randint(0, vocab_size, (plan.batch, key_len), device=device)
     if "padding_mask" in {s.name for s in plan.stages}:  # the last row: half of it padding
         padding = torch.ones(plan.batch, key_len, dtype=torch.bool, device=device)
         padding[-1, (key_len + 1) // 2 :] = False
-        inputs["padding"] = padding
 
-    def forward(record: Callable) -> None:
-        layer(token_ids, record, keep_weights=False, **inputs)
+    def run(record: Callable) -> None:
+        forward(
+            description,
+            weights.named,
+            token_ids,
+            record=record,
+            padding=padding,
+            context_ids=context_ids,
+        )
 
-    given = [token_ids, *inputs.values()]
-    return _measure(forward, list(layer.parameters()), given, parameter_bytes, device)
-
-
-def measure_model_forward(model: ModelSpec, config: LayerConfig, plan: Plan) -> Measurement:
-    """Load the whole checkpoint, then run its embeddings and block 0 (every block is alike)."""
-    from attnctl.pretrained import PretrainedModel
-
-    device = resolve_device(config.device)
-    pretrained = PretrainedModel(model, config, device, blocks=None)
-    torch.manual_seed(config.seed)
-    token_ids = torch.randint(0, model.vocab_size, (plan.batch, plan.seq_len), device=device)
-    padding = None
-    if "padding_mask" in {s.name for s in plan.stages}:  # the last row: half of it padding
-        padding = torch.ones(plan.batch, plan.seq_len, dtype=torch.bool, device=device)
-        padding[-1, (plan.seq_len + 1) // 2 :] = False
-
-    def forward(record: Callable) -> None:
-        pretrained.run(token_ids, 0, record, recorded=0, padding=padding)
-
-    given = [token_ids] + ([] if padding is None else [padding])
-    parameters = list(pretrained.tensors.values())
-    return _measure(forward, parameters, given, pretrained.parameter_bytes, device)
+    given = [t for t in (token_ids, context_ids, padding) if t is not None]
+    return _measure(run, weights.stored, given, weights.parameter_bytes, device)
 
 
 def _measure(

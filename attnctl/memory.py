@@ -15,8 +15,8 @@ from fractions import Fraction
 from typing import Any
 
 from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig, validate
+from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.model import ModelSpec
 from attnctl.plan import Plan, build_plan
 
 IMPLEMENTATIONS = ("math", "sdpa")  # what "auto" chooses between
@@ -147,10 +147,10 @@ def largest_fitting(peak_of: Callable[[int], int], budget: int, limit: int = 2**
     return low
 
 
-def longest_input(config: LayerConfig, model: ModelSpec | None = None) -> int | None:
+def longest_input(config: LayerConfig, model: ModelDescription | None = None) -> int | None:
     """The most tokens a layer (or model) can take: its learned positions; None: no limit."""
     if model is not None:
-        return None if model.family == "llama" else model.max_positions
+        return model.longest_input()
     return config.max_positions if config.pos == "learned" else None
 
 

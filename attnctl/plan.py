@@ -1,8 +1,10 @@
-"""The stages of one attention layer as data: names, named dims, shapes, dtypes, bytes.
+"""The stages of a model's forward pass as data: names, named dims, shapes, dtypes, bytes.
 
-No torch here: ``attnctl shapes`` renders a plan and ``attnctl memory`` sums one.
-The torch layer (``layer.py``) records the same stages while it runs, and the tests
-hold the two equal, so what ``shapes`` predicts is what ``run`` does.
+No torch here: ``attnctl shapes`` renders a plan and ``attnctl memory`` sums one. A plan
+walks a :class:`~attnctl.describe.ModelDescription` (the seeded layer is a one-block
+model) through the sublayer plans in ``attnctl/stages/``; the runner walks the same
+description in torch (``attnctl/nn/``) and records the same stages, and the tests hold
+the two equal, so what ``shapes`` predicts is what ``run`` does.
 """
 
 from __future__ import annotations
@@ -12,27 +14,20 @@ import re
 from dataclasses import dataclass, field
 
 from attnctl.config import DTYPE_BYTES, LARGEST_SIZE, LayerConfig, resolve_impl, validate
+from attnctl.describe import Attention, ModelDescription, Parameter, seeded_model
 from attnctl.errors import AttnctlError
-from attnctl.model import ModelSpec
+from attnctl.stages import MASK_CONVENTION, PlanBuilder
+from attnctl.stages.attention import plan_attention
+from attnctl.stages.embeddings import plan_context_embeddings, plan_embeddings
+from attnctl.stages.feed_forward import plan_feed_forward
 from attnctl.trace import Stage
 
-MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)"
-
-
-@dataclass(frozen=True)
-class Parameter:
-    name: str
-    shape: tuple[int, ...]
-    copies: int = 1  # one per block for a model's "layers.*.…" tensors
-
-    @property
-    def count(self) -> int:
-        return _product(self.shape) * self.copies
+__all__ = ["MASK_CONVENTION", "Parameter", "Plan", "build_plan"]
 
 
 @dataclass(frozen=True)
 class Plan:
-    config: LayerConfig
+    config: LayerConfig  # the shown block's attention
     batch: int
     seq_len: int
     vocab_size: int
@@ -41,8 +36,9 @@ class Plan:
     parameters: list[Parameter] = field(default_factory=list)
     # tensors the caller keeps alive past their last reader: name -> until which stage
     held_until: dict[str, str] = field(default_factory=dict)
-    model: ModelSpec | None = None  # a pretrained model's block, rather than one layer
+    model: ModelDescription | None = None  # a checkpoint's, rather than the seeded layer
     layer_index: int = 0  # which of the model's blocks
+    description: ModelDescription | None = None  # what was walked (the seeded layer too)
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -54,13 +50,6 @@ class Plan:
     @property
     def parameter_bytes(self) -> int:
         return self.parameter_count * DTYPE_BYTES[self.config.dtype]
-
-
-def _product(shape: tuple[int, ...]) -> int:
-    total = 1
-    for n in shape:
-        total *= n
-    return total
 
 
 def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
@@ -81,7 +70,7 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
     return params
 
 
-def model_parameters(model: ModelSpec) -> list[Parameter]:
+def model_parameters(model: ModelDescription) -> list[Parameter]:
     """Every weight of the checkpoint; a block's tensors once, with ``copies``."""
     groups: dict[str, list[tuple[int, ...]]] = {}
     for key, info in model.weights().items():
@@ -97,22 +86,28 @@ def build_plan(
     device: str = "",
     padded: bool = False,
     context_len: int | None = None,
-    model: ModelSpec | None = None,
+    model: ModelDescription | None = None,
     layer_index: int = 0,
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens.
 
+    ``config``: the seeded layer, or (with ``model``) the run's dtype, kernel and device
+    for a checkpoint's blocks (:meth:`ModelDescription.layer_config`).
     ``padded``: some key sequences are padded on the right and a key-padding mask is applied
     (not with a causal mask, which never lets a real token see right padding anyway).
     ``context_len``: cross-attention; keys and values come from a context of that length.
-    ``model``: the stages of a pretrained model's block ``layer_index``: its embeddings, the
-    block's input, the attention layer (``config``, from :meth:`ModelSpec.layer_config`),
-    then the feed-forward. Blocks run one after another, so one block's peak is the model's.
+    ``model``: the stages of a checkpoint's block ``layer_index``: its embeddings, the
+    block's input, then its sublayers. Blocks run one after another, so one block's peak
+    is the model's.
     """
     if context_len is not None:
         config = dataclasses.replace(config, cross=True)
     config = resolve_impl(validate(config))
-    cross = config.cross
+    description = seeded_model(config, vocab_size) if model is None else model.with_run(config)
+    block = description.blocks[layer_index]
+    attention = block.attention
+    config = attention.config
+    cross = attention.kind == "cross_attention"
     if cross:
         context_len = seq_len if context_len is None else context_len  # a preset says cross
         if context_len <= 0:
@@ -136,214 +131,40 @@ def build_plan(
     }
     if cross:
         sizes["Lc"] = context_len
-    key_len = "Lc" if cross else "L"  # the keys' length: the context's, or the text's own
-    stages: list[Stage] = []
+    feed_forward = next((s for s in block.sublayers if not isinstance(s, Attention)), None)
+    if feed_forward is not None:
+        sizes["I"] = feed_forward.inner
+    plan = PlanBuilder(sizes, config.dtype, device)
 
-    def add(name, dims, reads=(), *, dtype=config.dtype, view_of=None, what="", scratch=0):
-        dim_names = tuple(dims.split())
-        shape = tuple(sizes[d] for d in dim_names)
-        nbytes = _product(shape) * DTYPE_BYTES[dtype]
-        stages.append(
-            Stage(
-                name, dim_names, shape, dtype, nbytes, device, view_of, tuple(reads), what, scratch
-            )
-        )
-        return name
-
-    ids = add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
+    plan.add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
     if cross:
-        add("context_ids", "B Lc", dtype="int64", what="the context's token ids (keys, values)")
+        plan.add(
+            "context_ids", "B Lc", dtype="int64", what="the context's token ids (keys, values)"
+        )
     padding = padded and config.mask != "causal"
     if padding:
-        add("padding_mask", f"B {key_len}", dtype="bool", what=f"key padding; {MASK_CONVENTION}")
-
-    def embed(prefix: str, length_dim: str, length: int, reads: str) -> str:
-        """Embedding lookup, plus positions when they are added to the embeddings."""
-        if config.pos == "learned" and length > config.max_positions:
-            raise AttnctlError(
-                f"length {length} is longer than the {config.max_positions} learned positions; "
-                "raise max_positions or use --pos rope|sinusoidal"
-            )
-        x = add(
-            f"{prefix}embeddings",
-            f"B {length_dim} D",
-            (reads,),
-            what="embedding lookup: one D-vector per token",
+        key_len = "Lc" if cross else "L"
+        plan.add(
+            "padding_mask", f"B {key_len}", dtype="bool", what=f"key padding; {MASK_CONVENTION}"
         )
-        if config.pos == "sinusoidal":
-            # float32 scratch while the table is built: positions (L), frequencies (⌈D/2⌉),
-            # angles (L·⌈D/2⌉) and sin(angles) (L·⌈D/2⌉) before it is written into the table
-            half = (config.d_model + 1) // 2
-            pos = add(
-                f"{prefix}positions",
-                f"{length_dim} D",
-                what="sinusoidal position table",
-                scratch=4 * (length + half + 2 * length * half),
-            )
-        elif config.pos == "learned":  # the int64 position ids live during the lookup
-            pos = add(
-                f"{prefix}positions",
-                f"{length_dim} D",
-                what="learned position table rows",
-                scratch=8 * length,
-            )
+    x = plan_embeddings(plan, description.embeddings, seq_len)
+    context = plan_context_embeddings(plan, description.embeddings, context_len) if cross else None
+    if layer_index > 0:
+        x = plan.add(
+            "hidden", "B L D", what=f"block {layer_index - 1}'s output: this block's input"
+        )
+    attention_end = x
+    for sublayer in block.sublayers:
+        if isinstance(sublayer, Attention):
+            x = attention_end = plan_attention(plan, sublayer, x, context, padding)
         else:
-            return x
-        return add(f"{prefix}x", f"B {length_dim} D", (x, pos), what="embeddings + positions")
-
-    if model is None:
-        x = embed("", "L", seq_len, ids)
-    else:
-        sizes["I"] = model.intermediate
-        x = _model_embeddings(add, model, seq_len, ids)
-        if layer_index > 0:
-            x = add("hidden", "B L D", what=f"block {layer_index - 1}'s output: this block's input")
-    context = embed("context_", "Lc", context_len, "context_ids") if cross else None
-
-    grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
-    kv_width = f"B {key_len} {'D_kv' if grouped else 'D'}"
-    kv_heads = f"B {'Hkv' if grouped else 'H'} {key_len} d_k"
-    norm_name = "LayerNorm" if config.norm_type == "layer" else "RMSNorm"
-    h = x  # what the projections read: x, or Norm(x) in a pre-norm layer
-    if config.norm == "pre":
-        h = add("norm", "B L D", (x,), what=f"{norm_name} over D, before attention (pre-norm)")
-    for name in ("q", "k", "v"):
-        add(
-            name,
-            "B L D" if name == "q" else kv_width,
-            (h,) if name == "q" or not cross else (context,),
-            what=f"x · W_{name}" + (" + b" if config.bias else ""),
-        )
-    heads = {
-        name: add(
-            f"{name}_heads",
-            "B H L d_k" if name == "q" else kv_heads,
-            (name,),
-            view_of=name,
-            what=f"view (B, L, {'H' if name == 'q' or not grouped else 'Hkv'}, d_k), "
-            "transpose(1, 2): no copy",
-        )
-        for name in ("q", "k", "v")
-    }
-    if config.pos == "rope":
-        half = config.d_k // 2
-        float32_table = seq_len * config.d_k * 4
-        add(
-            "rope_angles",
-            "L d_k",
-            dtype="float32",
-            what=f"RoPE angles pos·θ_i, θ_i = {config.rope_theta:g}^(-2i/d_k)"
-            + ("" if config.rope_type == "default" else f", {config.rope_type} scaling"),
-            scratch=4 * (half + seq_len + seq_len * half),  # frequencies, positions, outer
-        )
-        cast = float32_table if config.dtype != "float32" else 0  # cos() in float32, then .to
-        add("rope_cos", "L d_k", ("rope_angles",), what="cos of the angles", scratch=cast)
-        add("rope_sin", "L d_k", ("rope_angles",), what="sin of the angles", scratch=cast)
-        for name in ("q", "k"):
-            dims = "B H L d_k" if name == "q" or not grouped else "B Hkv L d_k"
-            size = _product(tuple(sizes[d] for d in dims.split())) * DTYPE_BYTES[config.dtype]
-            heads[name] = add(
-                f"{name}_rotated",
-                dims,
-                (heads[name], "rope_cos", "rope_sin"),
-                what="x·cos + rotate_half(x)·sin: RoPE turns each pair of dims",
-                scratch=2 * size,  # rotate_half(x) and its product with sin
-            )
-    if grouped and config.impl == "math":  # each K/V head serves H / Hkv query heads
-        for name in ("k", "v"):
-            heads[name] = add(
-                f"{name}_repeated",
-                f"B H {key_len} d_k",
-                (heads[name],),
-                what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
-            )
-
-    if config.impl == "math":
-        scores = add(
-            "scores",
-            f"B H L {key_len}",
-            (heads["q"], heads["k"]),
-            # the negated padding mask (B·L bools) is made after q and k are freed, so it
-            # never raises this stage's peak
-            what="Q · Kᵀ / √d_k, one L×L per head"
-            + ("; padded keys set to -inf" if padding else ""),
-        )
-        if config.pos == "alibi":
-            h, length = config.heads, seq_len
-            # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
-            # and the float32 bias itself before .to() when the dtype is narrower
-            narrow = 4 * h * length * length if config.dtype != "float32" else 0
-            add(
-                "alibi",
-                "H L L",
-                what="ALiBi bias -m_h·|i - j| added to the scores in place",
-                scratch=8 * h + 4 * length + 4 * length * length + narrow,
-            )
-        if config.mask == "causal":
-            add(
-                "mask",
-                "L L",
-                (scores,),
-                dtype="bool",
-                what=f"causal; {MASK_CONVENTION}; blocked scores set to -inf in place",
-            )
-        weights = add(
-            "weights", f"B H L {key_len}", (scores,), what="softmax over keys: rows sum to 1"
-        )
-        if config.dropout > 0:  # training only: the plan of a --train configuration
-            weights = add(
-                "dropout",
-                f"B H L {key_len}",
-                (weights,),
-                what=f"dropout p={config.dropout} on the weights (training only), seeded",
-            )
-        attended = add("weighted_values", "B H L d_k", (weights, heads["v"]), what="weights · V")
-    else:
-        attended = add(
-            "weighted_values",
-            "B H L d_k",
-            (heads["q"], heads["k"], heads["v"]),
-            what="F.scaled_dot_product_attention"
-            + (" (is_causal)" if config.mask == "causal" else "")
-            + ": weights never stored",
-        )
-    # transpose(1, 2).contiguous() copies only when the memory order really changes: not
-    # when H == 1 or L == 1 (size-1 dims don't count), and not after the fused kernels,
-    # which write (B, L, H, d_k) order already. The run's trace confirms each case.
-    no_copy = config.impl == "sdpa" or config.heads == 1 or seq_len == 1
-    concat = add(
-        "concat",
-        "B L D",
-        (attended,),
-        view_of=attended if no_copy else None,
-        what="transpose(1, 2).contiguous().view: heads side by side"
-        + (" (already in order: no copy)" if no_copy else " (a copy)"),
-    )
-    has_output_bias = config.bias and config.output_bias
-    out = add(
-        "output_projection",
-        "B L D",
-        (concat,),
-        what="concat · W_o" + (" + b" if has_output_bias else ""),
-    )
-    if config.norm != "none":
-        residual = add("residual", "B L D", (x, out), what="x + attention output")
-    if config.norm == "post":
-        add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
-
-    attention_end = stages[-1].name
-    if model is not None:
-        _feed_forward(add, model, attention_end)
-    # The caller makes the inputs before the layer runs and holds them throughout. The layer
-    # returns its output and its attention output. A model's block holds its input and the
-    # attention output until its attention layer returns, the feed-forward's input until
-    # the feed-forward returns.
-    end = stages[-1].name
+            x = plan_feed_forward(plan, sublayer, x)
+    # The caller makes the inputs before the model runs and holds them throughout. An
+    # attention sublayer returns its output and its W_o output: both live until it returns.
+    end = plan.last
     held = dict.fromkeys(("token_ids", "context_ids", "padding_mask"), end)
-    held["output_projection"] = end if model is None else attention_end
-    if model is not None:
-        held |= {x: attention_end, attention_end: end}
-    names = {s.name for s in stages}
+    held["output_projection"] = attention_end
+    names = {s.name for s in plan.stages}
     held = {name: until for name, until in held.items() if name in names}
     parameters = layer_parameters(config, vocab_size) if model is None else model_parameters(model)
     return Plan(
@@ -352,60 +173,10 @@ def build_plan(
         seq_len=seq_len,
         vocab_size=vocab_size,
         sizes=sizes,
-        stages=stages,
+        stages=plan.stages,
         parameters=parameters,
         held_until=held,
-        model=model,
+        model=model if model is None else description,
         layer_index=layer_index,
+        description=description,
     )
-
-
-def _model_embeddings(add, model: ModelSpec, seq_len: int, ids: str) -> str:
-    """The family's embeddings, before its first block; returns the last stage's name."""
-    if model.family != "llama" and seq_len > model.max_positions:
-        raise AttnctlError(
-            f"{seq_len} tokens are more than the {model.max_positions} positions "
-            f"{model.name} was trained with"
-        )
-    # a sliding window changes which scores are masked, not a shape or a byte: run checks
-    # the length against it (ModelSpec.check_run_length), shapes and memory need not
-    x = add("embeddings", "B L D", (ids,), what="token embedding lookup")
-    if model.family == "llama":  # positions come later: RoPE rotates Q and K in every block
-        return x
-    # learned position rows; the int64 position ids live during the lookup
-    pos = add("positions", "L D", what="learned position table rows", scratch=8 * seq_len)
-    if model.family == "gpt2":
-        return add("x", "B L D", (x, pos), what="embeddings + positions")
-    x = add("x", "B L D", (x, pos), what="embeddings + segment 0's embedding + positions")
-    return add("embedding_norm", "B L D", ("x",), what="LayerNorm over D")
-
-
-def _feed_forward(add, model: ModelSpec, attention_out: str) -> None:
-    """The block's feed-forward, after its attention layer, with its residual and norm."""
-    act = {"gelu_new": "gelu (tanh)", "gelu_pytorch_tanh": "gelu (tanh)"}.get(
-        model.activation, model.activation
-    )
-    h = attention_out
-    if model.family != "bert":  # pre-norm: the feed-forward reads Norm(x)
-        norm = "RMSNorm" if model.family == "llama" else "LayerNorm"
-        h = add("ffn_norm", "B L D", (attention_out,), what=f"{norm} over D, before the FFN")
-    if model.family == "llama":  # SwiGLU: down(silu(gate(h)) * up(h))
-        add("ffn_gate", "B L I", (h,), what="h · W_gate")
-        add("ffn_act", "B L I", ("ffn_gate",), what=act)
-        add("ffn_up", "B L I", (h,), what="h · W_up")
-        inner = add(
-            "ffn_product", "B L I", ("ffn_act", "ffn_up"), view_of="ffn_act", what="act *= up"
-        )
-    else:
-        add("ffn_up", "B L I", (h,), what="h · W_in + b: D -> I")
-        inner = add("ffn_act", "B L I", ("ffn_up",), what=act)
-    add("ffn_down", "B L D", (inner,), what="· W_out: I -> D")
-    add(
-        "ffn_residual",
-        "B L D",
-        ("ffn_down", attention_out),
-        view_of="ffn_down",
-        what="+= the FFN's input (in place)",
-    )
-    if model.family == "bert":
-        add("ffn_norm", "B L D", ("ffn_residual",), what="LayerNorm over D (post-norm)")

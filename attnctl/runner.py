@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 from array import array
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any
 
 from attnctl.config import LayerConfig, resolve_impl
+from attnctl.describe import ModelDescription, seeded_model
 from attnctl.errors import RUNTIME, AttnctlError
-from attnctl.model import ModelSpec
 from attnctl.resources import tune_allocator
 from attnctl.tokenize import Batch, encode_batch
 from attnctl.trace import RowSums, Trace
@@ -27,7 +28,7 @@ def run_text(
 ) -> Trace:
     """Tokenize ``text`` (or a batch of texts) and run one seeded attention layer over it."""
     texts = [text] if isinstance(text, str) else text
-    return run_batch(encode_batch(texts, config.tokenizer), config, heads, rows)
+    return run(encode_batch(texts, config.tokenizer), config, heads=heads, rows=rows)[0]
 
 
 def needs_padding_mask(keys: Batch, config: LayerConfig) -> bool:
@@ -37,110 +38,73 @@ def needs_padding_mask(keys: Batch, config: LayerConfig) -> bool:
     return keys.padded and config.mask != "causal"
 
 
-def run_batch(
+def run(
     batch: Batch,
     config: LayerConfig,
+    model: ModelDescription | None = None,
+    layers: list[int] | None = None,
     heads: Sequence[int] | None = None,
     rows: list[int] | None = None,
     context: Batch | None = None,
-) -> Trace:
-    """Run the layer over a (padded) batch; weights only for ``heads`` x ``rows``.
-
-    The caller has checked memory first (``resources.preflight``).
-    ``context``, one row per text, makes it cross-attention over those tokens.
-    """
-    import torch
-
-    from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder
-
-    config, device, heads, rows = _start(batch, config, heads, rows)
-    torch.manual_seed(config.seed)
-    layer = AttentionLayer(config, batch.vocab_size)  # float32 on CPU: same weights anywhere
-    layer = layer.to(device=device, dtype=TORCH_DTYPES[config.dtype]).eval()
-    padded_rows = batch.padded_rows()
-    token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
-    keys = batch if context is None else context
-    context_rows = None if context is None else context.padded_rows()
-    inputs: dict = {}
-    if context_rows is not None:
-        inputs["context_ids"] = torch.tensor(
-            [[t.id for t in row] for row in context_rows], device=device
-        )  # (B, Lc)
-    if needs_padding_mask(keys, config):
-        inputs["padding"] = padding_mask(keys, device)
-    record = Recorder()
-    with device_errors(device), torch.inference_mode():
-        result = layer(token_ids, record, window=(heads, rows), **inputs)
-        if result.weights is not None:  # math: slice what was asked from the full weights
-            window = result.weights[:, heads][:, :, rows]  # (B, h, r, Lk)
-        else:  # sdpa: just those weights, computed beside the fused kernel
-            window = result.window
-        del result
-        queries = [len(row) for row in batch.rows]
-        attention, top_keys, sums = shown_weights(window, rows, queries)
-    return Trace(
-        tokens=padded_rows,
-        stages=record.stages,
-        attention=attention,
-        attention_heads=heads,
-        attention_rows=rows,
-        top_keys=top_keys,
-        device=str(device),
-        tokenizer=batch.name,
-        vocab_size=batch.vocab_size,
-        impl=config.impl,
-        context_tokens=context_rows,
-        sums=sums,
-    )
-
-
-def run_model(
-    batch: Batch,
-    model: ModelSpec,
-    config: LayerConfig,
-    layers: list[int],
-    heads: Sequence[int] | None = None,
-    rows: list[int] | None = None,
 ) -> list[Trace]:
-    """Run a pretrained model's blocks up to the last of ``layers``; a Trace for each.
+    """Run the seeded layer (``model`` None) or a checkpoint's blocks up to the last of
+    ``layers`` over a (padded) batch: a Trace for each of ``layers``, with weights only
+    for ``heads`` x ``rows``.
 
     The stages are recorded for the first of ``layers`` only when it is the one layer
-    asked for (``--layer N``); ``--layer all`` shows weights, not stages.
+    asked for (``--layer N``); ``--layer all`` shows weights, not stages. ``context``,
+    one row per text, makes the seeded layer cross-attention over those tokens. The
+    caller has checked memory first (``resources.preflight``).
     """
     import torch
 
     from attnctl.layer import Recorder
-    from attnctl.pretrained import PretrainedModel, weights_window
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
 
+    layers = [0] if layers is None else layers
+    if context is not None:  # keys and values from the context: cross-attention
+        config = dataclasses.replace(config, cross=True)
     config, device, heads, rows = _start(batch, config, heads, rows)
+    description = (
+        seeded_model(config, batch.vocab_size) if model is None else model.with_run(config)
+    )
     padded_rows = batch.padded_rows()
-    largest = max(t.id for row in padded_rows for t in row)
-    if largest >= model.vocab_size:
-        raise AttnctlError(
-            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
-            "is this tokenizer the model's own?"
-        )
+    if model is not None:
+        largest = max(t.id for row in padded_rows for t in row)
+        if largest >= model.vocab_size:
+            raise AttnctlError(
+                f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
+                "is this tokenizer the model's own?"
+            )
+    last = max(layers)
+    weights = model_weights(description, config, device, blocks=last + 1)
     token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
-    padding = padding_mask(batch, device) if needs_padding_mask(batch, config) else None
+    keys = batch if context is None else context
+    context_rows = None if context is None else context.padded_rows()
+    context_ids = None
+    if context_rows is not None:
+        context_ids = torch.tensor(
+            [[t.id for t in row] for row in context_rows], device=device
+        )  # (B, Lc)
+    padding = padding_mask(keys, device) if needs_padding_mask(keys, config) else None
     record = Recorder()
-    windows: dict[int, tuple[list, list, RowSums]] = {}
     queries = [len(row) for row in batch.rows]
-
-    def keep_window(n: int, layer, block_input, weights) -> None:
-        if n in layers:
-            shown = weights_window(layer, block_input, weights, heads, rows, padding)
-            windows[n] = shown_weights(shown, rows, queries)
-
-    pretrained = PretrainedModel(model, config, device, blocks=max(layers) + 1)
     with device_errors(device), torch.inference_mode():
-        pretrained.run(
+        result = forward(
+            description,
+            weights.named,
             token_ids,
-            max(layers),
-            record,
+            last=last,
+            record=record,
             recorded=layers[0] if len(layers) == 1 else None,
             padding=padding,
-            window=keep_window,
+            context_ids=context_ids,
+            shown=layers,
+            window=(heads, rows),
         )
+        windows = {n: shown_weights(result.windows[n], rows, queries) for n in layers}
+        del result
     return [
         Trace(
             tokens=padded_rows,
@@ -153,7 +117,8 @@ def run_model(
             tokenizer=batch.name,
             vocab_size=batch.vocab_size,
             impl=config.impl,
-            layer=n,
+            context_tokens=context_rows,
+            layer=None if model is None else n,
             sums=windows[n][2],
         )
         for n in layers

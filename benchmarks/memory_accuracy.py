@@ -45,7 +45,7 @@ def main() -> int:
             measured = measure_training(config, plan).peak_bytes
         else:
             predicted = estimate(plan).peak_bytes
-            measured = measure_forward(config, plan).peak_bytes
+            measured = measure_forward(plan).peak_bytes
         error = (predicted - measured) / measured * 100
         worst = max(worst, abs(error))
         print(f"{mode:<9} {impl:<5} {dtype:<9} {length:>5} {predicted:>14,} {measured:>14,} "

@@ -7,10 +7,11 @@ import json
 
 import pytest
 import torch
-from torch import nn
 
 import attnctl.check
 import attnctl.layer
+import attnctl.nn.attention
+import attnctl.nn.positions
 from attnctl.check import run_check
 from attnctl.config import (
     MASKS,
@@ -181,7 +182,7 @@ def test_check_cli_compares_alibi_rope_and_gqa(invoke, options):
 
 def test_alibi_check_fails_on_the_old_sdpa_path(monkeypatch):
     """SDPA without the bias (what the layer did before) is caught by math vs sdpa."""
-    monkeypatch.setattr(attnctl.layer, "_alibi_attn_mask", lambda *args: args[3])
+    monkeypatch.setattr(attnctl.nn.attention, "_alibi_attn_mask", lambda *args: args[3])
     result = run_check(build_config(**SMALL, pos="alibi"), 2, 5, 30)
     failed = {(c.a, c.b, c.what) for c in result.comparisons if not c.ok}
     assert failed == {("math", "sdpa", "output"), ("sdpa", MHA, "output")}
@@ -205,34 +206,34 @@ def wrong_causal_mask(seq_len, device=None):
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril_(1)  # one late key
 
 
-ORIGINAL_ALIBI, ORIGINAL_ROTATE = attnctl.layer.alibi_bias, attnctl.layer.rotate
+ORIGINAL_ALIBI, ORIGINAL_ROTATE = attnctl.nn.positions.alibi_bias, attnctl.nn.positions.rotate
 
 
 @pytest.mark.parametrize(
     "target,broken,options,caught",
     [
         # a wrong bias in both of the layer's paths: only the oracle can see it
-        (attnctl.layer, ("alibi_bias", wrong_slopes), {"pos": "alibi"}, {"math", "sdpa"}),
-        (attnctl.layer, ("alibi_bias", wrong_slopes), {"pos": "alibi", "mask": "causal"},
+        (attnctl.nn.positions, ("alibi_bias", wrong_slopes), {"pos": "alibi"}, {"math", "sdpa"}),
+        (attnctl.nn.positions, ("alibi_bias", wrong_slopes), {"pos": "alibi", "mask": "causal"},
          {"math", "sdpa"}),
-        (attnctl.layer, ("rotate", wrong_rotation), {"pos": "rope", "kv_heads": 2},
+        (attnctl.nn.positions, ("rotate", wrong_rotation), {"pos": "rope", "kv_heads": 2},
          {"math", "sdpa"}),
-        (attnctl.layer, ("scaled_frequency", lambda f, config: f),
+        (attnctl.nn.positions, ("scaled_frequency", lambda f, config: f),
          {"pos": "rope", "rope_type": "linear", "rope_factor": 4.0}, {"math", "sdpa"}),
         # the math path's own grouping and causal mask: SDPA does its own
         (torch.Tensor, ("repeat_interleave", tiled_repeat), {"kv_heads": 2}, {"math"}),
         (torch.Tensor, ("repeat_interleave", tiled_repeat), {"kv_heads": 2, "pos": "rope"},
          {"math"}),
-        (attnctl.layer, ("causal_mask", wrong_causal_mask), {"mask": "causal"}, {"math"}),
-        (attnctl.layer, ("causal_mask", wrong_causal_mask), {"mask": "causal", "pos": "rope"},
-         {"math"}),
+        (attnctl.nn.positions, ("causal_mask", wrong_causal_mask), {"mask": "causal"}, {"math"}),
+        (attnctl.nn.positions, ("causal_mask", wrong_causal_mask),
+         {"mask": "causal", "pos": "rope"}, {"math"}),
         # a norm that does not normalise: after attention, only the layer output shows it;
         # before (pre-norm), the attention of both paths too
-        (nn.RMSNorm, ("forward", lambda self, x: x * self.weight), {"norm_type": "rms"},
+        (attnctl.nn.attention, ("norm", lambda config, x, w, b: x * w), {"norm_type": "rms"},
          {"math"}),
-        (nn.RMSNorm, ("forward", lambda self, x: x * self.weight),
+        (attnctl.nn.attention, ("norm", lambda config, x, w, b: x * w),
          {"norm_type": "rms", "norm": "pre", "pos": "rope"}, {"math", "sdpa"}),
-        (nn.LayerNorm, ("forward", lambda self, x: x * self.weight + self.bias), {}, {"math"}),
+        (attnctl.nn.attention, ("norm", lambda config, x, w, b: x * w + b), {}, {"math"}),
     ],
 )  # fmt: skip
 def test_a_broken_variant_in_the_layer_is_caught(monkeypatch, target, broken, options, caught):
@@ -257,7 +258,7 @@ def test_the_sdpa_reference_is_not_the_layer(monkeypatch):
     layer = AttentionLayer(config, 30).eval()
     x = torch.randn(2, 5, 16)
     for name in ("rotate", "rotary_angles", "scaled_frequency", "alibi_bias", "causal_mask"):
-        monkeypatch.setattr(attnctl.layer, name, forbidden)
+        monkeypatch.setattr(attnctl.nn.positions, name, forbidden)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
     with torch.no_grad():
         reference = attnctl.check.sdpa_reference_attention(layer, x, x)
@@ -267,9 +268,9 @@ def test_the_sdpa_reference_is_not_the_layer(monkeypatch):
 def test_gradcheck_covers_alibi(monkeypatch):
     config = build_config(**SMALL, pos="alibi", mask="causal", kv_heads=2)
     added = []
-    original = attnctl.layer.alibi_bias
+    original = attnctl.nn.positions.alibi_bias
     monkeypatch.setattr(
-        attnctl.layer, "alibi_bias", lambda *args: added.append(args[-1]) or original(*args)
+        attnctl.nn.positions, "alibi_bias", lambda *args: added.append(args[-1]) or original(*args)
     )
     threads = torch.get_num_threads()
     passed, note = attnctl.check._gradcheck(config, 30)

@@ -10,8 +10,6 @@ import sys
 import pytest
 import torch
 
-from attnctl.layer import AttentionLayer
-
 CPU = ("--device", "cpu")
 
 
@@ -361,10 +359,12 @@ def test_malformed_tokenizer_exits_2(invoke, tmp_path):
 
 
 def test_out_of_memory_is_a_runtime_failure(invoke, monkeypatch):
-    def explode(self, *args, **kwargs):
+    import attnctl.nn.model
+
+    def explode(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
 
-    monkeypatch.setattr(AttentionLayer, "forward", explode)
+    monkeypatch.setattr(attnctl.nn.model, "forward", explode)
     result = invoke("run", "hi", *CPU)
     assert result.exit_code == 1
     assert result.stderr.strip() == (
@@ -475,13 +475,13 @@ def test_text_output_computes_only_the_heads_it_prints(invoke, monkeypatch):
     import attnctl.runner
 
     seen = {}
-    original = attnctl.runner.run_batch
+    original = attnctl.runner.run
 
-    def spy(batch, config, heads=None, *args, **kwargs):
+    def spy(batch, config, model=None, layers=None, heads=None, *args, **kwargs):
         seen["heads"] = heads
-        return original(batch, config, heads, *args, **kwargs)
+        return original(batch, config, model, layers, heads, *args, **kwargs)
 
-    monkeypatch.setattr(attnctl.runner, "run_batch", spy)
+    monkeypatch.setattr(attnctl.runner, "run", spy)
     invoke("run", LONG, "--heads", "16", "--d-model", "32", *CPU)
     assert list(seen["heads"]) == list(range(8))
     run_json(invoke, "run", LONG, "--heads", "16", "--d-model", "32", *CPU)

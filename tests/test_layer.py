@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from attnctl.check import reference_mha
 from attnctl.config import build_config
-from attnctl.layer import AttentionLayer, Recorder, causal_mask, sinusoidal_positions
+from attnctl.layer import AttentionLayer, Recorder
+from attnctl.nn.positions import causal_mask, sinusoidal_positions
 from attnctl.plan import layer_parameters
 from attnctl.runner import run_text
 

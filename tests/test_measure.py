@@ -46,7 +46,7 @@ def test_estimate_matches_measurement_stage_by_stage(shape, impl, dtype, options
     config = build_config(impl=impl, dtype=dtype, device="cpu", **{"d_model": 64, **options})
     plan = build_plan(config, seq_len, batch, vocab_size=50)
     predicted = estimate(plan)
-    measured = measure_forward(config, plan)
+    measured = measure_forward(plan)
     assert measured.parameter_bytes == predicted.parameter_bytes
     assert measured.peak_bytes == pytest.approx(predicted.peak_bytes, rel=0.02)
     for stage, want, got in zip(
@@ -58,10 +58,10 @@ def test_estimate_matches_measurement_stage_by_stage(shape, impl, dtype, options
 def test_measurement_sees_the_attention_matrices():
     config = build_config(device="cpu")
     plan = build_plan(config, 1024, 1, vocab_size=50)
-    measured = measure_forward(config, plan)
+    measured = measure_forward(plan)
     matrices = 2 * 8 * 1024 * 1024 * 4  # scores and weights alive together
     assert measured.peak_activation_bytes > matrices
-    sdpa = measure_forward(build_config(device="cpu", impl="sdpa"), plan)
+    sdpa = measure_forward(build_plan(build_config(device="cpu", impl="sdpa"), 1024, 1, 50))
     assert sdpa.peak_activation_bytes < matrices / 4
 
 

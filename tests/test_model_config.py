@@ -18,7 +18,7 @@ import tiny_models
 import torch
 import transformers
 
-from attnctl.model import read_model
+from attnctl.families import read_model
 
 CPU = ("--device", "cpu")
 TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."
@@ -129,7 +129,7 @@ def test_keys_transformers_does_not_read_for_the_family_change_nothing(invoke, t
     for family in ("mistral", "qwen2"):
         directory = tiny_models.write(family, tmp_path / family)
         _patch(directory, attention_bias=True, mlp_bias=True, pretraining_tp=4)
-        assert read_model(directory).mlp_bias is False
+        assert read_model(directory).blocks[0].sublayers[1].bias is False
         _assert_equal_to_transformers(invoke, directory)
     mistral = _patch(tmp_path / "mistral", layer_types=["sliding_attention"] * 3)
     _assert_equal_to_transformers(invoke, mistral)  # transformers' Mistral reads no layer_types
@@ -490,16 +490,18 @@ def test_permission_denied_cannot_be_read(invoke, folders, tmp_path, monkeypatch
 def test_a_causal_bert_plans_what_it_runs(tmp_path, impl):
     """is_decoder adds the causal mask to BERT's post-norm blocks: plan == recorded stages."""
     from attnctl.layer import Recorder
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
     from attnctl.plan import build_plan
-    from attnctl.pretrained import PretrainedModel
 
     spec = read_model(tiny_models.write("bert", tmp_path / "b", is_decoder=True))
     config = spec.layer_config(device="cpu", impl=impl)
     assert (config.mask, config.norm) == ("causal", "post")
-    model = PretrainedModel(spec, config, torch.device("cpu"), blocks=2)
+    weights = model_weights(spec, config, torch.device("cpu"), blocks=2)
     record = Recorder()
     with torch.inference_mode():
-        model.run(torch.randint(0, spec.vocab_size, (2, 9)), 1, record, recorded=1)
+        ids = torch.randint(0, spec.vocab_size, (2, 9))
+        forward(spec.with_run(config), weights.named, ids, last=1, record=record, recorded=1)
     plan = build_plan(config, 9, 2, spec.vocab_size, "cpu", model=spec, layer_index=1)
     assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
 

@@ -16,12 +16,13 @@ import torch
 import transformers  # a test extra (pip install -e ".[test]"): the oracle
 
 from attnctl.config import DTYPE_BYTES
+from attnctl.families import read_model
 from attnctl.layer import Recorder
-from attnctl.measure import measure_model_forward
+from attnctl.measure import measure_forward
 from attnctl.memory import estimate
-from attnctl.model import read_model
+from attnctl.nn.model import forward
+from attnctl.nn.weights import model_weights
 from attnctl.plan import build_plan
-from attnctl.pretrained import PretrainedModel
 
 CPU = ("--device", "cpu")
 TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."
@@ -158,7 +159,8 @@ def test_task_heads_prefixes_and_shards_are_read(
     shutil.copy(models[family] / "tokenizer.json", tmp_path)
     assert (tmp_path / "model.safetensors.index.json").is_file()
     spec = read_model(tmp_path)
-    assert spec.prefix == prefix and len({t.file for t in spec.tensors.values()}) > 1
+    assert spec.checkpoint.prefix == prefix
+    assert len({t.file for t in spec.checkpoint.tensors.values()}) > 1
     ours = run_json(invoke, "Are you OK?", "--model", str(tmp_path), "--layer", "2")
     plain = run_json(invoke, "Are you OK?", "--model", str(models[family]), "--layer", "2")
     assert ours["attention"] == plain["attention"]
@@ -214,11 +216,12 @@ def test_a_half_precision_checkpoint_runs_in_its_dtype(invoke, models, tmp_path)
 def test_plan_equals_the_recorded_stages(models, family, impl, layer_index):
     spec = read_model(models[family])
     config = spec.layer_config(device="cpu", impl=impl)
-    model = PretrainedModel(spec, config, torch.device("cpu"), blocks=layer_index + 1)
+    weights = model_weights(spec, config, torch.device("cpu"), blocks=layer_index + 1)
     record = Recorder()
     ids = torch.randint(0, spec.vocab_size, (2, 9))
     with torch.inference_mode():
-        model.run(ids, layer_index, record, recorded=layer_index)
+        model = spec.with_run(config)
+        forward(model, weights.named, ids, last=layer_index, record=record, recorded=layer_index)
     plan = build_plan(config, 9, 2, spec.vocab_size, "cpu", model=spec, layer_index=layer_index)
     assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
     assert ("hidden" in {s.name for s in plan.stages}) == (layer_index > 0)
@@ -234,7 +237,7 @@ def test_memory_estimate_equals_measured_bytes(models, family, impl, dtype, batc
     config = spec.layer_config(device="cpu", impl=impl, dtype=dtype)
     padded = padded and config.mask != "causal"  # right padding needs no mask under causal
     plan = build_plan(config, 40, batch, spec.vocab_size, model=spec, padded=padded)
-    measured = measure_model_forward(spec, config, plan)
+    measured = measure_forward(plan)
     assert list(measured.stage_peak_bytes) == list(estimate(plan).live_bytes)
     assert measured.peak_bytes == estimate(plan).peak_bytes  # weights included
 
@@ -245,10 +248,12 @@ def test_run_loads_only_the_blocks_it_needs(models, family):
     spec = read_model(models[family])
     config = spec.layer_config(device="cpu")
     for blocks in (1, 2, 3):
-        loaded = PretrainedModel(spec, config, torch.device("cpu"), blocks=blocks)
+        loaded = model_weights(spec, config, torch.device("cpu"), blocks=blocks)
         assert loaded.parameter_bytes == spec.loaded_values(blocks) * 4
     assert (
-        spec.loaded_values(1) < spec.loaded_values(3) <= sum(t.count for t in spec.tensors.values())
+        spec.loaded_values(1)
+        < spec.loaded_values(3)
+        <= sum(t.count for t in spec.checkpoint.tensors.values())
     )
 
 
@@ -258,17 +263,17 @@ def test_memory_uses_the_models_own_config(invoke, models, family):
     result = invoke("memory", "--model", str(models[family]), "--seq-len", "40", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    stored = sum(t.count for t in spec.tensors.values())
+    stored = sum(t.count for t in spec.checkpoint.tensors.values())
     assert data["parameters"] == stored  # every tensor of the checkpoint, once
     assert data["parameters_bytes"] == stored * DTYPE_BYTES[spec.dtype]
-    kv = 2 * spec.layers * 40 * spec.kv_heads * spec.d_k * DTYPE_BYTES[spec.dtype]
+    kv = 2 * spec.layers * 40 * spec.kv_heads * spec.config.d_k * DTYPE_BYTES[spec.dtype]
     assert data["kv_cache_bytes"] == kv
     assert data["config"]["heads"] == spec.heads and data["config"]["kv_heads"] == spec.kv_heads
     shapes = json.loads(invoke("shapes", "--model", str(models[family]), "--json").stdout)
     assert shapes["model"]["model_type"] == family == data["model"]["model_type"]
     by_name = {s["name"]: s for s in shapes["stages"]}
     assert by_name["ffn_down"]["shape"] == [1, 16, spec.hidden]
-    assert by_name["k_heads"]["shape"] == [1, spec.kv_heads, 16, spec.d_k]
+    assert by_name["k_heads"]["shape"] == [1, spec.kv_heads, 16, spec.config.d_k]
     assert shapes["sizes"]["I"] == spec.intermediate
 
 

@@ -111,16 +111,14 @@ def test_the_runs_sums_give_the_same_statistics_as_the_reference(texts, options)
     import dataclasses
 
     from attnctl.config import build_config
-    from attnctl.runner import run_batch
+    from attnctl.runner import run
     from attnctl.tokenize import encode_batch
 
     context = options.get("context")
     config = build_config(device="cpu", d_model=32, heads=4, cross=context is not None)
     both = encode_batch(texts + ([context] * len(texts) if context else []), "bundled")
     batch, contexts = both.split(len(texts))
-    trace = run_batch(
-        batch, config, rows=options.get("rows"), context=contexts if context else None
-    )
+    [trace] = run(batch, config, rows=options.get("rows"), context=contexts if context else None)
     assert trace.sums is not None
     fast = head_stats(trace)
     reference = head_stats(dataclasses.replace(trace, sums=None))

@@ -149,7 +149,7 @@ def test_dropout_matches_torch_dropout_on_the_weights():
 
     import torch.nn.functional as F
 
-    from attnctl.layer import sinusoidal_positions
+    from attnctl.nn.positions import sinusoidal_positions
 
     p = 0.3
     config = build_config(d_model=32, heads=4, dropout=p, norm="none")

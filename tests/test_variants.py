@@ -11,15 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from attnctl.config import build_config
-from attnctl.layer import (
-    AttentionLayer,
-    Recorder,
-    attention_window,
-    causal_mask,
-    sinusoidal_positions,
-)
+from attnctl.layer import AttentionLayer, Recorder
 from attnctl.measure import measure_forward
 from attnctl.memory import allowed_impls, estimate, kv_cache_bytes, variant_table
+from attnctl.nn.positions import causal_mask, sinusoidal_positions
 from attnctl.plan import build_plan
 
 CPU = ("--device", "cpu")
@@ -40,7 +35,7 @@ def assert_plan_matches(config, batch=2, seq_len=9, long=256, padded=False, cont
     big = build_plan(
         config, long, batch, 20, padded=padded, context_len=None if context is None else 300
     )
-    assert list(measure_forward(config, big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    assert list(measure_forward(big).stage_peak_bytes) == list(estimate(big).live_bytes)
     return plan
 
 
@@ -311,13 +306,16 @@ def test_alibi_on_the_sdpa_path_equals_the_formula(mask, kv_heads, padded):
 
 
 def test_attention_window_adds_alibi_for_the_rows_shown():
+    """SDPA's shown weights, computed beside the fused kernel, are the math path's slice."""
     config = build_config(d_model=32, heads=4, pos="alibi", mask="causal")
-    torch.manual_seed(0)
-    layer = AttentionLayer(config, 30).eval()
+    layers = {}
+    for impl in ("math", "sdpa"):
+        torch.manual_seed(0)
+        layers[impl] = AttentionLayer(dataclasses.replace(config, impl=impl), 30).eval()
     ids = torch.randint(0, 30, (2, 9))
     with torch.no_grad():
-        full = layer(ids).weights  # (B, H, L, L)
-        window = attention_window(layer, ids, heads=[3, 1], rows=[8, 2, 5])
+        full = layers["math"](ids).weights  # (B, H, L, L)
+        window = layers["sdpa"](ids, window=([3, 1], [8, 2, 5])).window
     assert (window - full[:, [3, 1]][:, :, [8, 2, 5]]).abs().max() <= 1e-6
 
 
@@ -350,7 +348,7 @@ def test_scaled_rope_plan_trace_and_measurement(rope_type, seq_len):
 
 
 def test_llama3_scaling_keeps_fast_stretches_slow_and_blends_between():
-    from attnctl.layer import scaled_frequency
+    from attnctl.nn.positions import scaled_frequency
 
     config = build_config(
         pos="rope", rope_type="llama3", rope_factor=8.0, rope_original_max_positions=8192

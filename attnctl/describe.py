@@ -1,0 +1,309 @@
+"""A model as data: embeddings, then blocks, each an ordered tuple of sublayers. No torch.
+
+Everything attnctl computes walks one of these. ``plan.py`` walks it for ``shapes`` and
+``memory`` (which stages, which shapes, which bytes); ``nn/model.py`` walks the same
+description in torch for ``run``, ``check`` and ``--measure``. The seeded layer of the
+tutorials is a one-block model (:func:`seeded_model`); a checkpoint's family module
+turns its config.json into the same thing (``families/``).
+
+A sublayer says where its norm and its residual sit:
+
+- ``pre``: ``x + f(Norm(x))`` (GPT-2, Llama);
+- ``post``: ``Norm(x + f(x))`` (the original Transformer, BERT);
+- ``none``: ``f(x)``, no residual (the tutorials' bare attention layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnctl.config import LayerConfig, validate
+from attnctl.errors import AttnctlError
+
+SELF_ATTENTION, CROSS_ATTENTION, FEED_FORWARD = "self_attention", "cross_attention", "feed_forward"
+NORM_NAMES = {"layer": "LayerNorm", "rms": "RMSNorm"}
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A learnable tensor as the memory report lists it."""
+
+    name: str
+    shape: tuple[int, ...]
+    copies: int = 1  # one per block for a model's "layers.*.…" tensors
+
+    @property
+    def count(self) -> int:
+        total = 1
+        for n in self.shape:
+            total *= n
+        return total * self.copies
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """Token ids -> vectors (B, L, D), and what is added to them before the first block."""
+
+    vocab_size: int
+    d_model: int
+    positions: str = "none"  # added to the embeddings: "learned", "sinusoidal" or "none"
+    max_positions: int = 0  # rows of a learned table
+    segment: bool = False  # BERT: segment 0's embedding is added too
+    norm: str = "none"  # "layer": a LayerNorm over D after the sum (BERT)
+    norm_eps: float = 1e-12
+    # whose trained positions these are: a longer input is then refused in those words
+    trained_by: str = ""
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A self- or cross-attention sublayer: its math is a :class:`LayerConfig`.
+
+    ``config`` holds the sizes (D, H, Hkv, d_k), the projections' biases, positions
+    (rope, alibi), the mask, the norm and its placement, and the run's dtype and kernel.
+    """
+
+    config: LayerConfig
+    kind: str = SELF_ATTENTION  # or CROSS_ATTENTION: keys and values from a context
+    window: int = 0  # sliding window: keys at most this far back (0: none)
+
+    @property
+    def placement(self) -> str:
+        return self.config.norm
+
+    @property
+    def residual(self) -> bool:
+        return self.config.norm != "none"
+
+
+@dataclass(frozen=True)
+class FeedForward:
+    """A feed-forward sublayer: ``down(act(up(h)))``, or gated: ``down(act(gate(h)) * up(h))``."""
+
+    inner: int  # I
+    activation: str  # config.json's name: gelu, gelu_new, silu, ...
+    gated: bool = False  # SwiGLU (Llama)
+    bias: bool = True
+    placement: str = "pre"  # of its norm: "pre" or "post"
+    norm_type: str = "layer"
+    norm_eps: float = 1e-5
+
+    @property
+    def kind(self) -> str:
+        return FEED_FORWARD
+
+    @property
+    def residual(self) -> bool:
+        return True
+
+
+Sublayer = Attention | FeedForward
+
+
+@dataclass(frozen=True)
+class Block:
+    sublayers: tuple[Sublayer, ...]
+
+    @property
+    def attention(self) -> Attention:
+        """The block's (first) self-attention: the one ``run`` shows."""
+        return next(s for s in self.sublayers if isinstance(s, Attention))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a checkpoint's description came from: its folder and tensor headers."""
+
+    path: Path
+    model_type: str  # config.json's
+    name: str  # as people say it: "GPT-2", "Mistral"
+    family: str  # the module that reads it: "bert", "gpt2", "llama"
+    prefix: str  # "bert.", "transformer.", "model." or ""
+    dtype: str  # the stored dtype of its token embedding
+    tensors: dict[str, Any] = field(compare=False, hash=False, repr=False)  # key -> TensorInfo
+    # the family's table: (checkpoint key without prefix, shape, block or -1 for shared)
+    table: tuple[tuple[str, tuple[int, ...], int], ...] = field(compare=False, repr=False)
+    facts: dict[str, Any] = field(compare=False, hash=False, default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """Embeddings, then blocks; ``checkpoint`` is None for the seeded layer."""
+
+    embeddings: Embeddings
+    blocks: tuple[Block, ...]
+    checkpoint: Checkpoint | None = None
+
+    @property
+    def config(self) -> LayerConfig:
+        """Block 0's attention math (every block of a model shares it, windows aside)."""
+        return self.blocks[0].attention.config
+
+    @property
+    def layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embeddings.vocab_size
+
+    def longest_input(self) -> int | None:
+        """The most tokens it takes: its learned positions; None: no limit."""
+        if self.embeddings.positions == "learned":
+            return self.embeddings.max_positions
+        return None
+
+    # ------------------------------------------------- what is said of a checkpoint
+
+    @property
+    def source(self) -> Checkpoint:
+        if self.checkpoint is None:
+            raise AttnctlError("the seeded layer has no checkpoint")
+        return self.checkpoint
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    @property
+    def model_type(self) -> str:
+        return self.source.model_type
+
+    @property
+    def family(self) -> str:
+        return self.source.family
+
+    @property
+    def dtype(self) -> str:
+        return self.source.dtype
+
+    @property
+    def hidden(self) -> int:
+        return self.embeddings.d_model
+
+    @property
+    def heads(self) -> int:
+        return self.config.heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.config.kv_heads
+
+    @property
+    def intermediate(self) -> int:
+        return self.source.facts["intermediate"]
+
+    @property
+    def activation(self) -> str:
+        return self.source.facts["activation"]
+
+    @property
+    def max_positions(self) -> int:
+        return self.source.facts["max_positions"]
+
+    @property
+    def layer_windows(self) -> tuple[int, ...]:
+        return tuple(block.attention.window for block in self.blocks)
+
+    def summary(self) -> str:
+        kv = f" (kv {self.kv_heads})" if self.kv_heads != self.heads else ""
+        return (
+            f"{self.name} · {self.layers} layers · D {self.hidden} · heads {self.heads}{kv} · "
+            f"FFN {self.intermediate} {self.activation} · vocab {self.vocab_size:,} · {self.dtype}"
+        )
+
+    def weights(self) -> dict[str, Any]:
+        """The checkpoint's float tensors that are weights (not buffers such as masks)."""
+        from attnctl.checkpoint import stored_weights
+
+        return stored_weights(self.source.tensors)
+
+    def loaded_values(self, blocks: int) -> int:
+        """How many values ``run --layer N`` loads for blocks 0..N (``blocks`` = N + 1)."""
+        total = 0
+        for entry in self.source.table:
+            if entry.block < blocks:
+                count = 1
+                for n in entry.shape:
+                    count *= n
+                total += count
+        return total
+
+    def window_limit(self, blocks: int | None = None) -> int:
+        """The longest input whose blocks 0..blocks-1 attend as full causal attention does:
+        their smallest sliding window (0: no block has one)."""
+        windows = [w for w in self.layer_windows[:blocks] if w]
+        return min(windows, default=0)
+
+    def check_run_length(self, seq_len: int, blocks: int) -> None:
+        """Running blocks 0..blocks-1 over seq_len tokens gives the model's own weights.
+
+        attnctl computes full causal attention; a block with a sliding window attends the
+        same way up to its window, so a longer input is refused (shapes and memory, whose
+        numbers a window does not change, answer for any length).
+        """
+        limit = self.window_limit(blocks)
+        if limit and seq_len > limit:
+            block = next(n for n, w in enumerate(self.layer_windows) if w == limit)
+            raise AttnctlError(
+                f"{seq_len} tokens are more than {self.name}'s sliding window of {limit} "
+                f"(block {block}); attnctl shows full causal attention, up to that length"
+            )
+
+    def layer_config(self, **overrides: Any) -> LayerConfig:
+        """The attention layer of every block with ``overrides`` (dtype, device, impl,
+        tokenizer; None leaves a value as the model has it)."""
+        config = dataclasses.replace(
+            self.config, **{k: v for k, v in overrides.items() if v is not None}
+        )
+        if self.source.facts.get("upcast_scores") and config.dtype != "float32":
+            raise AttnctlError(
+                f"reorder_and_upcast_attn computes the scores in float32; attnctl honours it "
+                f"in float32 only, not {config.dtype}: add --dtype float32"
+            )
+        return validate(config)
+
+    def with_run(self, config: LayerConfig) -> ModelDescription:
+        """The same model run as ``config`` says: its dtype, kernel, device and tokenizer.
+
+        For the seeded layer ``config`` is the whole layer; a checkpoint keeps its math.
+        """
+        if self.checkpoint is None:
+            return seeded_model(config, self.vocab_size)
+        run = {k: getattr(config, k) for k in ("dtype", "impl", "device", "tokenizer", "seed")}
+        blocks = tuple(
+            Block(
+                tuple(
+                    dataclasses.replace(s, config=dataclasses.replace(s.config, **run))
+                    if isinstance(s, Attention)
+                    else s
+                    for s in block.sublayers
+                )
+            )
+            for block in self.blocks
+        )
+        return dataclasses.replace(self, blocks=blocks)
+
+
+def seeded_model(config: LayerConfig, vocab_size: int) -> ModelDescription:
+    """The tutorials' layer as a one-block model: embeddings (+ positions), one attention.
+
+    With ``config.cross`` its attention is cross-attention over a context embedded the
+    same way (the decoder's second attention, with the context as the encoder output).
+    """
+    added = config.pos if config.pos in ("learned", "sinusoidal") else "none"
+    embeddings = Embeddings(
+        vocab_size=vocab_size,
+        d_model=config.d_model,
+        positions=added,
+        max_positions=config.max_positions,
+    )
+    kind = CROSS_ATTENTION if config.cross else SELF_ATTENTION
+    return ModelDescription(embeddings, (Block((Attention(config, kind),)),))

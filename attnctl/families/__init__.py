@@ -1,0 +1,86 @@
+"""One module per model family; this registry maps config.json's ``model_type`` to it.
+
+A family module names its ``MODEL_TYPES`` (model_type -> the name people use), a
+``KIND`` for the supported list, and ``describe(source) -> ModelDescription``: its
+config.json keys, read and checked, as embeddings and blocks of sublayers, with the one
+table of its checkpoint's tensors (key, shape, where each goes) that both the header
+checks and the loading use. Nothing outside the family modules knows a family.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from attnctl.checkpoint import Fields, _brief, check_tensors, read_tensor_headers
+from attnctl.config import read_json_object, validate
+from attnctl.describe import ModelDescription
+from attnctl.errors import AttnctlError
+from attnctl.families import bert, gpt2, llama
+from attnctl.families.common import Source
+
+FAMILIES: tuple[ModuleType, ...] = (bert, gpt2, llama)
+MODEL_TYPES: dict[str, ModuleType] = {
+    model_type: family for family in FAMILIES for model_type in family.MODEL_TYPES
+}
+
+
+def family_name(family: ModuleType) -> str:
+    return family.__name__.rsplit(".", 1)[-1]
+
+
+def supported() -> str:
+    """'bert (BERT encoders), gpt2 (GPT-2), llama, mistral and qwen2 (Llama-style decoders)'."""
+    parts = []
+    for family in FAMILIES:
+        types = list(family.MODEL_TYPES)
+        listed = types[0] if len(types) == 1 else ", ".join(types[:-1]) + " and " + types[-1]
+        parts.append(f"{listed} ({family.KIND})")
+    return ", ".join(parts)
+
+
+def supported_names() -> str:
+    """'BERT, GPT-2, Llama, Mistral or Qwen2', for --help."""
+    names = [name for family in FAMILIES for name in family.MODEL_TYPES.values()]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def read_model(directory: str | Path) -> ModelDescription:
+    """Read and check a model folder; every problem is an AttnctlError (exit 2)."""
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        if path.exists():
+            raise AttnctlError(f"--model needs a folder, and {directory} is not one")
+        raise AttnctlError(f"model folder not found: {directory}")
+    config = _read_config(path)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
+        found = f"model_type {_brief(model_type)}" if model_type is not None else "no model_type"
+        raise AttnctlError(f"{path / 'config.json'} has {found}; attnctl supports {supported()}")
+    tensors = read_tensor_headers(path)
+    family = MODEL_TYPES[model_type]
+    source = Source(
+        path=path,
+        model_type=model_type,
+        name=family.MODEL_TYPES[model_type],
+        family=family_name(family),
+        fields=Fields(path / "config.json", config),
+        tensors=tensors,
+    )
+    model = family.describe(source)
+    try:  # in float32: the run's dtype (--dtype) is checked when the run asks for it
+        validate(dataclasses.replace(model.config, dtype="float32"))
+    except AttnctlError as error:
+        raise AttnctlError(f"{path / 'config.json'}: {error.message}") from None
+    checkpoint = model.checkpoint
+    check_tensors(path, source.name, checkpoint.prefix, tensors, checkpoint.table)
+    return model
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise AttnctlError(f"no config.json in {path}: attnctl reads Hugging Face style folders")
+    return read_json_object(config_path, "model config")

@@ -1,0 +1,255 @@
+"""Llama-style decoders: Llama, Mistral (a sliding window) and Qwen2 (biased W_q, W_k, W_v).
+
+No positions before the blocks: RoPE turns Q and K in every block. Each block is
+pre-norm with RMSNorm: ``x + attention(RMS(x))``, then ``x + SwiGLU(RMS(x))``, where
+``SwiGLU(h) = down(silu(gate(h)) * up(h))``. K and V may have fewer heads (GQA).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from attnctl.checkpoint import Fields, TensorEntry, _brief
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
+from attnctl.families.common import (
+    Source,
+    attention_config,
+    check_activation,
+    check_block_count,
+    description,
+    find_prefix,
+    stored_dtype,
+)
+
+MODEL_TYPES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2"}
+KIND = "Llama-style decoders"
+EMBEDDING_KEY = "embed_tokens.weight"
+BLOCK_PATTERN = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# The default of every size as transformers' config class has it (a missing key is this).
+DEFAULTS = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "intermediate_size": 11008,
+              "max_position_embeddings": 2048},
+    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                "max_position_embeddings": 4096 * 32, "sliding_window": 4096},
+    "qwen2": {"vocab_size": 151936, "hidden_size": 4096, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 22016,
+              "max_position_embeddings": 32768, "sliding_window": 4096,
+              "max_window_layers": 28},
+}  # fmt: skip
+LAYER_TYPES = ("full_attention", "sliding_attention")  # Qwen2's layer_types
+
+
+def describe(source: Source) -> ModelDescription:
+    fields, model_type = source.fields, source.model_type
+    defaults = DEFAULTS[model_type]
+
+    def size(key: str) -> int:
+        return fields.integer(key, default=defaults.get(key))
+
+    hidden, heads = size("hidden_size"), size("num_attention_heads")
+    if fields.raw("head_dim")[1] is not None:  # unset: hidden_size / heads, as here
+        head_dim = fields.integer("head_dim", default=None)
+        fields.refuse_if(
+            "head_dim",
+            head_dim * heads != hidden,
+            f"× {heads} heads is not hidden_size {hidden}; attnctl needs head_dim = "
+            "hidden_size / num_attention_heads",
+        )
+    llama = model_type == "llama"  # Mistral and Qwen2 fix their biases in code
+    kv_heads = fields.integer(
+        "num_key_value_heads", default=defaults.get("num_key_value_heads", heads)
+    )
+    layers, vocab = size("num_hidden_layers"), size("vocab_size")
+    inner, max_positions = size("intermediate_size"), size("max_position_embeddings")
+    eps = fields.number("rms_norm_eps", default=1e-6)
+    activation = fields.string("hidden_act", default="silu")
+    bias = fields.boolean("attention_bias", default=False) if llama else model_type == "qwen2"
+    output_bias = model_type != "qwen2"  # Qwen2 biases W_q, W_k and W_v only
+    mlp_bias = llama and fields.boolean("mlp_bias", default=False)
+    rope = _rope(fields, max_positions)
+    check_activation(source, "hidden_act", activation)
+    prefix = find_prefix(source, EMBEDDING_KEY, vocab, hidden)
+    check_block_count(source, BLOCK_PATTERN, prefix, layers, "num_hidden_layers")
+    windows = _layer_windows(fields, model_type, layers)
+
+    config = attention_config(
+        source,
+        stored_dtype(source, prefix, EMBEDDING_KEY),
+        d_model=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        bias=bias,
+        output_bias=output_bias,
+        pos="rope",
+        max_positions=max_positions,
+        mask="causal",
+        norm="pre",
+        norm_type="rms",
+        norm_eps=eps,
+        **rope,
+    )
+    feed_forward = FeedForward(
+        inner=inner,
+        activation=activation,
+        gated=True,
+        bias=mlp_bias,
+        placement="pre",
+        norm_type="rms",
+        norm_eps=eps,
+    )
+    blocks = tuple(Block((Attention(config, window=w), feed_forward)) for w in windows)
+    embeddings = Embeddings(vocab_size=vocab, d_model=hidden, trained_by=source.name)
+    d_k = hidden // heads
+    return description(
+        source,
+        prefix,
+        EMBEDDING_KEY,
+        embeddings,
+        blocks,
+        _table(hidden, inner, vocab, kv_heads * d_k, layers, bias, output_bias, mlp_bias),
+        max_positions=max_positions,
+        intermediate=inner,
+        activation=activation,
+    )
+
+
+def _table(
+    d: int, i: int, v: int, kv: int, layers: int, bias: bool, output_bias: bool, mlp_bias: bool
+) -> tuple[TensorEntry, ...]:
+    """Every tensor the blocks read: checkpoint key, shape, and its name in the layout."""
+    table = [TensorEntry("embed_tokens.weight", (v, d), -1, ("embedding.weight",))]
+    for n in range(layers):
+        block, ours = f"layers.{n}.", f"blocks.{n}."
+        table.append(
+            TensorEntry(
+                f"{block}input_layernorm.weight", (d,), n, (f"{ours}attention.norm.weight",)
+            )
+        )
+        table.append(
+            TensorEntry(
+                f"{block}post_attention_layernorm.weight",
+                (d,),
+                n,
+                (f"{ours}feed_forward.norm.weight",),
+            )
+        )
+        for theirs, mine, out, inp, has_bias in (
+            ("self_attn.q_proj", "attention.W_q", d, d, bias),
+            ("self_attn.k_proj", "attention.W_k", kv, d, bias),
+            ("self_attn.v_proj", "attention.W_v", kv, d, bias),
+            ("self_attn.o_proj", "attention.W_o", d, d, bias and output_bias),
+            ("mlp.gate_proj", "feed_forward.gate", i, d, mlp_bias),
+            ("mlp.up_proj", "feed_forward.up", i, d, mlp_bias),
+            ("mlp.down_proj", "feed_forward.down", d, i, mlp_bias),
+        ):
+            table.append(
+                TensorEntry(f"{block}{theirs}.weight", (out, inp), n, (f"{ours}{mine}.weight",))
+            )
+            if has_bias:
+                table.append(
+                    TensorEntry(f"{block}{theirs}.bias", (out,), n, (f"{ours}{mine}.bias",))
+                )
+    return tuple(table)
+
+
+def _layer_windows(fields: Fields, model_type: str, layers: int) -> tuple[int, ...]:
+    """Each block's sliding window (0: none), as transformers decides it for the family.
+
+    Mistral: every block has ``sliding_window`` (null: none). Qwen2: none without
+    ``use_sliding_window``; with it, ``layer_types`` names each block's kind, and without
+    that list the blocks from ``max_window_layers`` on slide.
+    """
+    if model_type not in ("mistral", "qwen2"):
+        return (0,) * layers
+    if model_type == "qwen2" and not fields.boolean("use_sliding_window", default=False):
+        window = 0  # transformers sets sliding_window to None
+    elif "sliding_window" in fields.config and fields.config["sliding_window"] is None:
+        window = 0  # sliding_window: null turns the window off
+    else:
+        window = fields.integer("sliding_window", default=DEFAULTS[model_type]["sliding_window"])
+    if model_type == "mistral":  # transformers' Mistral reads no layer_types
+        return (window,) * layers
+    kinds = fields.config.get("layer_types")
+    if kinds is None and not window:  # transformers reads max_window_layers only with one
+        return (0,) * layers
+    if kinds is None:
+        first = fields.integer("max_window_layers", default=28, minimum=0)
+        return tuple(window if n >= first else 0 for n in range(layers))
+    if not isinstance(kinds, list) or not all(kind in LAYER_TYPES for kind in kinds):
+        raise fields.error("layer_types", "must be a list of " + " or ".join(LAYER_TYPES))
+    if len(kinds) != layers:
+        raise fields.error("layer_types", f"names {len(kinds)} blocks, not {layers}")
+    if "sliding_attention" in kinds and not window:
+        raise fields.error(
+            "layer_types",
+            "names sliding_attention blocks but no window is on (use_sliding_window and "
+            "sliding_window): transformers cannot build that model",
+        )
+    return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+
+
+def _rope(fields: Fields, max_positions: int) -> dict[str, Any]:
+    """RoPE's base and scaling as transformers reads them, as LayerConfig's rope_* values.
+
+    transformers takes ``rope_scaling`` whole when it is set (``rope_parameters`` is then
+    unread), else ``rope_parameters``; the dict's rope_theta wins over the top-level one.
+    """
+    config = fields.config
+    for key in ("rope_scaling", "rope_parameters"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise fields.error(key, f"must be an object, got {_brief(config[key])}")
+    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    rope: dict[str, Any] = config.get(key) or {}
+    nested = [k for k, v in rope.items() if isinstance(v, dict)]
+    if nested:
+        raise fields.error(f"{key}.{nested[0]}", "is a per-layer RoPE; attnctl reads one RoPE")
+
+    def number(name: str, above: float = 0.0, default: float | None = None) -> float:
+        if rope.get(name) is None:
+            if default is None:
+                raise fields.error(key, f"with rope_type {rope_type!r} needs {name}")
+            return default
+        return fields.check_number(f"{key}.{name}", rope[name], above)
+
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if not isinstance(rope_type, str):
+        raise fields.error(f"{key}.rope_type", f"must be a string, got {_brief(rope_type)}")
+    top_theta = fields.number("rope_theta", default=10000.0, above=1.0)
+    values: dict[str, Any] = {"rope_theta": number("rope_theta", 1.0, top_theta)}
+    if rope_type == "default":  # transformers' default RoPE reads nothing else
+        return values
+    if rope_type not in ("linear", "llama3"):
+        raise fields.error(
+            f"{key}.rope_type",
+            f"is {rope_type!r}; attnctl supports RoPE unscaled or with linear or llama3 scaling",
+        )
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    if partial is not None and partial != 1.0:
+        raise fields.error(
+            "partial_rotary_factor", f"is {_brief(partial)}: attnctl rotates every dim of a head"
+        )
+    values |= {"rope_type": rope_type, "rope_factor": number("factor")}
+    if rope_type == "llama3":
+        # transformers: a top-level original_max_position_embeddings wins, then the dict's,
+        # then max_position_embeddings
+        if config.get("original_max_position_embeddings") is not None:
+            original_key = "original_max_position_embeddings"
+            original = config[original_key]
+        elif rope.get("original_max_position_embeddings") is not None:
+            original_key = f"{key}.original_max_position_embeddings"
+            original = rope["original_max_position_embeddings"]
+        else:
+            original_key, original = "max_position_embeddings", max_positions
+        if type(original) is not int or original < 1:
+            raise fields.error(original_key, f"must be an integer >= 1, got {_brief(original)}")
+        values |= {
+            "rope_low_freq_factor": number("low_freq_factor"),
+            "rope_high_freq_factor": number("high_freq_factor"),
+            "rope_original_max_positions": original,
+        }
+        if not values["rope_low_freq_factor"] < values["rope_high_freq_factor"]:
+            raise fields.error(key, "needs low_freq_factor below high_freq_factor")
+    return values

@@ -1,0 +1,248 @@
+"""An attention sublayer in torch, recording every stage as it runs.
+
+The textbook computation (seed 000's ``MultiHeadAttention``, seed 003's residual and
+LayerNorm), written so that each tensor is released right after its last use: what it
+holds at any moment is what ``memory.py`` predicts from the plan, whose stages are
+``attnctl/stages/attention.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from attnctl.config import LayerConfig
+from attnctl.describe import Attention
+from attnctl.nn import Record, no_record, positions
+
+
+@dataclass
+class AttentionResult:
+    output: torch.Tensor  # (B, L, D): after the residual (and the norm when norm == "post")
+    attention_output: torch.Tensor  # (B, L, D): W_o(concat), before any residual
+    weights: torch.Tensor | None  # (B, H, L, Lk): the math path's, when kept
+    window: torch.Tensor | None = None  # (B, h, r, Lk): the weights shown, when asked for
+
+
+def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """LayerNorm or RMSNorm over the last dim, as the sublayer's config says."""
+    if config.norm_type == "layer":
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, config.norm_eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, config.norm_eps)
+
+
+def attention(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    owned: list[torch.Tensor],
+    context: list[torch.Tensor] | None = None,
+    padding: torch.Tensor | None = None,
+    record: Record = no_record,
+    keep_weights: bool = False,
+    window: tuple[list[int], list[int]] | None = None,
+    training: bool = False,
+) -> AttentionResult:
+    """Run the sublayer on ``owned = [x]`` (B, L, D); it takes x out, so x is freed as soon
+    as this sublayer is done with it.
+
+    ``weights``: this sublayer's tensors by short name (``W_q.weight``, ``norm.bias``, ...).
+    ``context = [c]``, c (B, Lc, D): cross-attention's keys and values come from it (taken
+    out like x).
+    ``padding`` (B, Lk) bool, True = a real key (SDPA's convention), gives padded keys
+    weight exactly 0; ``nn.MultiheadAttention``'s key_padding_mask is its negation.
+    ``keep_weights``: return the math path's (B, H, L, Lk) weights.
+    ``window`` (heads, rows): also the softmax weights of those heads and query rows (on
+    the SDPA path computed from the Q and K heads at hand).
+    """
+    config = sublayer.config
+    x = owned.pop()
+    cross = context is not None
+    context = context.pop() if cross else None
+    heads, d_k, d_model = config.heads, config.d_k, config.d_model
+    key_len_dim = "Lc" if cross else "L"
+    batch, seq_len = x.shape[:2]
+    key_len = context.shape[1] if cross else seq_len
+    has_norm = config.norm != "none"
+    norm_weight, norm_bias = weights.get("norm.weight"), weights.get("norm.bias")
+
+    # 1. project (from Norm(x) in a pre-norm sublayer), then split D into heads: views
+    h = x
+    if config.norm == "pre":
+        h = norm(config, x, norm_weight, norm_bias)  # (B, L, D)
+        record("norm", h, "B L D")
+    q = F.linear(h, weights["W_q.weight"], weights.get("W_q.bias"))  # (B, L, H·d_k)
+    record("q", q, "B L D")
+    kv_heads, grouped = config.kv_heads, config.kv_heads != heads
+    kv_width = "D_kv" if grouped else "D"
+    kv_dims = f"B {key_len_dim} {kv_width}"
+    kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
+    if cross:  # keys and values from the context (an encoder's output, in a decoder)
+        h = context
+        del context
+        if not has_norm:
+            del x  # no residual, and K and V come from the context: x is done
+    k = F.linear(h, weights["W_k.weight"], weights.get("W_k.bias"))  # (B, Lk, Hkv·d_k)
+    record("k", k, kv_dims)
+    v = F.linear(h, weights["W_v.weight"], weights.get("W_v.bias"))  # (B, Lk, Hkv·d_k)
+    del h
+    if not has_norm and not cross:
+        del x  # no residual: x is not needed again
+    record("v", v, kv_dims)
+    q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
+    record("q_heads", q, "B H L d_k")
+    k = k.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    record("k_heads", k, kv_split)
+    v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    record("v_heads", v, kv_split)
+    if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
+        angles = positions.rotary_angles(seq_len, d_k, q.device, config)  # (L, d_k), float32
+        record("rope_angles", angles, "L d_k")
+        cos = angles.cos().to(q.dtype)  # (L, d_k)
+        record("rope_cos", cos, "L d_k")
+        sin = angles.sin().to(q.dtype)  # (L, d_k)
+        del angles
+        record("rope_sin", sin, "L d_k")
+        q = positions.rotate(q, cos, sin)  # (B, H, L, d_k)
+        record("q_rotated", q, "B H L d_k")
+        k = positions.rotate(k, cos, sin)  # (B, Hkv, L, d_k)
+        del cos, sin
+        record("k_rotated", k, kv_split)
+    if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
+        k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+        record("k_repeated", k, f"B H {key_len_dim} d_k")
+        v = v.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+        record("v_repeated", v, f"B H {key_len_dim} d_k")
+
+    # 2. scaled dot-product attention, per head
+    causal = config.mask == "causal"
+    kept = shown = None
+    if config.impl == "math":
+        scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, Lk)
+        del q, k
+        if padding is not None:  # padded keys: -inf before the softmax
+            scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+        record("scores", scores, f"B H L {key_len_dim}")
+        if config.pos == "alibi":  # distance penalties, one slope per head
+            bias = positions.alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
+            scores += bias  # (B, H, L, L), in place
+            record("alibi", bias, "H L L")  # after use: the add belongs to this stage
+            del bias
+        if causal:
+            allowed = positions.causal_mask(seq_len, scores.device)  # (L, L), True = may attend
+            record("mask", allowed, "L L")
+            scores.masked_fill_(allowed.logical_not(), float("-inf"))
+            del allowed
+        probabilities = torch.softmax(scores, dim=-1)  # (B, H, L, Lk)
+        del scores
+        record("weights", probabilities, f"B H L {key_len_dim}")
+        if window is not None:  # the weights shown: a slice of these
+            window_heads, window_rows = window
+            shown = probabilities[:, window_heads][:, :, window_rows]  # (B, h, r, Lk)
+        if training and config.dropout > 0:  # training only: zero some weights
+            dropped = F.dropout(probabilities, config.dropout)  # (B, H, L, Lk)
+            record("dropout", dropped, f"B H L {key_len_dim}")
+            attended = torch.matmul(dropped, v)  # (B, H, L, d_k)
+            del dropped
+        else:
+            attended = torch.matmul(probabilities, v)  # (B, H, L, d_k)
+        if keep_weights:
+            kept = probabilities
+        del probabilities
+    else:
+        gqa = {"enable_gqa": True} if grouped else {}  # the kernel groups K/V natively
+        # bool attn_mask: True = may attend; a float one is added to the scores
+        attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
+        is_causal = causal
+        if config.pos == "alibi":  # the bias as a float mask, -inf where a key is blocked
+            attn_mask = _alibi_attn_mask(heads, seq_len, causal, attn_mask, q, record)
+            is_causal = False  # in the float mask already (SDPA takes one or the other)
+        attended = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, **gqa
+        )
+        del attn_mask
+        # attended: (B, H, L, d_k)
+        if window is not None:  # the weights shown, while Q and K are at hand
+            shown = window_weights(config, q, k, *window, padding)
+        del q, k
+    del v
+    record("weighted_values", attended, "B H L d_k")
+
+    # 3. heads side by side again, then the output projection
+    concat = attended.transpose(1, 2).contiguous().view(batch, seq_len, d_model)  # (B, L, D)
+    del attended
+    record("concat", concat, "B L D")
+    attention_output = F.linear(concat, weights["W_o.weight"], weights.get("W_o.bias"))  # (B, L, D)
+    del concat
+    record("output_projection", attention_output, "B L D")
+
+    # 4. residual, then the norm in a post-norm sublayer (as in the original Transformer)
+    output = attention_output
+    if has_norm:
+        output = x + attention_output  # (B, L, D)
+        del x
+        record("residual", output, "B L D")
+    if config.norm == "post":
+        output = norm(config, output, norm_weight, norm_bias)  # (B, L, D)
+        record("norm", output, "B L D")
+    return AttentionResult(output, attention_output, kept, shown)
+
+
+def _alibi_attn_mask(
+    heads: int,
+    seq_len: int,
+    causal: bool,
+    allowed: torch.Tensor | None,
+    like: torch.Tensor,
+    record: Record,
+) -> torch.Tensor:
+    """ALiBi for SDPA: the (H, L, L) bias with -inf where a key is blocked, as a float mask.
+
+    The math path adds the same bias to the scores and sets the same keys to -inf, so the
+    softmax sees equal numbers. ``allowed`` (B, 1, 1, L) bool, True = a real key, or None;
+    with it the mask is (B, H, L, L). Users cannot pick this path (``validate`` refuses
+    sdpa with alibi: the memory of a float mask inside CPU SDPA is not modelled); ``check``
+    builds it to compare with the math path.
+    """
+    bias = positions.alibi_bias(heads, seq_len, like.device, like.dtype)  # (H, L, L)
+    record("alibi", bias, "H L L")
+    if causal:
+        bias.masked_fill_(positions.causal_mask(seq_len, bias.device).logical_not(), float("-inf"))
+    if allowed is not None:  # padded keys: -inf in every head and row of their text
+        bias = bias.masked_fill(allowed.logical_not(), float("-inf"))  # (B, H, L, L)
+    return bias
+
+
+def window_weights(
+    config: LayerConfig,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    heads: list[int],
+    rows: list[int],
+    padding: torch.Tensor | None,
+) -> torch.Tensor:
+    """Softmax weights of ``heads`` x ``rows`` from Q heads (B, H, L, d_k) and K heads
+    (B, Hkv, Lk, d_k), as rotated (RoPE) as the attention uses them: (B, h, r, Lk), the
+    math path's slice, without ever building the (B, H, L, Lk) weights."""
+    device = q.device
+    heads_t = torch.tensor(heads, device=device)
+    rows_t = torch.tensor(rows, device=device)
+    q = q[:, heads_t][:, :, rows_t]  # (B, h, r, d_k)
+    k = k[:, heads_t // config.groups]  # (B, h, Lk, d_k): the K head each query head reads
+    scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, Lk)
+    del q, k
+    keys = torch.arange(scores.shape[-1], device=device)
+    if config.pos == "alibi":  # -m_h·|row - key|, for the heads and rows shown only
+        distance = (keys.unsqueeze(0) - rows_t.unsqueeze(1)).abs().float()  # (r, L)
+        slopes = positions.alibi_slopes(config.heads, device)[heads_t]  # (h,)
+        bias = distance * slopes.neg_().view(-1, 1, 1)  # (h, r, L), float32 like alibi_bias
+        scores += bias.to(scores.dtype)
+        del bias
+    if config.mask == "causal":
+        allowed = keys.unsqueeze(0) <= rows_t.unsqueeze(1)  # (r, L), True = may attend
+        scores.masked_fill_(allowed.logical_not(), float("-inf"))
+    if padding is not None:  # (B, L), True = a real token
+        scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1)  # (B, h, r, L)

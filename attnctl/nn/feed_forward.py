@@ -1,0 +1,78 @@
+"""A feed-forward sublayer in torch, with its norm and residual.
+
+The plan of these stages is ``attnctl/stages/feed_forward.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from attnctl.describe import FeedForward
+from attnctl.nn import Record, no_record
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,  # the exact, erf-based one (BERT)
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,  # transformers' other name for SiLU
+}
+
+
+def _norm(sublayer: FeedForward, x: torch.Tensor, weights: dict[str, torch.Tensor]):
+    if sublayer.norm_type == "rms":
+        return F.rms_norm(x, (x.shape[-1],), weights["norm.weight"], sublayer.norm_eps)
+    return F.layer_norm(
+        x, (x.shape[-1],), weights["norm.weight"], weights.get("norm.bias"), sublayer.norm_eps
+    )
+
+
+def feed_forward(
+    sublayer: FeedForward,
+    weights: dict[str, torch.Tensor],
+    owned: list[torch.Tensor],
+    record: Record = no_record,
+) -> torch.Tensor:
+    """The feed-forward on ``owned = [x]`` (B, L, D), which it takes out; (B, L, D).
+
+    ``weights``: its tensors by short name (``up.weight``, ``norm.weight``, ...).
+    """
+    x = owned.pop()
+    activation = ACTIVATIONS[sublayer.activation]
+    h = x
+    if sublayer.placement == "pre":
+        h = _norm(sublayer, x, weights)  # (B, L, D)
+        record("ffn_norm", h, "B L D")
+    if sublayer.gated:  # SwiGLU: down(silu(gate(h)) * up(h))
+        gate = F.linear(h, weights["gate.weight"], weights.get("gate.bias"))  # (B, L, I)
+        record("ffn_gate", gate, "B L I")
+        inner = activation(gate)  # (B, L, I)
+        del gate
+        record("ffn_act", inner, "B L I")
+        up = F.linear(h, weights["up.weight"], weights.get("up.bias"))  # (B, L, I)
+        del h
+        record("ffn_up", up, "B L I")
+        inner *= up
+        del up
+        record("ffn_product", inner, "B L I")
+    else:
+        up = F.linear(h, weights["up.weight"], weights.get("up.bias"))  # (B, L, I)
+        del h
+        record("ffn_up", up, "B L I")
+        inner = activation(up)  # (B, L, I)
+        del up
+        record("ffn_act", inner, "B L I")
+    out = F.linear(inner, weights["down.weight"], weights.get("down.bias"))  # (B, L, D)
+    del inner
+    record("ffn_down", out, "B L D")
+    out += x  # the residual, in place
+    del x
+    record("ffn_residual", out, "B L D")
+    if sublayer.placement == "post":
+        out = _norm(sublayer, out, weights)  # (B, L, D)
+        record("ffn_norm", out, "B L D")
+    return out

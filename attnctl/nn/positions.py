@@ -1,0 +1,102 @@
+"""Positions in torch: sinusoidal tables, RoPE's angles and rotation, ALiBi's bias, masks.
+
+``attnctl/nn/attention.py`` and ``nn/embeddings.py`` call these through this module
+(``positions.rotate``), so a test can swap one for a broken twin and watch ``check``
+catch it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnctl.config import LayerConfig
+
+
+def sinusoidal_positions(
+    seq_len: int, d_model: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)); (L, D)."""
+    position = torch.arange(seq_len, device=device, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    frequency = torch.exp(
+        torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
+        * (-math.log(10000.0) / d_model)
+    )  # (ceil(D/2),)
+    angles = position * frequency  # (L, ceil(D/2))
+    table = torch.empty(seq_len, d_model, device=device, dtype=dtype or torch.float32)  # (L, D)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table
+
+
+def rotary_angles(
+    seq_len: int, d_k: int, device: torch.device | None = None, config: LayerConfig | None = None
+) -> torch.Tensor:
+    """RoPE angles pos·θ_i, θ_i = theta^(-2i/d_k), laid out for half-rotation: (L, d_k).
+
+    ``config`` gives the base (rope_theta) and any long-context scaling (rope_type).
+    """
+    theta = config.rope_theta if config is not None else 10000.0
+    inv_freq = torch.pow(
+        theta, torch.arange(0, d_k, 2, device=device, dtype=torch.float32).div_(-d_k)
+    )  # (d_k/2,)
+    if config is not None and config.rope_type != "default":
+        scaled = [scaled_frequency(f, config) for f in inv_freq.tolist()]
+        inv_freq = torch.tensor(scaled, device=device, dtype=torch.float32)  # (d_k/2,)
+    position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
+    angles = torch.outer(position, inv_freq)  # (L, d_k/2)
+    return torch.cat((angles, angles), dim=-1)  # (L, d_k): dims i and i + d_k/2 share θ_i
+
+
+def scaled_frequency(frequency: float, config: LayerConfig) -> float:
+    """One RoPE frequency under "linear" or "llama3" scaling (as Hugging Face defines them)."""
+    factor = config.rope_factor
+    if config.rope_type == "linear":
+        return frequency / factor
+    original = config.rope_original_max_positions
+    low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+    wavelength = 2 * math.pi / frequency
+    if wavelength < original / high:  # fast: kept
+        return frequency
+    if wavelength > original / low:  # slow: stretched by the factor
+        return frequency / factor
+    smooth = (original / wavelength - low) / (high - low)  # in between: blended
+    return (1 - smooth) * frequency / factor + smooth * frequency
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin: each pair (i, i + d_k/2) turns by its angle (RoPE)."""
+    half = x.shape[-1] // 2
+    rotated = x * cos  # (B, heads, L, d_k)
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # rotate_half(x)
+    rotated += turned * sin
+    return rotated
+
+
+def alibi_slopes(heads: int, device: torch.device | None = None) -> torch.Tensor:
+    """ALiBi's slope per head, m_h = 2^(-8(h+1)/H): (H,), float32."""
+    exponents = torch.arange(1, heads + 1, device=device, dtype=torch.float32).mul_(-8.0 / heads)
+    return torch.pow(2.0, exponents)  # (H,)
+
+
+def alibi_bias(
+    heads: int, seq_len: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """ALiBi: bias[h, i, j] = -m_h·|i - j|, slopes m_h = 2^(-8(h+1)/H): (H, L, L)."""
+    # the slopes inline, as alibi_slopes computes them: the exponents stay alive with the
+    # |i - j| table, the float32 scratch plan.py counts
+    exponents = torch.arange(1, heads + 1, device=device, dtype=torch.float32).mul_(-8.0 / heads)
+    slopes = torch.pow(2.0, exponents)  # (H,)
+    position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
+    distance = (position.unsqueeze(0) - position.unsqueeze(1)).abs_()  # (L, L): |i - j|
+    bias = distance * slopes.neg_().view(heads, 1, 1)  # (H, L, L), float32
+    return bias.to(dtype or torch.float32)
+
+
+def causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """(L, L) bool, True = may attend (SDPA's convention): each query sees itself and earlier keys.
+
+    ``nn.MultiheadAttention`` wants the opposite (True = blocked): pass ``~causal_mask(L)``.
+    """
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril_()

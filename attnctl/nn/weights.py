@@ -1,0 +1,66 @@
+"""A model's weights in torch, by the layout's names (``blocks.3.attention.W_q.weight``).
+
+The seeded layer draws its weights from ``torch.manual_seed(config.seed)``, the same on
+every machine (drawn in float32 on the CPU, then moved); a checkpoint's come from its
+safetensors files through its family's tensor table, for the blocks that run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnctl.checkpoint import load
+from attnctl.config import LayerConfig
+from attnctl.describe import ModelDescription
+from attnctl.errors import AttnctlError
+from attnctl.layer import TORCH_DTYPES, AttentionLayer
+
+
+@dataclass
+class Weights:
+    named: dict[str, torch.Tensor]  # by the layout's names: what nn/model.py reads
+    stored: list[torch.Tensor]  # as held in memory (named ones may be views of these)
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.stored)
+
+
+def seeded_layer(config: LayerConfig, vocab_size: int, device: torch.device) -> AttentionLayer:
+    """The seeded layer's module: float32 on CPU under the seed, then the run's dtype."""
+    torch.manual_seed(config.seed)
+    layer = AttentionLayer(config, vocab_size)  # float32 on CPU: same weights anywhere
+    return layer.to(device=device, dtype=TORCH_DTYPES[config.dtype])
+
+
+def model_weights(
+    model: ModelDescription,
+    config: LayerConfig,
+    device: torch.device,
+    blocks: int | None,
+) -> Weights:
+    """The weights of blocks 0..blocks-1 (None: every weight of the checkpoint, the whole
+    model whose memory ``memory`` estimates), in ``config``'s dtype."""
+    if model.checkpoint is None:
+        layer = seeded_layer(config, model.vocab_size, device).eval()
+        return Weights(layer.weights(), list(layer.parameters()))
+    source = model.checkpoint
+    stored, named = load(
+        source.path,
+        source.prefix,
+        source.tensors,
+        source.table,
+        blocks,
+        device,
+        TORCH_DTYPES[config.dtype],
+    )
+    if blocks is not None and not named["embedding.weight"].any():
+        # a run shows weights: it needs real ones, not a header-only folder's zeros
+        raise AttnctlError(
+            f"the token embedding in {source.path} is all zeros: a header-only "
+            "checkpoint? run needs the trained weights (shapes and memory read only "
+            "the headers)"
+        )
+    return Weights(named, list(stored.values()))

@@ -1,0 +1,73 @@
+"""The plan of each kind of sublayer, torch-free: which stages it computes, in order.
+
+Each module here has a twin under ``attnctl/nn/`` that computes the same stages in torch
+and records them under the same names, written out literally in both, so a stage name
+in the output leads to its plan and its code with one search. ``plan.py`` walks a
+:class:`~attnctl.describe.ModelDescription` and calls these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnctl.config import DTYPE_BYTES
+from attnctl.trace import Stage
+
+MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)"
+
+
+@dataclass
+class PlanBuilder:
+    """Collects stages; ``sizes`` maps each named dim (B, L, D, ...) to its number."""
+
+    sizes: dict[str, int]
+    dtype: str  # the run's dtype: what a stage is unless it says otherwise
+    device: str = ""
+    stages: list[Stage] = field(default_factory=list)
+
+    def add(
+        self,
+        name: str,
+        dims: str,
+        reads: tuple[str, ...] = (),
+        *,
+        dtype: str | None = None,
+        view_of: str | None = None,
+        what: str = "",
+        scratch: int = 0,
+    ) -> str:
+        """One stage; returns its name, for the stages that read it."""
+        dtype = dtype or self.dtype
+        dim_names = tuple(dims.split())
+        shape = tuple(self.sizes[d] for d in dim_names)
+        stage = Stage(
+            name,
+            dim_names,
+            shape,
+            dtype,
+            product(shape) * DTYPE_BYTES[dtype],
+            self.device,
+            view_of,
+            tuple(reads),
+            what,
+            scratch,
+        )
+        self.stages.append(stage)
+        return name
+
+    def nbytes(self, dims: str, dtype: str | None = None) -> int:
+        """The bytes of a tensor of these named dims."""
+        return (
+            product(tuple(self.sizes[d] for d in dims.split())) * DTYPE_BYTES[dtype or self.dtype]
+        )
+
+    @property
+    def last(self) -> str:
+        return self.stages[-1].name
+
+
+def product(shape: tuple[int, ...]) -> int:
+    total = 1
+    for n in shape:
+        total *= n
+    return total

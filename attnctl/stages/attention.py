@@ -1,0 +1,152 @@
+"""The plan of an attention sublayer: projections, heads, positions, scores, weights, output.
+
+The torch twin is ``attnctl/nn/attention.py``; both name every stage literally.
+"""
+
+from __future__ import annotations
+
+from attnctl.describe import NORM_NAMES, Attention
+from attnctl.stages import MASK_CONVENTION, PlanBuilder
+
+
+def plan_attention(
+    plan: PlanBuilder, sublayer: Attention, x: str, context: str | None, padding: bool
+) -> str:
+    """Stages of one attention sublayer reading ``x`` (keys and values from ``context`` in
+    cross-attention); ``padding``: padded keys are masked. Returns the last stage's name."""
+    config = sublayer.config
+    sizes = plan.sizes
+    cross = context is not None
+    key_len = "Lc" if cross else "L"  # the keys' length: the context's, or the text's own
+    grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
+    kv_width = f"B {key_len} {'D_kv' if grouped else 'D'}"
+    kv_heads = f"B {'Hkv' if grouped else 'H'} {key_len} d_k"
+    kv_split = "Hkv" if grouped else "H"
+    norm_name = NORM_NAMES[config.norm_type]
+    bias = " + b" if config.bias else ""
+    split = "transpose(1, 2): no copy"
+
+    h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
+    if config.norm == "pre":
+        h = plan.add("norm", "B L D", (x,), what=f"{norm_name} over D, before attention (pre-norm)")
+    source = context if cross else h  # what K and V are projected from
+    plan.add("q", "B L D", (h,), what="x · W_q" + bias)
+    plan.add("k", kv_width, (source,), what="x · W_k" + bias)
+    plan.add("v", kv_width, (source,), what="x · W_v" + bias)
+    q = plan.add("q_heads", "B H L d_k", ("q",), view_of="q", what=f"view (B, L, H, d_k), {split}")
+    k = plan.add(
+        "k_heads", kv_heads, ("k",), view_of="k", what=f"view (B, L, {kv_split}, d_k), {split}"
+    )
+    v = plan.add(
+        "v_heads", kv_heads, ("v",), view_of="v", what=f"view (B, L, {kv_split}, d_k), {split}"
+    )
+    if config.pos == "rope":
+        seq_len = sizes["L"]
+        half = config.d_k // 2
+        plan.add(
+            "rope_angles",
+            "L d_k",
+            dtype="float32",
+            what=f"RoPE angles pos·θ_i, θ_i = {config.rope_theta:g}^(-2i/d_k)"
+            + ("" if config.rope_type == "default" else f", {config.rope_type} scaling"),
+            scratch=4 * (half + seq_len + seq_len * half),  # frequencies, positions, outer
+        )
+        # cos() and sin() in float32, then .to() the dtype
+        cast = seq_len * config.d_k * 4 if config.dtype != "float32" else 0
+        plan.add("rope_cos", "L d_k", ("rope_angles",), what="cos of the angles", scratch=cast)
+        plan.add("rope_sin", "L d_k", ("rope_angles",), what="sin of the angles", scratch=cast)
+        turn = "x·cos + rotate_half(x)·sin: RoPE turns each pair of dims"
+        k_dims = f"B {kv_split} L d_k"
+        # scratch: rotate_half(x) and its product with sin
+        q = plan.add(
+            "q_rotated",
+            "B H L d_k",
+            (q, "rope_cos", "rope_sin"),
+            what=turn,
+            scratch=2 * plan.nbytes("B H L d_k"),
+        )
+        k = plan.add(
+            "k_rotated",
+            k_dims,
+            (k, "rope_cos", "rope_sin"),
+            what=turn,
+            scratch=2 * plan.nbytes(k_dims),
+        )
+    if grouped and config.impl == "math":  # each K/V head serves H / Hkv query heads
+        repeat = f"repeat_interleave({config.groups}, dim=1): one copy per query head"
+        k = plan.add("k_repeated", f"B H {key_len} d_k", (k,), what=repeat)
+        v = plan.add("v_repeated", f"B H {key_len} d_k", (v,), what=repeat)
+
+    if config.impl == "math":
+        scores = plan.add(
+            "scores",
+            f"B H L {key_len}",
+            (q, k),
+            # the negated padding mask (B·L bools) is made after q and k are freed, so it
+            # never raises this stage's peak
+            what="Q · Kᵀ / √d_k, one L×L per head"
+            + ("; padded keys set to -inf" if padding else ""),
+        )
+        if config.pos == "alibi":
+            heads, length = config.heads, sizes["L"]
+            # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
+            # and the float32 bias itself before .to() when the dtype is narrower
+            narrow = 4 * heads * length * length if config.dtype != "float32" else 0
+            plan.add(
+                "alibi",
+                "H L L",
+                what="ALiBi bias -m_h·|i - j| added to the scores in place",
+                scratch=8 * heads + 4 * length + 4 * length * length + narrow,
+            )
+        if config.mask == "causal":
+            plan.add(
+                "mask",
+                "L L",
+                (scores,),
+                dtype="bool",
+                what=f"causal; {MASK_CONVENTION}; blocked scores set to -inf in place",
+            )
+        weights = plan.add(
+            "weights", f"B H L {key_len}", (scores,), what="softmax over keys: rows sum to 1"
+        )
+        if config.dropout > 0:  # training only: the plan of a --train configuration
+            weights = plan.add(
+                "dropout",
+                f"B H L {key_len}",
+                (weights,),
+                what=f"dropout p={config.dropout} on the weights (training only), seeded",
+            )
+        attended = plan.add("weighted_values", "B H L d_k", (weights, v), what="weights · V")
+    else:
+        attended = plan.add(
+            "weighted_values",
+            "B H L d_k",
+            (q, k, v),
+            what="F.scaled_dot_product_attention"
+            + (" (is_causal)" if config.mask == "causal" else "")
+            + ": weights never stored",
+        )
+    # transpose(1, 2).contiguous() copies only when the memory order really changes: not
+    # when H == 1 or L == 1 (size-1 dims don't count), and not after the fused kernels,
+    # which write (B, L, H, d_k) order already. The run's trace confirms each case.
+    no_copy = config.impl == "sdpa" or config.heads == 1 or sizes["L"] == 1
+    concat = plan.add(
+        "concat",
+        "B L D",
+        (attended,),
+        view_of=attended if no_copy else None,
+        what="transpose(1, 2).contiguous().view: heads side by side"
+        + (" (already in order: no copy)" if no_copy else " (a copy)"),
+    )
+    has_output_bias = config.bias and config.output_bias
+    out = plan.add(
+        "output_projection",
+        "B L D",
+        (concat,),
+        what="concat · W_o" + (" + b" if has_output_bias else ""),
+    )
+    if config.norm != "none":
+        residual = plan.add("residual", "B L D", (x, out), what="x + attention output")
+    if config.norm == "post":
+        plan.add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
+    return plan.last
