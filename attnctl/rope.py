@@ -208,8 +208,8 @@ class _Source:
     def number(self, key: str, *, minimum: float = 0.0, closed: bool = False) -> float:
         """A finite int or float above ``minimum`` (or at least it, when ``closed``)."""
         label, value = self.values[key]
-        inside = value >= minimum if closed else value > minimum
-        if type(value) not in (int, float) or not math.isfinite(value) or not inside:
+        number = type(value) in (int, float) and math.isfinite(value)
+        if not number or not (value >= minimum if closed else value > minimum):
             bound = "at least" if closed else "above"
             raise self.error(
                 label, f"must be a finite number {bound} {minimum:g}, got {_brief(value)}"
@@ -412,6 +412,8 @@ def _rope(source: _Source, head_dim: int, max_positions: int, convention: Conven
         elif not source.has(original):
             source.values[original] = ("max_position_embeddings", max_positions)
         values["original_max_positions"] = source.integer(original)
+        if kind == "longrope" and values["original_max_positions"] < 2:  # ln(L₀) divides
+            raise source.error(source.label(original), "must be at least 2 for longrope, got 1")
         implicit = max_positions / values["original_max_positions"]
     if kind in ("linear", "dynamic", "llama3", "yarn"):
         required("factor")
