@@ -74,6 +74,8 @@ def inverse_frequencies(rope: Rope, head_dim: int, seq_len: int) -> list[float]:
     and more than beta_slow times in L₀; dynamic: when seq_len > max_position_embeddings M,
     the base is θ·(factor·seq_len/M − (factor − 1))^(r/(r−2)); longrope: f_i/ext_i, ext =
     long_factor when seq_len > L₀ else short_factor. (L₀ = original_max_position_embeddings.)
+    This is a fresh rotary module's one forward pass: transformers' dynamic module keeps a
+    grown table for later, shorter calls until one is shorter than M.
     """
     dim = rotary_dim(rope, head_dim)
     kind = rope.rope_type

@@ -100,6 +100,10 @@ CASES = {
     "dynamic theta 1e6 factor 4": ("qwen3", {"max_position_embeddings": 20, "rope_theta": 1e6,
                                              "rope_scaling": {"type": "dynamic", "factor": 4.0}},
                                    [20, 64]),
+    "longrope in a llama, original from max_position_embeddings": ("llama", {
+        "max_position_embeddings": 40, "rope_parameters": {
+            "rope_type": "longrope", "factor": 4.0, "short_factor": _factors(16, 13),
+            "long_factor": _factors(16, 14)}}, [40, 41]),
     "phi3 longrope": ("phi3", {"max_position_embeddings": 128,
                                "original_max_position_embeddings": 32, "rope_scaling": {
         "type": "longrope", "short_factor": _factors(16, 1), "long_factor": _factors(16, 2)}},
