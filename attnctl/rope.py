@@ -263,6 +263,8 @@ def rope_from_config(
     max_position_embeddings; ``layer_type`` ("full_attention" or "sliding_attention") is
     required with the "gemma3" convention and refused otherwise.
     """
+    if head_dim < 1 or max_positions < 1:
+        raise ValueError("head_dim and max_positions are checked integers >= 1")
     source = _Source(file)
     if convention == "gemma3":
         if layer_type not in LAYER_TYPES:

@@ -8,12 +8,14 @@ import random
 import subprocess
 import sys
 import warnings
+from unittest import mock
 
 import pytest
 import torch
 import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import modeling_rope_utils
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
@@ -495,3 +497,79 @@ def test_frequencies_are_positive_finite_and_fit_the_rotated_dims(
     assert len(frequencies) == rotary_dim(rope, head_dim) // 2
     assert all(math.isfinite(f) and f > 0 for f in frequencies)
     assert math.isfinite(attention_scaling(rope)) and attention_scaling(rope) > 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    theta=st.floats(min_value=2.0, max_value=1e7),
+    factor=st.floats(min_value=0.5, max_value=64.0),
+    original=st.integers(min_value=2, max_value=1 << 17),
+    beta_fast=st.floats(min_value=0.5, max_value=64.0),
+    beta_slow=st.floats(min_value=0.1, max_value=8.0),
+    truncate=st.booleans(),
+    head_dim=st.sampled_from([8, 32, 64, 128]),
+)
+def test_yarn_equals_transformers_for_any_parameters(
+    theta, factor, original, beta_fast, beta_slow, truncate, head_dim
+):
+    keys = {"rope_theta": theta, "rope_parameters": {
+        "rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+        "beta_fast": beta_fast, "beta_slow": beta_slow, "truncate": truncate}}  # fmt: skip
+    _assert_init_function_agrees(keys, head_dim)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    theta=st.floats(min_value=2.0, max_value=1e7),
+    factor=st.floats(min_value=1.0, max_value=64.0),
+    original=st.integers(min_value=2, max_value=1 << 17),
+    low=st.floats(min_value=0.1, max_value=4.0),
+    gap=st.floats(min_value=0.1, max_value=8.0),
+    head_dim=st.sampled_from([8, 32, 64, 128]),
+)
+def test_llama3_equals_transformers_for_any_parameters(theta, factor, original, low, gap, head_dim):
+    keys = {"rope_theta": theta, "rope_parameters": {
+        "rope_type": "llama3", "factor": factor, "original_max_position_embeddings": original,
+        "low_freq_factor": low, "high_freq_factor": low + gap}}  # fmt: skip
+    _assert_init_function_agrees(keys, head_dim)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    theta=st.floats(min_value=2.0, max_value=1e7),
+    factor=st.floats(min_value=0.5, max_value=64.0),
+    seq_len=st.integers(min_value=1, max_value=1 << 18),
+    head_dim=st.sampled_from([4, 8, 32, 64, 128]),
+)
+def test_dynamic_equals_transformers_at_any_length(theta, factor, seq_len, head_dim):
+    keys = {"rope_theta": theta, "rope_scaling": {"rope_type": "dynamic", "factor": factor}}
+    _assert_init_function_agrees(keys | {"max_position_embeddings": 32768}, head_dim, seq_len)
+
+
+class _Float64Torch:
+    """torch, except that torch.float and torch.float32 are float64: transformers' RoPE code
+    computing in float64 throughout."""
+
+    float = float32 = torch.float64
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+
+def _assert_init_function_agrees(keys: dict, head_dim: int, seq_len: int = 1) -> None:
+    """transformers' init function, run in float64, equals ours to 1e-12 relative.
+
+    (In float32 it differs from exact math by up to ln θ·2^-24 in θ^(2i/r), 1.9e-6 at θ = 1e7;
+    llama3's blend and yarn's ramp multiply such errors by up to the factor.)
+    """
+    sizes = {"hidden_size": 2 * head_dim, "num_attention_heads": 2, "head_dim": head_dim}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformers.Qwen3Config(**sizes, **copy.deepcopy(keys))
+    rope = rope_from_config(keys, "config.json", head_dim=head_dim, max_positions=32768)
+    with mock.patch.object(modeling_rope_utils, "torch", _Float64Torch()):
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope.rope_type](config, None, seq_len=seq_len)
+    assert inv_freq.dtype == torch.float64
+    ours = torch.tensor(inverse_frequencies(rope, head_dim, seq_len), dtype=torch.float64)
+    _assert_close(ours, inv_freq, 1e-12 * inv_freq.abs())
+    assert math.isclose(attention_scaling(rope), float(scaling), rel_tol=1e-9)
