@@ -573,3 +573,74 @@ def _assert_init_function_agrees(keys: dict, head_dim: int, seq_len: int = 1) ->
     ours = torch.tensor(inverse_frequencies(rope, head_dim, seq_len), dtype=torch.float64)
     _assert_close(ours, inv_freq, 1e-12 * inv_freq.abs())
     assert math.isclose(attention_scaling(rope), float(scaling), rel_tol=1e-9)
+
+
+# ---------------------------------------------------------------- published configs
+
+PUBLISHED = {  # RoPE keys as these checkpoints' config.json hold them (longrope lists made up)
+    "Llama-3.1-8B": ("llama", {"hidden_size": 4096, "num_attention_heads": 32,
+                               "max_position_embeddings": 131072, "rope_theta": 500000.0,
+                               "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0,
+                                                "original_max_position_embeddings": 8192,
+                                                "rope_type": "llama3"}},
+                     None, "RoPE θ=500000, llama3 ×8 from 8192"),
+    "Qwen3-8B with YaRN": ("qwen3", {"hidden_size": 4096, "num_attention_heads": 32,
+                                     "head_dim": 128, "max_position_embeddings": 40960,
+                                     "rope_theta": 1000000,
+                                     "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                                      "original_max_position_embeddings": 32768}},
+                           None, "RoPE θ=1e+06, yarn ×4 from 32768"),
+    "Phi-3-mini-128k": ("phi3", {"hidden_size": 3072, "num_attention_heads": 32,
+                                 "max_position_embeddings": 131072,
+                                 "original_max_position_embeddings": 4096, "rope_theta": 10000.0,
+                                 "rope_scaling": {"type": "longrope",
+                                                  "short_factor": _factors(48, 21),
+                                                  "long_factor": _factors(48, 22)}},
+                        None, "RoPE θ=10000, longrope ×32 from 4096"),
+    "Phi-4-mini": ("phi3", {"hidden_size": 3072, "num_attention_heads": 24,
+                            "max_position_embeddings": 131072,
+                            "original_max_position_embeddings": 4096,
+                            "partial_rotary_factor": 0.75, "rope_theta": 10000.0,
+                            "rope_scaling": {"type": "longrope",
+                                             "short_factor": _factors(48, 23),
+                                             "long_factor": _factors(48, 24)}},
+                   None, "RoPE θ=10000, longrope ×32 from 4096, 75% of each head"),
+    "Gemma-3-4b global": ("gemma3", {"hidden_size": 2560, "num_attention_heads": 8,
+                                     "head_dim": 256, "max_position_embeddings": 131072,
+                                     "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                                     "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+                          "full_attention", "RoPE θ=1e+06, linear ×8"),
+    "Gemma-3-4b local": ("gemma3", {"hidden_size": 2560, "num_attention_heads": 8,
+                                    "head_dim": 256, "max_position_embeddings": 131072,
+                                    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+                                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+                         "sliding_attention", "RoPE θ=10000"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_configs(name):
+    family, keys, layer_type, described = PUBLISHED[name]
+    config_class, _, convention = FAMILIES[family]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = config_class(**copy.deepcopy(keys))
+    head_dim = (
+        getattr(config, "head_dim", None) or keys["hidden_size"] // keys["num_attention_heads"]
+    )
+    rope = rope_from_config(
+        keys, "config.json", head_dim=head_dim, max_positions=keys["max_position_embeddings"],
+        convention=convention, layer_type=layer_type,
+    )  # fmt: skip
+    assert describe(rope) == described
+    for seq_len in (4096, 4097):
+        if rope.rope_type == "default":
+            continue
+        kwargs = {"layer_type": layer_type} if layer_type else {}
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope.rope_type](
+            config, None, seq_len=seq_len, **kwargs
+        )
+        ours = torch.tensor(inverse_frequencies(rope, head_dim, seq_len), dtype=torch.float64)
+        _assert_close(ours, inv_freq.double(), 1e-6 * inv_freq.double().abs())
+        assert math.isclose(attention_scaling(rope), float(scaling), rel_tol=1e-9)
