@@ -118,7 +118,7 @@ NEW_CONFIGS: dict[str, tuple[str, dict]] = {
         "Qwen3ForCausalLM",
         {
             "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 16, "intermediate_size": 48, "max_position_embeddings": 64,
+            "head_dim": 16, "intermediate_size": 48, "max_position_embeddings": 128,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
             "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0,
         },  # head_dim 16, not 32 / 4; q/k RMSNorm per head
@@ -127,7 +127,7 @@ NEW_CONFIGS: dict[str, tuple[str, dict]] = {
         "Gemma2ForCausalLM",
         {
             "hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "head_dim": 16, "intermediate_size": 64, "max_position_embeddings": 64,
+            "head_dim": 16, "intermediate_size": 64, "max_position_embeddings": 128,
             "query_pre_attn_scalar": 24, "attn_logit_softcapping": 4.0,
             "final_logit_softcapping": 5.0, "sliding_window": SHORT_WINDOW,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
@@ -139,7 +139,7 @@ NEW_CONFIGS: dict[str, tuple[str, dict]] = {
         "Gemma3ForCausalLM",
         {
             "hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 1,
-            "head_dim": 16, "intermediate_size": 64, "max_position_embeddings": 64,
+            "head_dim": 16, "intermediate_size": 64, "max_position_embeddings": 128,
             "query_pre_attn_scalar": 20, "sliding_window": SHORT_WINDOW,
             "sliding_window_pattern": 3,
             "rope_parameters": {
@@ -154,8 +154,8 @@ NEW_CONFIGS: dict[str, tuple[str, dict]] = {
         "Phi3ForCausalLM",
         {
             "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 48, "max_position_embeddings": 64,
-            "original_max_position_embeddings": 64,
+            "intermediate_size": 48, "max_position_embeddings": 128,
+            "original_max_position_embeddings": 128,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
             "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1,
             "eos_token_id": 2,
@@ -165,7 +165,7 @@ NEW_CONFIGS: dict[str, tuple[str, dict]] = {
         "Olmo2ForCausalLM",
         {
             "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "intermediate_size": 48, "max_position_embeddings": 64,
+            "intermediate_size": 48, "max_position_embeddings": 128,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0},
             "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 0,
             "eos_token_id": 0,
@@ -197,7 +197,7 @@ OPTIONS: dict[str, dict[str, dict]] = {
     "phi3": {
         # head_dim 8: 4 factors each; inputs longer than 16 positions take long_factor
         "longrope": {
-            "max_position_embeddings": 64, "original_max_position_embeddings": 16,
+            "max_position_embeddings": 128, "original_max_position_embeddings": 16,
             "rope_parameters": {
                 "rope_type": "longrope", "rope_theta": 1000.0,
                 "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [1.0, 2.5, 6.0, 12.0],
