@@ -312,16 +312,22 @@ def test_half_precision_checkpoints_store_their_dtype_and_run_in_it(tmp_path, dt
     folder = tiny_models.write("gemma3", tmp_path / dtype, dtype=dtype)
     assert config_of(folder)["dtype"] == dtype
     assert {kind for kind, _ in stored(folder).values()} == {code}
-    ids, mask = hf_reference.encode(folder, TEXTS)
-    weights = hf_reference.eager_attentions(folder, ids, mask)
-    assert {w.dtype for w in weights} == {getattr(torch, dtype)}
+    ids, mask = hf_reference.encode(folder, SPEC_TEXTS)
     exact = spec_attentions("gemma3", folder, ids, mask)  # the same weights, in float64
     real = mask.bool()[:, None, :, None]
-    difference = max(
-        (a.double() - b).abs().masked_fill(~real, 0).max()
-        for a, b in zip(weights, exact, strict=True)
-    )
-    assert 1e-5 < difference < 0.1  # half-precision rounding, not another model
+
+    def largest_difference(weights: list[torch.Tensor]) -> float:
+        return max(
+            (a.double() - b).abs().masked_fill(~real, 0).max().item()
+            for a, b in zip(weights, exact, strict=True)
+        )
+
+    in_its_dtype = hf_reference.eager_attentions(folder, ids, mask)  # "auto": the stored dtype
+    assert {w.dtype for w in in_its_dtype} == {getattr(torch, dtype)}
+    assert 1e-4 < largest_difference(in_its_dtype) < 0.1  # half rounding, not another model
+    # the stored weights widen exactly: transformers in float32 is the oracle to 1e-5
+    widened = hf_reference.eager_attentions(folder, ids, mask, dtype="float32")
+    assert largest_difference(widened) <= TOLERANCE
 
 
 def test_gemma3_without_layer_types_derives_them_from_sliding_window_pattern(tmp_path):
