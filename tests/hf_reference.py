@@ -34,8 +34,10 @@ class Reference:
     """One forward pass of transformers' eager model."""
 
     attentions: list[torch.Tensor]  # a layer each: (B, H, L, L), softmax weights
-    hidden_states: list[torch.Tensor]  # embeddings, then each block's output: (B, L, D)
-    final_hidden: torch.Tensor  # after the final norm: (B, L, D)
+    # N + 1 tensors (B, L, D): the embeddings (Gemma: already times sqrt(D)), then blocks
+    # 0 … N-2's outputs, and last the final norm's output (transformers puts it in place
+    # of block N-1's, which it does not return)
+    hidden_states: list[torch.Tensor]
     logits: torch.Tensor | None  # (B, L, vocab) for a causal LM (after any soft-cap)
 
 
@@ -95,18 +97,9 @@ def run_reference(
             output_hidden_states=True,
             use_cache=False,
         )
-    base = getattr(model, "model", None)
-    if base is not None:  # a causal LM: the final norm's output, by a second look
-        with torch.no_grad():
-            final = base(
-                input_ids=token_ids, attention_mask=attention_mask, use_cache=False
-            ).last_hidden_state
-    else:
-        final = out.last_hidden_state
     return Reference(
         attentions=list(out.attentions),
         hidden_states=list(out.hidden_states),
-        final_hidden=final,
         logits=getattr(out, "logits", None),
     )
 

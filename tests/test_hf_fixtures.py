@@ -285,6 +285,11 @@ def test_gemma2_soft_capping_bites_and_the_final_cap_bounds_the_logits(folders):
     )
     assert difference > 0.1
     assert capped.logits.abs().max() < 5.0 < plain.logits.abs().max()
+    assert len(capped.hidden_states) == 4  # the embeddings, blocks 0 and 1, the final norm
+    embeddings = load_file(str(folders["gemma2"] / "model.safetensors"))[
+        "model.embed_tokens.weight"
+    ]
+    assert torch.equal(capped.hidden_states[0], embeddings[ids] * torch.tensor(48**0.5))
 
 
 def test_phi3_longrope_takes_the_long_factors_past_the_original_length(folders):
