@@ -16,6 +16,7 @@ shorter than the test texts, GQA); OPTIONS[family] holds named variants to pass 
 Their specifications: /work/notes/families/*.md.
 
     python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, ... one folder a family
+    python tests/tiny_models.py DIR --all   # and DIR/qwen3, DIR/gemma2, ... too
 """
 
 from __future__ import annotations
@@ -318,9 +319,10 @@ def rewrite_config(directory: Path, remove: tuple[str, ...] = (), **values) -> P
     return directory
 
 
-if __name__ == "__main__":
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-models")
-    for name in ALL_FAMILIES:
+if __name__ == "__main__":  # --all: the new families too (attnctl does not read them yet)
+    arguments = [a for a in sys.argv[1:] if a != "--all"]
+    root = Path(arguments[0] if arguments else "tiny-models")
+    for name in ALL_FAMILIES if "--all" in sys.argv[1:] else FAMILIES:
         print(write(name, root / name))
 
 
