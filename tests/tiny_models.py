@@ -13,7 +13,10 @@ their *ForCausalLM class (keys "model.…", and "lm_head.weight" when untied), e
 with what sets it apart (head_dim != hidden/heads, q/k norms, soft-capping, sliding layers
 shorter than the test texts, GQA); OPTIONS[family] holds named variants to pass to ``write``
 (``write("phi3", d, **OPTIONS["phi3"]["longrope"])``), ``dtype=`` writes float16/bfloat16.
-Their specifications: /work/notes/families/*.md.
+Gemma's tokenizer starts a text with <bos> (ids: <pad> 0, <eos> 1, <bos> 2), Phi-3's with
+<s>; Qwen3's and OLMo 2's add nothing. Gemma's norm weights are drawn around 0, as its
+RMSNorm scales by (1 + weight). The specifications they are checked against
+(tests/test_hf_fixtures.py) were written to /work/notes/families/*.md.
 
     python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, ... one folder a family
     python tests/tiny_models.py DIR --all   # and DIR/qwen3, DIR/gemma2, ... too
