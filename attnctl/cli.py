@@ -39,7 +39,6 @@ from attnctl.config import (
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
 from attnctl.memory import (
-    MemoryReport,
     allowed_impls,
     estimate,
     fit,
@@ -62,6 +61,7 @@ from attnctl.render import (
     shapes_json,
     shapes_view,
 )
+from attnctl.report import length_report, memory_command_report, run_report
 from attnctl.tokenize import encode_batch, vocab_size
 from attnctl.training import estimate_training
 from attnctl.window import DEFAULT_HEADS_SHOWN, DEFAULT_ROWS, choose_heads, choose_rows
@@ -496,17 +496,15 @@ def run(
             traces = [run_batch(batch, layer, heads, query_rows, context=cross)]
         else:
             traces = run_model(batch, model, layer, blocks, heads, query_rows)
+    report = run_report(texts, contexts, plan, memory, traces, heads, digits, every_block)
     if as_json:
-        if every_block:
-            _print_json(blocks_json(traces, plan, memory))
-        else:
-            _print_json(run_json(traces[0], plan, memory))
+        _print_json(blocks_json(report) if every_block else run_json(report))
         return
     console = _console()
     if every_block:
-        console.print(blocks_view(texts, traces, plan, memory, console.width))
+        console.print(blocks_view(report, console.width))
         return
-    console.print(run_view(texts, traces[0], plan, memory, heads, console.width, digits, contexts))
+    console.print(run_view(report, console.width))
     if not head and layer.heads > len(heads):
         console.print(
             f"heads {len(heads)}–{layer.heads - 1} not shown; pick them with --head N", style="dim"
@@ -725,9 +723,8 @@ def memory(
         plan = _plan(layer, length, batch, context_len, model)
         result = estimate(plan, stack)
         tokens = kv_cache if kv_cache is not None else context_len or length  # K/V's length
-        report = MemoryReport(plan, result, tokens, kv_cache_bytes(plan, tokens, kv_layers))
-        if train:
-            report.training = estimate_training(plan, layers)
+        training = estimate_training(plan, layers) if train else None
+        measured = None
         if measure:
             _preflight(plan, peak_of(plan), force, passes=3 if train else 1)
             from attnctl.measure import measure_forward, measure_model_forward, measure_training
@@ -737,11 +734,12 @@ def memory(
 
             with _progress(f"measuring {what} over {length} tokens"), device_errors(layer.device):
                 if model is not None:
-                    report.measured = measure_model_forward(model, plan.config, plan)
+                    measured = measure_model_forward(model, plan.config, plan)
                 else:
                     measure_one = measure_training if train else measure_forward
-                    report.measured = measure_one(plan.config, plan)
-        reports.append(report)
+                    measured = measure_one(plan.config, plan)
+        kv_bytes = kv_cache_bytes(plan, tokens, kv_layers)
+        reports.append(length_report(plan, result, tokens, kv_bytes, measured, training))
     budget_bytes = _device_free_bytes(layer.device) if fit_device else None
     if budget is not None:
         budget_bytes = parse_size(budget)
@@ -753,11 +751,12 @@ def memory(
             sizer = functools.partial(_plan, variant, context_len=context_len, model=model)
             longest = longest_input(layer, model)  # learned positions end the search
             fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of, longest)
+    command = memory_command_report(reports, fits, budget_bytes)
     if as_json:
-        _print_json(memory_json(reports, fits, budget_bytes))
+        _print_json(memory_json(command))
         return
     console = _console()
-    console.print(memory_view(reports, console.width, fits, budget_bytes))
+    console.print(memory_view(command, console.width))
 
 
 def _plan(

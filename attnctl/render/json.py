@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnctl.memory import MemoryEstimate, MemoryReport, variant_table
+from attnctl.memory import MemoryEstimate
 from attnctl.plan import Plan
-from attnctl.stats import head_stats
-from attnctl.trace import Trace
+from attnctl.report import LengthReport, MemoryCommandReport, RunReport
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
     from attnctl.check import CheckResult
@@ -50,9 +49,9 @@ def model_dict(plan: Plan) -> dict[str, Any] | None:
     }
 
 
-def blocks_json(traces: list[Trace], plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
+def blocks_json(report: RunReport) -> dict[str, Any]:
     """``run --model --layer all``: each block's head statistics and weights."""
-    first = traces[0]
+    first, plan, estimate = report.trace, report.plan, report.estimate
     return {
         "model": model_dict(plan),
         "config": plan.config.to_dict(),
@@ -66,16 +65,18 @@ def blocks_json(traces: list[Trace], plan: Plan, estimate: MemoryEstimate) -> di
         "layers": [
             {
                 "layer": trace.layer,
-                "head_stats": [s.to_dict() for s in head_stats(trace)],
+                "head_stats": [s.to_dict() for s in stats],
                 "attention": trace.attention_lists(),
             }
-            for trace in traces
+            for trace, stats in zip(report.traces, report.head_stats, strict=True)
         ],
         "memory": memory_dict(estimate),
     }
 
 
-def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, Any]:
+def run_json(report: RunReport) -> dict[str, Any]:
+    """``run``: one block's tokens, stages, head statistics and weights."""
+    trace, plan, estimate = report.trace, report.plan, report.estimate
     return {
         "model": model_dict(plan),
         "layer": trace.layer,
@@ -86,7 +87,7 @@ def run_json(trace: Trace, plan: Plan, estimate: MemoryEstimate) -> dict[str, An
         "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
         "stages": [s.to_dict() for s in trace.stages],
         "impl": trace.impl,
-        "head_stats": [s.to_dict() for s in head_stats(trace)],
+        "head_stats": [s.to_dict() for s in report.head_stats[0]],
         "attention": trace.attention_lists(),
         "attention_heads": trace.attention_heads,
         "attention_rows": trace.attention_rows,
@@ -108,12 +109,9 @@ def shapes_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def memory_json(
-    reports: list[MemoryReport],
-    fits: dict[str, dict[str, int]] | None = None,
-    budget: int | None = None,
-) -> dict[str, Any]:
+def memory_json(command: MemoryCommandReport) -> dict[str, Any]:
     """One length: its document. Several: their documents under ``results``."""
+    reports, fits, budget = command.lengths, command.fits, command.budget_bytes
     documents = [_length_json(report) for report in reports]
     extra: dict[str, Any] = {}
     if fits is not None:
@@ -136,7 +134,7 @@ def memory_json(
     }
 
 
-def _length_json(report: MemoryReport) -> dict[str, Any]:
+def _length_json(report: LengthReport) -> dict[str, Any]:
     plan, estimate, measured = report.plan, report.estimate, report.measured
     stages = []
     for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
@@ -144,7 +142,7 @@ def _length_json(report: MemoryReport) -> dict[str, Any]:
         if measured is not None and measured.stage_peak_bytes:
             entry["measured_live_bytes"] = measured.stage_peak_bytes[i]
         stages.append(entry)
-    variants = variant_table(plan, estimate.layers)
+    variants = report.variants
     document: dict[str, Any] = {
         "model": model_dict(plan),
         "config": plan.config.to_dict(),

@@ -11,14 +11,8 @@ from attnctl.render.text import token_label_text
 from attnctl.stats import PATTERNS, HeadStats
 
 
-def _strength(s: HeadStats) -> float:
-    return max((getattr(s, p) or 0.0) for p in PATTERNS)
-
-
-def heads_overview(
-    stats: list[HeadStats], batched: bool, limit: int | None = None, title: str = ""
-) -> Table:
-    """Every computed head in one table (or the ``limit`` first), the most clear-cut first."""
+def heads_overview(stats: list[HeadStats], batched: bool, title: str = "") -> Table:
+    """The heads in one table, in the order given (the most clear-cut first)."""
     table = titled_table(title or "heads at a glance (most clear-cut first)")
     layered = len({s.layer for s in stats}) > 1
     headings = ["text"] if batched else []
@@ -29,7 +23,7 @@ def heads_overview(
             name, no_wrap=True, justify="left" if name in ("kind", "top key") else "right"
         )
 
-    for s in sorted(stats, key=_strength, reverse=True)[:limit]:
+    for s in stats:
         cells = [str(s.batch_row)] if batched else []
         cells += [str(s.layer)] if layered else []
         cells += [
@@ -85,7 +79,7 @@ def heads_map(
             lines.append(f"layer {layer:>{label - 7}} ")
             for position in shown:
                 s = stats[position]
-                strength = _strength(s)
+                strength = s.strength
                 style = "bold" if strength >= CLEAR else "" if s.kind in PATTERNS else "dim"
                 mark = KIND_MARKS[s.kind]
                 lines.append(mark if position == shown[-1] else mark.ljust(cell), style=style)

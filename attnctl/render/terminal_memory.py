@@ -9,10 +9,11 @@ from rich.table import Table
 from rich.text import Text
 
 from attnctl.config import DTYPE_BYTES, DTYPES
-from attnctl.memory import MemoryReport, format_bytes, longest_input, variant_table
+from attnctl.memory import format_bytes
 from attnctl.plan import Plan
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.text import config_line, model_lines, shape_text, sizes_line
+from attnctl.report import LengthReport, MemoryCommandReport
 from attnctl.training import TrainingEstimate
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
@@ -39,13 +40,9 @@ def shapes_view(plan: Plan, width: int) -> Group:
     )
 
 
-def memory_view(
-    reports: list[MemoryReport],
-    width: int,
-    fits: dict[str, dict[str, int]] | None = None,
-    budget: int | None = None,
-) -> Group:
+def memory_view(command: MemoryCommandReport, width: int) -> Group:
     """One length in detail, or several side by side with a bar chart; then what fits."""
+    reports, fits, budget = command.lengths, command.fits, command.budget_bytes
     first = reports[0]
     config = first.plan.config
     stack = f" · {first.estimate.layers} layers" if first.estimate.layers > 1 else ""
@@ -67,11 +64,11 @@ def memory_view(
     else:
         parts += _sweep(reports, width)
     if fits is not None and budget is not None:
-        parts += [Text(""), _fit_table(fits, budget, first)]
+        parts += [Text(""), _fit_table(fits, budget, first, command.longest_input)]
     return Group(*parts)
 
 
-def _one_length(report: MemoryReport) -> list[RenderableType]:
+def _one_length(report: LengthReport) -> list[RenderableType]:
     plan, estimate, measured = report.plan, report.estimate, report.measured
     # a forward measurement has a peak per stage; a training step's is compared below
     per_stage = measured if measured is not None and report.training is None else None
@@ -150,7 +147,7 @@ def _one_length(report: MemoryReport) -> list[RenderableType]:
     columns = ("dtype", "parameters", "attention matrix", "peak (math)", "peak (sdpa)")
     for name in columns:
         variants.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
-    table = variant_table(plan, estimate.layers)
+    table = report.variants
     for dtype in DTYPES:
         on_math, sdpa = table[dtype]["math"], table[dtype].get("sdpa")
         variants.add_row(
@@ -205,22 +202,14 @@ BAR_PARTS = (  # what a stacked bar is made of: (name, character, colour)
 )
 
 
-def bar_parts(report: MemoryReport) -> list[int]:
-    """The peak split into parameters, B·H·L·L matrices, other activations; then KV cache."""
-    estimate = report.estimate
-    matrices = min(estimate.scores_bytes + estimate.weights_bytes, estimate.peak_activation_bytes)
-    other = estimate.peak_activation_bytes - matrices
-    return [estimate.parameter_bytes, matrices, other, report.kv_cache_bytes]
-
-
-def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
+def _sweep(reports: list[LengthReport], width: int) -> list[RenderableType]:
     table = titled_table("by sequence length")
     train = reports[0].training is not None
     headings = ["L", "parameters", "attention matrices", "peak", "KV cache"]
     for name in headings + (["training"] if train else []):
         table.add_column(name, justify="right", no_wrap=True)
     for report in reports:
-        params, _, _, cache = bar_parts(report)
+        params, _, _, cache = report.bar_parts
         row = [
             str(report.plan.seq_len),
             format_bytes(params),
@@ -231,7 +220,7 @@ def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
         if train:
             row.append(format_bytes(report.training.peak_bytes))
         table.add_row(*row)
-    totals = [sum(bar_parts(r)) for r in reports]
+    totals = [sum(r.bar_parts) for r in reports]
     label_width = max(len(str(r.plan.seq_len)) for r in reports) + 2
     total_width = len(" 1023.99 MiB")
     bar_width = width - (label_width + 2) - total_width - 1
@@ -245,7 +234,7 @@ def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
         chart.append(
             f"{label} {format_bytes(total)}\n  " if beneath else label.ljust(label_width + 2)
         )
-        for (_, char, colour), part in zip(BAR_PARTS, bar_parts(report), strict=True):
+        for (_, char, colour), part in zip(BAR_PARTS, report.bar_parts, strict=True):
             # a part is at least one mark: room for those kept aside, so no bar is too long
             cells = max(1, int((bar_width - len(BAR_PARTS)) * part / max(totals)))
             chart.append(char * (cells if part else 0), style=colour)
@@ -265,7 +254,9 @@ def _sweep(reports: list[MemoryReport], width: int) -> list[RenderableType]:
     ]
 
 
-def _fit_table(fits: dict[str, dict[str, int]], budget: int, first: MemoryReport) -> Table:
+def _fit_table(
+    fits: dict[str, dict[str, int]], budget: int, first: LengthReport, longest: int | None
+) -> Table:
     what = "a training step" if first.training is not None else "one forward pass"
     table = titled_table(f"{what} fits in {format_bytes(budget)}")
     plan = first.plan
@@ -274,7 +265,6 @@ def _fit_table(fits: dict[str, dict[str, int]], budget: int, first: MemoryReport
     table.add_column(f"largest B at L={plan.seq_len}", justify="right", no_wrap=True)
     for impl, found in fits.items():
         table.add_row(impl, f"{found['max_seq_len']:,}", f"{found['max_batch']:,}")
-    longest = longest_input(plan.config, plan.model)
     if longest and any(found["max_seq_len"] == longest for found in fits.values()):
         table.caption = f"L stops at the {longest:,} learned positions"
         table.caption_justify = "left"

@@ -12,7 +12,7 @@ from rich.text import Text
 from attnctl.memory import MemoryEstimate, format_bytes
 from attnctl.plan import MASK_CONVENTION, Plan
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
-from attnctl.render.terminal_heads import _strength, heads_map, heads_overview
+from attnctl.render.terminal_heads import heads_map, heads_overview
 from attnctl.render.text import (
     LABEL_WIDTH,
     config_line,
@@ -21,9 +21,8 @@ from attnctl.render.text import (
     token_label,
     weight_text,
 )
-from attnctl.stats import HeadStats, head_stats
+from attnctl.report import CLEAREST_SHOWN, RunReport, TextWindow
 from attnctl.trace import Token, Trace
-from attnctl.window import hidden_ranges
 
 
 def token_table(tokens: list[Token], rows: list[int], title: str = "tokens") -> Table:
@@ -69,18 +68,21 @@ _SHADES = _shades()
 
 
 def weight_tables(
-    trace: Trace, heads: list[int], width: int, digits: int = 2, batch_row: int = 0
+    trace: Trace, window: TextWindow, heads: list[int], width: int, digits: int = 2
 ) -> tuple[list[Table], list[str], bool]:
     """One table per head: rows = query tokens, columns = key tokens, row maximum marked *.
 
     When the keys do not fit the width, each row lists its strongest keys instead (the
     returned flag says so: those tables are as wide as the terminal).
     """
+    batch_row, queries, count, computed = (
+        window.batch_row,
+        window.queries,
+        window.keys,
+        window.computed,
+    )
     tokens = trace.tokens[batch_row]  # the queries
     keys = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
-    queries = sum(not t.pad for t in tokens)  # this text's own tokens; padding follows them
-    count = sum(not t.pad for t in keys)
-    computed = [(i, r) for i, r in enumerate(trace.attention_rows) if r < queries]
     if not computed:
         note = f"text {batch_row}: none of its {queries} tokens is among the rows computed"
         return [], [note], False
@@ -90,9 +92,8 @@ def weight_tables(
     label_width += len(str(rows[-1])) + 1
     fit = max(1, (width - label_width - 2) // (cell + 1))
     notes = []
-    gaps = hidden_ranges(rows, queries)
-    if gaps:
-        hidden = ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in gaps)
+    if window.hidden:
+        hidden = ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in window.hidden)
         notes.append(f"query rows {hidden} not computed; choose rows with --rows A:B or last:N")
     top_k = None
     if count > fit:
@@ -217,16 +218,10 @@ def _run_opening(
     ]
 
 
-def run_view(
-    texts: list[str],
-    trace: Trace,
-    plan: Plan,
-    estimate: MemoryEstimate,
-    heads: list[int],
-    width: int,
-    digits: int = 2,
-    contexts: list[str] | None = None,
-) -> Group:
+def run_view(report: RunReport, width: int) -> Group:
+    """``run``: one block's stages, weight tables, heads overview and memory."""
+    texts, trace, plan = report.texts, report.trace, report.plan
+    heads, digits, contexts = report.heads, report.digits, report.contexts
     config = plan.config
     parts: list[RenderableType] = [
         *_run_opening(texts, trace, plan, contexts, trace.layer),
@@ -253,8 +248,8 @@ def run_view(
                 )
             )
     tables, notes, ranked = [], [], False
-    for batch_row in range(len(trace.tokens)):
-        row_tables, row_notes, row_ranked = weight_tables(trace, heads, width, digits, batch_row)
+    for window in report.windows:
+        row_tables, row_notes, row_ranked = weight_tables(trace, window, heads, width, digits)
         ranked = ranked or row_ranked
         tables += row_tables
         notes += [note for note in row_notes if note not in notes]
@@ -269,44 +264,35 @@ def run_view(
     parts.append(Group(*tables) if ranked else Columns(tables, padding=(0, 3)))
     parts.extend(Text(note, style="dim") for note in notes)
     parts.append(Text(""))
-    parts.append(heads_overview(head_stats(trace), len(texts) > 1))
+    parts.append(heads_overview(report.ranked, len(texts) > 1))
     parts.append(Text(""))
-    parts.append(memory_footer(estimate))
+    parts.append(memory_footer(report.estimate))
     return Group(*parts)
 
 
-def blocks_view(
-    texts: list[str], traces: list[Trace], plan: Plan, estimate: MemoryEstimate, width: int
-) -> Group:
+def blocks_view(report: RunReport, width: int) -> Group:
     """``run --model --layer all``: every block's heads summarised, then the clearest heads."""
-    first = traces[0]
-    batched = len(texts) > 1
-    parts = _run_opening(texts, first, plan)
+    first = report.trace
+    batched = len(report.texts) > 1
+    parts = _run_opening(report.texts, first, report.plan)
     table = titled_table("every block (heads by kind)")
     for name in ("layer", "entropy", "kinds", "clearest head"):
         table.add_column(name, no_wrap=True, justify="right" if name == "entropy" else "left")
-    every: list[HeadStats] = []
-    by_layer: list[list[HeadStats]] = []
-    for trace in traces:
-        stats = head_stats(trace)
-        every += stats
-        by_layer.append([s for s in stats if s.batch_row == 0])
-        kinds: dict[str, int] = {}
-        for s in stats:
-            kinds[s.kind] = kinds.get(s.kind, 0) + 1
-        best = max(stats, key=_strength)
-        entropy = sum(s.entropy_fraction for s in stats) / len(stats)
+    for block in report.blocks:
+        best = block.clearest
         table.add_row(
-            str(trace.layer),
-            f"{entropy:.0%}",
-            " · ".join(f"{kind} {count}" for kind, count in sorted(kinds.items())),
-            f"head {best.head}: {best.kind} {_strength(best):.2f}",
+            str(block.layer),
+            f"{block.mean_entropy_fraction:.0%}",
+            " · ".join(f"{kind} {count}" for kind, count in block.kinds.items()),
+            f"head {best.head}: {best.kind} {best.strength:.2f}",
         )
     table.caption = "entropy: mean over heads, of the most possible (100% = uniform)"
     table.caption_justify = "left"
-    clearest = heads_overview(every, batched, limit=10, title="the 10 most clear-cut heads")
-    hint = f"weights and stages of one block: --layer N (0–{len(traces) - 1})"
+    title = f"the {CLEAREST_SHOWN} most clear-cut heads"
+    clearest = heads_overview(report.ranked, batched, title=title)
+    hint = f"weights and stages of one block: --layer N (0–{len(report.traces) - 1})"
+    by_layer = [block.first_text for block in report.blocks]
     head_map = heads_map(by_layer, first.attention_heads, width, "text 0" if batched else "")
     parts += [table, Text(""), *head_map, Text(""), clearest, Text(hint, style="dim"), Text("")]
-    parts.append(memory_footer(estimate))
+    parts.append(memory_footer(report.estimate))
     return Group(*parts)
