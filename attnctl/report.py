@@ -8,6 +8,7 @@ what fits a budget are all worked out here, once, for the terminal and for ``--j
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,7 @@ class RunReport:
     plan: Plan
     estimate: MemoryEstimate
     traces: list[Trace]  # one per block run (one without --layer all)
-    heads: list[int]  # the heads whose weight tables show
+    heads: Sequence[int]  # the heads whose weight tables show
     digits: int  # decimals in the weight tables
     every_block: bool  # --layer all: a summary of every block
     head_stats: list[list[HeadStats]]  # per trace, in the order the trace holds them
@@ -98,7 +99,7 @@ def run_report(
     plan: Plan,
     estimate: MemoryEstimate,
     traces: list[Trace],
-    heads: list[int],
+    heads: Sequence[int],
     digits: int,
     every_block: bool,
     heads_not_shown: tuple[int, int] | None = None,
