@@ -238,8 +238,8 @@ def _hooks() -> Hooks:
 # ---------------------------------------------------------------- commands
 
 
-@app.command()
 # dropout acts only in training (memory --train)
+@app.command()
 @layer_options(leave_out=("dropout",), with_model=True)
 def run(
     text: Annotated[
