@@ -12,7 +12,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig, validate
 from attnctl.describe import ModelDescription
@@ -39,18 +38,6 @@ class MemoryEstimate:
     def peak_bytes(self) -> int:
         """Parameters plus the most activation memory alive at any one moment."""
         return self.parameter_bytes + self.peak_activation_bytes
-
-
-@dataclass
-class MemoryReport:
-    """Everything `memory` says about one sequence length."""
-
-    plan: Plan
-    estimate: MemoryEstimate
-    kv_cache_tokens: int
-    kv_cache_bytes: int
-    measured: Any = None  # a measure.Measurement when --measure ran (training step if --train)
-    training: Any = None  # a training.TrainingEstimate when --train
 
 
 def _storage_of(plan: Plan) -> dict[str, str]:

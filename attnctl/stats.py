@@ -47,6 +47,11 @@ class HeadStats:
             return best
         return "diffuse" if self.entropy_fraction >= 0.9 else "mixed"
 
+    @property
+    def strength(self) -> float:
+        """The weight its strongest pattern holds: how clear-cut the head is."""
+        return max((getattr(self, p) or 0.0) for p in PATTERNS)
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind}
 

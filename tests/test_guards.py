@@ -327,10 +327,10 @@ def test_every_head_of_a_huge_layer_is_not_listed_before_the_preflight(invoke, m
 
 
 def test_a_text_is_read_up_to_its_limit(invoke, tmp_path):
-    import attnctl.cli
+    import attnctl.app
 
     big = tmp_path / "big.txt"
-    big.write_bytes(b"a" * (attnctl.cli.MAX_TEXT_BYTES + 1))
+    big.write_bytes(b"a" * (attnctl.app.MAX_TEXT_BYTES + 1))
     start = time.perf_counter()
     line = one_clean_line(invoke("run", "--file", str(big), *CPU), 2)
     assert time.perf_counter() - start < 5

@@ -1,0 +1,93 @@
+"""What the CLI passes to a use case (the options as parsed) and what ``check`` returns."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from attnctl.plan import Plan
+
+if TYPE_CHECKING:  # check.py imports torch
+    from attnctl.check import CheckResult
+
+
+def _no_progress(description: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+def _no_warning(message: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What the CLI shows while a use case works: a spinner around long work, warnings."""
+
+    progress: Callable[[str], AbstractContextManager[None]] = _no_progress
+    warn: Callable[[str], None] = _no_warning
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class LayerRequest:
+    """The layer options as given (None: the preset's value), and ``--model DIR``."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    model_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    layer: LayerRequest
+    texts: list[str] | None = None  # TEXT arguments ('-' reads stdin)
+    file: str | None = None  # --file
+    contexts: list[str] | None = None  # --context
+    context_file: str | None = None
+    heads: list[int] | None = None  # --head
+    rows: list[str] | None = None  # --rows
+    digits: int = 2
+    force: bool = False
+    block: str | None = None  # --layer N|all
+    every_weight: bool = False  # --json: every head's weights, not the tables shown
+
+
+@dataclass(frozen=True)
+class ShapesRequest:
+    layer: LayerRequest
+    seq_len: int = 16
+    batch: int = 1
+    context_len: int | None = None
+
+
+@dataclass(frozen=True)
+class MemoryRequest:
+    layer: LayerRequest
+    seq_len: str | None = None  # one length or several: "512,2048"
+    batch: int = 1
+    context_len: int | None = None
+    layers: int = 1
+    kv_cache: int | None = None
+    budget: str | None = None
+    fit_device: bool = False
+    train: bool = False
+    measure: bool = False
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    layer: LayerRequest
+    seq_len: int = 16
+    batch: int = 2
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    result: CheckResult
+    plan: Plan

@@ -1,0 +1,279 @@
+"""One function per command: from a request to a report, doing all the command does.
+
+Resolve the layer or the model, read the texts, choose blocks, heads and rows, plan, check
+memory and time before allocating, run or measure. Nothing here prints or exits: progress
+and warnings go through the :class:`Hooks` the CLI passes; errors are AttnctlError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from attnctl.app.calls import (
+    check_model_run,
+    compare_implementations,
+    device_of,
+    estimate_of,
+    kv_cache_of,
+    load_model,
+    measure_peak,
+    model_layer,
+    model_weight_bytes,
+    padding_mask_needed,
+    plan_for,
+    run_traces,
+    training_estimate_of,
+)
+from attnctl.app.inputs import choose_blocks, parse_lengths, read_contexts, read_texts
+from attnctl.app.requests import (
+    CheckReport,
+    CheckRequest,
+    Hooks,
+    LayerRequest,
+    MemoryRequest,
+    RunRequest,
+    ShapesRequest,
+)
+from attnctl.config import LARGEST_SIZE, LayerConfig, build_config, resolve_impl
+from attnctl.describe import ModelDescription
+from attnctl.errors import AttnctlError
+from attnctl.memory import allowed_impls, fit, longest_input, parse_size
+from attnctl.plan import Plan
+from attnctl.report import (
+    LengthReport,
+    MemoryCommandReport,
+    RunReport,
+    length_report,
+    memory_command_report,
+    run_report,
+)
+from attnctl.tokenize import encode_batch, vocab_size
+from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads, choose_rows
+
+MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer")  # options that still apply to a model
+
+
+def resolve_layer(request: LayerRequest) -> tuple[LayerConfig, ModelDescription | None]:
+    """The validated layer: a preset with overrides, or a model's config.json (and the model)."""
+    values = dict(request.options)
+    if request.model_dir is None:
+        return build_config(values.pop("config", None), **values), None
+    clashing = [k for k, v in values.items() if v is not None and k not in MODEL_KEEPS]
+    if clashing:
+        option = "--" + clashing[0].replace("_", "-")
+        raise AttnctlError(
+            f"{option} comes from the model's config.json; with --model only "
+            + ", ".join(f"--{k}" for k in MODEL_KEEPS)
+            + " may be given"
+        )
+    model = load_model(request.model_dir)
+    return model_layer(model, {k: values.get(k) for k in MODEL_KEEPS}), model
+
+
+def run_use_case(request: RunRequest, hooks: Hooks | None = None) -> RunReport:
+    """``run``: read the texts, choose blocks, heads and rows, plan, pre-flight, run."""
+    hooks = hooks or Hooks()
+    layer, model = resolve_layer(request.layer)
+    if layer.dropout:
+        raise AttnctlError("dropout acts only in training; see memory --train")
+    if not 0 <= request.digits <= 8:
+        raise AttnctlError(f"digits must be between 0 and 8, got {request.digits}")
+    blocks = choose_blocks(request.block, model)
+    texts = read_texts(request.texts, request.file)
+    contexts = read_contexts(request.contexts, request.context_file, len(texts))
+    if model is not None and contexts:
+        raise AttnctlError(f"{model.name} has no cross-attention: leave out --context")
+    if layer.cross and not contexts:
+        raise AttnctlError("this layer is cross-attention: give --context TEXT (or --context-file)")
+    own_tokenizer = None if model is None else model.path / "tokenizer.json"
+    if own_tokenizer and layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
+        raise AttnctlError(f"no tokenizer.json in {model.path}; give one with --tokenizer")
+    both = encode_batch(texts + contexts, layer.tokenizer)  # one vocabulary for both
+    batch, context_batch = both.split(len(texts))
+    cross = context_batch if contexts else None
+    seq_len = batch.seq_len
+    if model is not None and blocks:  # a sliding window past which attnctl's weights differ
+        check_model_run(model, seq_len, max(blocks) + 1)
+    heads = choose_heads(request.heads, layer.heads)  # a range until the run is afforded
+    every_block = blocks is not None and len(blocks) > 1  # --layer all: a summary of each
+    if not request.heads and not request.every_weight and not every_block:
+        heads = heads[:DEFAULT_HEADS_SHOWN]  # compute only the tables printed
+    query_rows = choose_rows(request.rows, seq_len)
+    layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
+
+    context_len = cross.seq_len if cross else None
+    vocab = batch.vocab_size if model is None else model.vocab_size
+    shown_block = blocks[0] if blocks and len(blocks) == 1 else 0
+    plan = plan_for(
+        layer,
+        seq_len,
+        len(texts),
+        vocab,
+        padded=padding_mask_needed(cross or batch, layer),
+        context_len=context_len,
+        model=model,
+        layer_index=shown_block,
+    )
+    memory = estimate_of(plan)
+    # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
+    per_block = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
+    shown_bytes = per_block * (len(blocks) if blocks else 1)
+    weights = memory.parameter_bytes  # a model: only the blocks up to the one shown load
+    if model is not None:
+        weights = model_weight_bytes(model, max(blocks) + 1, layer.dtype)
+    need = weights + memory.peak_activation_bytes + shown_bytes
+    preflight(plan, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
+    what = "the layer" if model is None else model.name
+    with hooks.progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
+        traces = run_traces(batch, layer, heads, query_rows, cross, model, blocks)
+    hidden = None
+    if not request.heads and not every_block and layer.heads > len(heads):
+        hidden = (len(heads), layer.heads - 1)
+    return run_report(
+        texts, contexts, plan, memory, traces, heads, request.digits, every_block, hidden
+    )
+
+
+def shapes_use_case(request: ShapesRequest) -> Plan:
+    """``shapes``: the plan of every stage."""
+    layer, model = resolve_layer(request.layer)
+    if layer.dropout:
+        raise AttnctlError("dropout acts only in training; see memory --train")
+    return sized_plan(layer, request.seq_len, request.batch, request.context_len, model)
+
+
+def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> MemoryCommandReport:
+    """``memory``: estimate each length (measure it with --measure), then what fits a budget."""
+    hooks = hooks or Hooks()
+    layer, model = resolve_layer(request.layer)
+    seq_len, layers, kv_cache = request.seq_len, request.layers, request.kv_cache
+    batch, context_len, train = request.batch, request.context_len, request.train
+    if seq_len is None:  # 2048, or all a model's (or layer's) learned positions
+        seq_len = str(min(2048, longest_input(layer, model) or 2048))
+    lengths = parse_lengths(seq_len)
+    stack, kv_layers = layers, layers  # --layers: weights and K/V of a stack of this layer
+    if model is not None:
+        clash = {"--layers": layers != 1, "--train": train, "--context-len": context_len}
+        for option, given in clash.items():
+            if given:
+                raise AttnctlError(f"{option} does not apply to --model (a whole model's memory)")
+        stack, kv_layers = 1, model.layers  # the plan holds every weight; K and V per block
+    if kv_cache is not None and kv_cache < 0:
+        raise AttnctlError(f"kv-cache must be a number of tokens >= 0, got {kv_cache}")
+    for option, value in (("layers", layers), ("kv-cache", kv_cache)):
+        if value is not None and value >= LARGEST_SIZE:
+            raise AttnctlError(f"{option} must be below 2^63 (torch's largest size), got {value}")
+    if request.budget is not None and request.fit_device:
+        raise AttnctlError("give --budget SIZE or --fit, not both")
+    if layer.dropout and not train:
+        raise AttnctlError("dropout acts only in training; add --train")
+
+    def peak_of(plan: Plan) -> int:
+        if train:
+            return training_estimate_of(plan, layers).peak_bytes
+        return estimate_of(plan, stack).peak_bytes
+
+    reports: list[LengthReport] = []
+    for length in lengths:
+        plan = sized_plan(layer, length, batch, context_len, model)
+        result = estimate_of(plan, stack)
+        tokens = kv_cache if kv_cache is not None else context_len or length  # K/V's length
+        training = training_estimate_of(plan, layers) if train else None
+        measured = None
+        if request.measure:
+            preflight(plan, peak_of(plan), request.force, hooks, passes=3 if train else 1)
+            what = "a training step" if train else "a forward pass"
+            with hooks.progress(f"measuring {what} over {length} tokens"):
+                measured = measure_peak(plan, model, train)
+        kv_bytes = kv_cache_of(plan, tokens, kv_layers)
+        reports.append(length_report(plan, result, tokens, kv_bytes, measured, training))
+    budget_bytes = _device_free_bytes(layer.device) if request.fit_device else None
+    if request.budget is not None:
+        budget_bytes = parse_size(request.budget)
+    fits = None
+    if budget_bytes is not None:
+        fits = {}
+        for impl in allowed_impls(layer):  # not sdpa with dropout or alibi
+            variant = dataclasses.replace(layer, impl=impl)
+            sizer = functools.partial(sized_plan, variant, context_len=context_len, model=model)
+            longest = longest_input(layer, model)  # learned positions end the search
+            fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of, longest)
+    return memory_command_report(reports, fits, budget_bytes)
+
+
+def check_use_case(request: CheckRequest, hooks: Hooks | None = None) -> CheckReport:
+    """``check``: compare the implementations and gradcheck, after the pre-flight."""
+    hooks = hooks or Hooks()
+    layer, _ = resolve_layer(request.layer)
+    if layer.dropout:
+        raise AttnctlError("dropout acts only in training; check compares inference")
+    plan = sized_plan(layer, request.seq_len, request.batch)  # sizes checked before torch
+    # three copies of the layer (math, sdpa, nn.MultiheadAttention), each with its outputs
+    preflight(plan, 3 * estimate_of(plan).peak_bytes, request.force, hooks, passes=3)
+    with hooks.progress("comparing implementations and running gradcheck"):
+        result = compare_implementations(layer, request.batch, request.seq_len, plan.vocab_size)
+    return CheckReport(result, plan)
+
+
+# ---------------------------------------------------------------- plans and the pre-flight
+
+
+def sized_plan(
+    config: LayerConfig,
+    seq_len: int,
+    batch: int,
+    context_len: int | None = None,
+    model: ModelDescription | None = None,
+) -> Plan:
+    """The plan ``shapes``, ``memory`` and ``check`` evaluate: no text, so no padding."""
+    if model is not None:  # block 0 of the model stands for every block: they are alike
+        return plan_for(config, seq_len, batch, model.vocab_size, config.device, model=model)
+    vocab = vocab_size(config.tokenizer, seq_len + (context_len or 0))
+    return plan_for(config, seq_len, batch, vocab, config.device, context_len=context_len)
+
+
+def preflight(
+    plan: Plan, need_bytes: int, force: bool, hooks: Hooks, blocks: int = 1, passes: int = 1
+) -> None:
+    """The one check before a command allocates: memory (skipped with --force), then time.
+
+    A run estimated to take over LONG_RUN_SECONDS (its FLOPs at the rates measured on the
+    device just now; ``passes`` forward passes of ``blocks`` blocks) is announced through
+    ``hooks.warn`` first; one forced past the memory it may use is not timed (it fails, or
+    the swap decides).
+    """
+    from attnctl.resources import import_torch
+
+    import_torch()  # the first command to need it: with the collector paused
+    from attnctl.resources import (
+        LONG_RUN_SECONDS,
+        available_memory,
+        duration_text,
+        estimated_seconds,
+    )
+    from attnctl.resources import preflight as check_memory
+
+    device = device_of(plan.config.device)
+    if not force:
+        check_memory(need_bytes, device)
+    else:
+        available = available_memory(device)
+        if available is not None and need_bytes > available.bytes:
+            return
+    seconds = estimated_seconds(plan, device, blocks)
+    if seconds is not None and seconds * passes > LONG_RUN_SECONDS:
+        hooks.warn(
+            f"attnctl: this will take about {duration_text(seconds * passes)} on {device} "
+            "(its operations at the speed measured here just now)"
+        )
+
+
+def _device_free_bytes(device_spec: str) -> int:
+    from attnctl.resources import available_memory
+
+    device = device_of(device_spec)
+    available = available_memory(device)
+    if available is None:
+        raise AttnctlError(f"cannot tell how much memory {device} has free; use --budget SIZE")
+    return available.bytes

@@ -1,0 +1,148 @@
+"""The options commands share: the layer options (and --model), --json, --seq-len, --batch.
+
+Choices come from config.py, the one place that lists them. The options arrive as given:
+``app.resolve_layer`` validates them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from enum import Enum, StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from attnctl.app import LayerRequest
+from attnctl.config import DTYPES, IMPLS, MASKS, NORM_TYPES, NORMS, POSITIONS
+from attnctl.families import supported_names
+
+# Choices come from config.py, the one place that lists them.
+Pos = StrEnum("Pos", {value: value for value in POSITIONS})
+Mask = StrEnum("Mask", {value: value for value in MASKS})
+Norm = StrEnum("Norm", {value: value for value in NORMS})
+NormType = StrEnum("NormType", {value: value for value in NORM_TYPES})
+Impl = StrEnum("Impl", {value: value for value in IMPLS})
+DType = StrEnum("DType", {value: value for value in DTYPES})
+
+
+def _option(kind: Any, *names: str, help: str) -> Any:
+    metavar = None
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        # a short metavar and the choices in the help text, where they wrap between words
+        # (a long [a|b|c] metavar is broken mid-word on narrow terminals)
+        metavar = names[0].split("-")[-1].upper()  # --norm-type: TYPE
+        help = f"{help} One of: {', '.join(choice.value for choice in kind)}."
+    option = typer.Option(*names, help=help, metavar=metavar, rich_help_panel="Layer")
+    return Annotated[kind | None, option]
+
+
+# name -> annotation; every one defaults to None, meaning "not given: keep the preset's value"
+LAYER_OPTIONS: dict[str, Any] = {
+    "config": _option(
+        str, "--config", "-c", help="Preset name (one of configs/*.toml) or a TOML path."
+    ),
+    "tokenizer": _option(
+        str, "--tokenizer", help="'bundled' (default), 'char', or a tokenizer.json path."
+    ),
+    "d_model": _option(int, "--d-model", help="Model width D. Default 512."),
+    "heads": _option(int, "--heads", help="Attention heads H (must divide D). Default 8."),
+    "kv_heads": _option(
+        int,
+        "--kv-heads",
+        help="Key/value heads for GQA (divides --heads; 1 = MQA). Default --heads.",
+    ),
+    "bias": _option(bool, "--bias/--no-bias", help="Bias in W_q, W_k, W_v, W_o. Default --bias."),
+    "pos": _option(
+        Pos,
+        "--pos",
+        help="Added to the embeddings (sinusoidal, learned), rotating Q and K (rope) or "
+        "biasing the scores (alibi). Default sinusoidal.",
+    ),
+    "mask": _option(Mask, "--mask", help="Attention mask. Default none."),
+    "norm": _option(
+        Norm,
+        "--norm",
+        help="post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x). Default post.",
+    ),
+    "norm_type": _option(NormType, "--norm-type", help="LayerNorm or RMSNorm. Default layer."),
+    "impl": _option(
+        Impl,
+        "--impl",
+        help="math builds every weight; sdpa is the fused kernel; auto is math while every "
+        "weight is shown, else sdpa. Default auto.",
+    ),
+    "dropout": _option(
+        float, "--dropout", help="Dropout on the attention weights (memory --train). Default 0."
+    ),
+    "seed": _option(int, "--seed", help="torch.manual_seed for the weights. Default 42."),
+    "device": _option(str, "--device", help="auto, cpu, cuda, cuda:N or mps. Default auto."),
+    "dtype": _option(DType, "--dtype", help="Parameter and activation dtype. Default float32."),
+}
+
+
+MODEL_OPTION = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        metavar="DIR",
+        help="A local model folder (config.json, model.safetensors, tokenizer.json): "
+        f"{supported_names()}. Its config sets the layer.",
+        rich_help_panel="Model",
+    ),
+]
+
+
+def layer_options(
+    command: Callable[..., None] | None = None,
+    *,
+    leave_out: tuple[str, ...] = (),
+    with_model: bool = False,
+) -> Any:
+    """Give a command the layer options; it receives them as one ``layer``, a
+    :class:`LayerRequest` that ``app.resolve_layer`` turns into the validated layer.
+
+    ``leave_out`` names options the command does not offer (they keep the preset's value).
+    ``with_model`` adds ``--model DIR``: then the layer comes from the model's config.json
+    (the request's ``model_dir``). Use it bare (``@layer_options``) or with arguments
+    (``@layer_options(leave_out=...)``).
+    """
+    if command is None:
+        return functools.partial(layer_options, leave_out=leave_out, with_model=with_model)
+    unknown = set(leave_out) - set(LAYER_OPTIONS)
+    if unknown:
+        raise ValueError(f"no such layer option: {sorted(unknown)}")
+    offered = {name: kind for name, kind in LAYER_OPTIONS.items() if name not in leave_out}
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "layer"]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+        for name, kind in offered.items()
+    ]
+    if with_model:
+        shared.append(
+            inspect.Parameter(
+                "model", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MODEL_OPTION
+            )
+        )
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        given = {name: kwargs.pop(name, None) for name in LAYER_OPTIONS}
+        values = {k: v.value if isinstance(v, Enum) else v for k, v in given.items()}
+        directory = kwargs.pop("model", None) if with_model else None
+        command(layer=LayerRequest(values, directory), **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=own + shared)  # type: ignore[attr-defined]
+    return wrapper
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
+SeqLenOption = Annotated[int, typer.Option("--seq-len", "-L", help="Sequence length L.")]
+BatchOption = Annotated[int, typer.Option("--batch", "-B", help="Batch size B.")]
+ContextLenOption = Annotated[
+    int | None,
+    typer.Option("--context-len", help="Cross-attention: keys and values from a context of N."),
+]

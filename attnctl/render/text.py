@@ -1,0 +1,106 @@
+"""Text helpers shared by every view: user text made printable, labels, one-line summaries."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+
+from attnctl.config import LayerConfig
+from attnctl.plan import Plan
+from attnctl.trace import Token
+
+LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
+MAX_TEXT = 200  # characters of the input shown in the header
+WIDE = 120  # from this width on, stage tables add a column explaining each stage
+
+
+# ---------------------------------------------------------------- text helpers
+
+
+def printable(text: str) -> str:
+    """User text made safe to show: control and format characters become escapes."""
+    out = []
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(char.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def token_label_text(text: str, width: int = LABEL_WIDTH) -> str:
+    label = printable(text)
+    if label.strip() == "":
+        label = label.replace(" ", "␣") or "∅"
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def token_label(token: Token, width: int | None = None) -> str:
+    return token_label_text(token.text, width or 10**6)
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ")"
+
+
+def config_line(config: LayerConfig) -> str:
+    kv = f", kv {config.kv_heads}" if config.kv_heads != config.heads else ""
+    return (
+        f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}{kv}) · "
+        f"pos {config.pos} · mask {config.mask} · norm {config.norm}"
+        f"{' (rms)' if config.norm_type == 'rms' and config.norm != 'none' else ''} · "
+        f"impl {config.impl} · bias {_bias_text(config)}"
+    )
+
+
+def _bias_text(config: LayerConfig) -> str:
+    if not config.bias:
+        return "off"
+    return "on" if config.output_bias else "on (not W_o)"
+
+
+def sizes_line(plan: Plan) -> str:
+    grouped = plan.sizes["Hkv"] != plan.sizes["H"]  # K/V widths only matter under GQA
+    shown = {k: v for k, v in plan.sizes.items() if grouped or k not in ("Hkv", "D_kv")}
+    return "  ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def weight_text(weight: float, digits: int) -> str:
+    """Fixed decimals, unless that would print a non-zero weight as 0.00 (then 3.1e-04)."""
+    if weight == 0 or weight >= 0.5 * 10**-digits:
+        return f"{weight:.{digits}f}"
+    return f"{weight:.1e}"
+
+
+def model_lines(plan: Plan, layer: int | None = None) -> list[tuple[str, str]]:
+    """Header lines naming a pretrained model (none for attnctl's own layer)."""
+    model = plan.model
+    if model is None:
+        return []
+    where = f" · block {layer}" if layer is not None else ""
+    return [("model", f"{printable(str(model.path))}{where}"), ("config", model.summary())]
+
+
+def shown_text(text: str) -> str:
+    shown = printable(text)
+    if len(shown) > MAX_TEXT:
+        shown = f"{shown[:MAX_TEXT]}… ({len(text):,} characters in all)"
+    return shown
+
+
+def difference_bound(difference: float) -> str:
+    """A difference as the next power of ten above it (``< 1e-06``); 0 stays ``0``.
+
+    Float noise differs between CPUs (AVX2 and AVX-512 round differently), so the exact
+    value is not shown on screen (it is in --json): the bound holds on any machine.
+    """
+    if difference == 0:
+        return "0"
+    if not math.isfinite(difference):
+        return str(difference)  # nan or inf: nothing to bound
+    exponent = math.floor(math.log10(difference)) + 1
+    while 10.0**exponent <= difference:  # log10 may round either way at a power of ten
+        exponent += 1
+    while 10.0 ** (exponent - 1) > difference:
+        exponent -= 1
+    return f"< 1e{exponent:+03d}"

@@ -1,0 +1,194 @@
+"""What each view shows, computed before it is drawn: plain data, no torch, no printing.
+
+The use cases (``app``) build these from plans, traces and estimates; ``render`` only
+reads them. Head statistics, the windows of query rows each text's tables show, the
+variant table (every dtype and implementation), the split of each bar of a sweep and
+what fits a budget are all worked out here, once, for the terminal and for ``--json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnctl.memory import MemoryEstimate, longest_input, variant_table
+from attnctl.plan import Plan
+from attnctl.stats import HeadStats, head_stats
+from attnctl.trace import Trace
+from attnctl.window import hidden_ranges
+
+CLEAREST_SHOWN = 10  # heads in "the most clear-cut heads" of run --layer all
+
+
+# ---------------------------------------------------------------- run
+
+
+@dataclass(frozen=True)
+class TextWindow:
+    """Which of one text's query rows its weight tables show, and which they leave out."""
+
+    batch_row: int
+    queries: int  # the text's own tokens (padding follows them)
+    keys: int  # its keys without padding (the context's in cross-attention)
+    computed: list[tuple[int, int]]  # (index in trace.attention_rows, query row) of its rows
+    hidden: list[tuple[int, int]]  # ranges of its query rows not computed
+
+
+@dataclass(frozen=True)
+class BlockSummary:
+    """One block of ``run --model --layer all``: its heads by kind."""
+
+    layer: int
+    mean_entropy_fraction: float  # over every head and text
+    kinds: dict[str, int]  # kind -> heads, sorted by kind
+    clearest: HeadStats
+    first_text: list[HeadStats]  # text 0's heads in the trace's order, for the heads map
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """Everything ``run`` shows: the input, the plan, the traces and what they mean."""
+
+    texts: list[str]
+    contexts: list[str]
+    plan: Plan
+    estimate: MemoryEstimate
+    traces: list[Trace]  # one per block run (one without --layer all)
+    heads: Sequence[int]  # the heads whose weight tables show
+    digits: int  # decimals in the weight tables
+    every_block: bool  # --layer all: a summary of every block
+    head_stats: list[list[HeadStats]]  # per trace, in the order the trace holds them
+    ranked: list[HeadStats]  # the overview's heads, the most clear-cut first
+    windows: list[TextWindow]  # per text, of the first trace
+    blocks: list[BlockSummary]  # --layer all: one per trace, else empty
+    heads_not_shown: tuple[int, int] | None  # the range of heads left out by default
+
+    @property
+    def trace(self) -> Trace:
+        return self.traces[0]
+
+
+def text_windows(trace: Trace) -> list[TextWindow]:
+    """Per text: its own query rows among those computed, and the ranges left out."""
+    windows = []
+    for batch_row, tokens in enumerate(trace.tokens):
+        keys = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
+        queries = sum(not t.pad for t in tokens)
+        computed = [(i, r) for i, r in enumerate(trace.attention_rows) if r < queries]
+        hidden = hidden_ranges([r for _, r in computed], queries) if computed else []
+        windows.append(
+            TextWindow(batch_row, queries, sum(not t.pad for t in keys), computed, hidden)
+        )
+    return windows
+
+
+def block_summary(trace: Trace, stats: list[HeadStats]) -> BlockSummary:
+    kinds: dict[str, int] = {}
+    for s in stats:
+        kinds[s.kind] = kinds.get(s.kind, 0) + 1
+    entropy = sum(s.entropy_fraction for s in stats) / len(stats)
+    best = max(stats, key=lambda s: s.strength)
+    first_text = [s for s in stats if s.batch_row == 0]
+    return BlockSummary(trace.layer, entropy, dict(sorted(kinds.items())), best, first_text)
+
+
+def run_report(
+    texts: list[str],
+    contexts: list[str],
+    plan: Plan,
+    estimate: MemoryEstimate,
+    traces: list[Trace],
+    heads: Sequence[int],
+    digits: int,
+    every_block: bool,
+    heads_not_shown: tuple[int, int] | None = None,
+) -> RunReport:
+    stats = [head_stats(trace) for trace in traces]
+    by_strength = sorted(  # stable: among equals, the order the trace holds them
+        (s for block in stats for s in block), key=lambda s: s.strength, reverse=True
+    )
+    ranked = by_strength[:CLEAREST_SHOWN] if every_block else by_strength
+    blocks = (
+        [block_summary(trace, s) for trace, s in zip(traces, stats, strict=True)]
+        if every_block
+        else []
+    )
+    return RunReport(
+        texts=texts,
+        contexts=contexts,
+        plan=plan,
+        estimate=estimate,
+        traces=traces,
+        heads=heads,
+        digits=digits,
+        every_block=every_block,
+        head_stats=stats,
+        ranked=ranked,
+        windows=text_windows(traces[0]),
+        blocks=blocks,
+        heads_not_shown=heads_not_shown,
+    )
+
+
+# ---------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class LengthReport:
+    """Everything ``memory`` says about one sequence length."""
+
+    plan: Plan
+    estimate: MemoryEstimate
+    kv_cache_tokens: int
+    kv_cache_bytes: int
+    variants: dict[str, dict[str, MemoryEstimate]]  # dtype -> impl -> estimate
+    bar_parts: list[int]  # parameters, B·H·L·L matrices, other activations, KV cache
+    measured: Any = None  # a measure.Measurement when --measure ran (training step if --train)
+    training: Any = None  # a training.TrainingEstimate when --train
+
+
+@dataclass(frozen=True)
+class MemoryCommandReport:
+    """``memory``: one report per length, and what fits a budget when one was given."""
+
+    lengths: list[LengthReport]
+    fits: dict[str, dict[str, int]] | None = None  # impl -> max_seq_len, max_batch
+    budget_bytes: int | None = None
+    longest_input: int | None = None  # learned positions that end the search for L
+
+
+def bar_parts(estimate: MemoryEstimate, kv_cache: int) -> list[int]:
+    """The peak split into parameters, B·H·L·L matrices, other activations; then KV cache."""
+    matrices = min(estimate.scores_bytes + estimate.weights_bytes, estimate.peak_activation_bytes)
+    other = estimate.peak_activation_bytes - matrices
+    return [estimate.parameter_bytes, matrices, other, kv_cache]
+
+
+def length_report(
+    plan: Plan,
+    estimate: MemoryEstimate,
+    kv_cache_tokens: int,
+    kv_cache: int,
+    measured: Any = None,
+    training: Any = None,
+) -> LengthReport:
+    return LengthReport(
+        plan=plan,
+        estimate=estimate,
+        kv_cache_tokens=kv_cache_tokens,
+        kv_cache_bytes=kv_cache,
+        variants=variant_table(plan, estimate.layers),
+        bar_parts=bar_parts(estimate, kv_cache),
+        measured=measured,
+        training=training,
+    )
+
+
+def memory_command_report(
+    lengths: list[LengthReport],
+    fits: dict[str, dict[str, int]] | None = None,
+    budget_bytes: int | None = None,
+) -> MemoryCommandReport:
+    plan = lengths[0].plan
+    return MemoryCommandReport(lengths, fits, budget_bytes, longest_input(plan.config, plan.model))
