@@ -33,7 +33,7 @@ SPEC_TEXTS = [tiny_models.LONG_TEXT, tiny_models.LONG_TEXT.removesuffix(" sun.")
 def folders(tmp_path_factory) -> dict[str, Path]:
     """Each new family as written by default, and its variants, one folder each."""
     root = tmp_path_factory.mktemp("new-families")
-    written = {f: tiny_models.write(f, root / f) for f in tiny_models.NEW_FAMILIES}
+    written = {f: tiny_models.write(f, root / f) for f in tiny_models.RECENT_FAMILIES}
     for family, options in tiny_models.OPTIONS.items():
         for name, keys in options.items():
             written[f"{family}-{name}"] = tiny_models.write(family, root / name / family, **keys)
@@ -214,7 +214,7 @@ def spec_attentions(family: str, folder: Path, ids: torch.Tensor, mask: torch.Te
 
 
 SPEC_CASES = [
-    *tiny_models.NEW_FAMILIES, "qwen3-sliding", "qwen3-bias", "gemma2-pattern",
+    *tiny_models.RECENT_FAMILIES, "qwen3-sliding", "qwen3-bias", "gemma2-pattern",
     "gemma2-no_softcap", "gemma3-plain_rope", "phi3-longrope", "phi3-sliding",
 ]  # fmt: skip
 
@@ -234,7 +234,7 @@ def test_the_specification_equals_transformers_eager_attention(folders, case):
         assert difference.max() <= TOLERANCE
 
 
-@pytest.mark.parametrize("family", tiny_models.NEW_FAMILIES)
+@pytest.mark.parametrize("family", tiny_models.RECENT_FAMILIES)
 def test_each_folder_holds_the_tensors_of_the_spec_table(folders, family):
     for case in [c for c in folders if c.split("-")[0] == family]:
         table = {k: shape for k, (_, shape) in stored(folders[case]).items()}

@@ -100,6 +100,10 @@ HONOURED = {
     "mistral sliding_window null": ("mistral", {"sliding_window": None}),
     "mistral rms_norm_eps": ("mistral", {"rms_norm_eps": 0.5}),
     "qwen2 rms_norm_eps": ("qwen2", {"rms_norm_eps": 0.5}),
+    # transformers' mask functions read is_causal for every decoder: false sees every key
+    "gpt2 is_causal false": ("gpt2", {"is_causal": False}),
+    "llama is_causal false": ("llama", {"is_causal": False}),
+    "qwen2 is_causal false": ("qwen2", {"is_causal": False}),
     "qwen2 window past every block": (
         "qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 3},
     ),
@@ -263,6 +267,7 @@ REFUSED = {
         "qwen2", {"use_sliding_window": False,
                   "layer_types": ["sliding_attention", "full_attention", "full_attention"]},
         "layer_types"),
+    "mistral is_causal false with a window": ("mistral", {"is_causal": False}, "is_causal"),
     "qwen2 layer_types length": (
         "qwen2", {"use_sliding_window": True, "layer_types": ["full_attention"]}, "layer_types"),
 }  # fmt: skip

@@ -1,6 +1,7 @@
 """One module per model family; this registry maps config.json's ``model_type`` to it.
 
-A family module names its ``MODEL_TYPES`` (model_type -> the name people use), a
+A family module (any module here but ``common.py``: adding one needs no edit here)
+names its ``MODEL_TYPES`` (model_type -> the name people use), a
 ``KIND`` for the supported list, and ``describe(source) -> ModelDescription``: its
 config.json keys, read and checked, as embeddings and blocks of sublayers, with the one
 table of its checkpoint's tensors (key, shape, where each goes) that both the header
@@ -10,6 +11,8 @@ checks and the loading use. Nothing outside the family modules knows a family.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,10 +21,14 @@ from attnctl.checkpoint import Fields, _brief, check_tensors, read_tensor_header
 from attnctl.config import read_json_object, validate
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.families import bert, gpt2, llama
 from attnctl.families.common import Source
 
-FAMILIES: tuple[ModuleType, ...] = (bert, gpt2, llama)
+# every module in this package but common.py is a family, in the order of their names
+FAMILIES: tuple[ModuleType, ...] = tuple(
+    importlib.import_module(f"{__name__}.{module.name}")
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name)
+    if module.name != "common"
+)
 MODEL_TYPES: dict[str, ModuleType] = {
     model_type: family for family in FAMILIES for model_type in family.MODEL_TYPES
 }

@@ -44,6 +44,20 @@ def check_activation(source: Source, key: str, activation: str) -> str:
     return activation
 
 
+def decoder_mask(source: Source, windows: tuple[int, ...] = ()) -> str:
+    """ "causal", or "none" where config.json says ``is_causal: false``: transformers' mask
+    functions read that key for every decoder family and then let each token see all."""
+    fields = source.fields
+    if fields.boolean("is_causal", default=True):
+        return "causal"
+    fields.refuse_if(
+        "is_causal",
+        any(windows),
+        "with a sliding window: attnctl runs sliding windows causally only",
+    )
+    return "none"
+
+
 def find_prefix(source: Source, embedding_key: str, vocab_size: int, hidden: int) -> str:
     """The prefix of every key ("bert.", "transformer.", "model." or ""), from where the
     token embedding is, once its shape is the config's."""

@@ -16,6 +16,7 @@ from attnctl.families.common import (
     attention_config,
     check_activation,
     check_block_count,
+    decoder_mask,
     description,
     find_prefix,
     stored_dtype,
@@ -64,6 +65,7 @@ def describe(source: Source) -> ModelDescription:
         fields.string("activation_function", default="gelu_new"),
     )
     upcast = fields.boolean("reorder_and_upcast_attn", default=False)
+    mask = decoder_mask(source)
     prefix = find_prefix(source, EMBEDDING_KEY, vocab, hidden)
     check_block_count(source, BLOCK_PATTERN, prefix, layers, layers_key)
 
@@ -75,7 +77,7 @@ def describe(source: Source) -> ModelDescription:
         kv_heads=heads,
         pos="none",  # learned positions are added to the embeddings, before block 0
         max_positions=max_positions,
-        mask="causal",
+        mask=mask,
         norm="pre",
         norm_type="layer",
         norm_eps=eps,

@@ -17,6 +17,7 @@ from attnctl.families.common import (
     attention_config,
     check_activation,
     check_block_count,
+    decoder_mask,
     description,
     find_prefix,
     stored_dtype,
@@ -74,6 +75,7 @@ def describe(source: Source) -> ModelDescription:
     prefix = find_prefix(source, EMBEDDING_KEY, vocab, hidden)
     check_block_count(source, BLOCK_PATTERN, prefix, layers, "num_hidden_layers")
     windows = _layer_windows(fields, model_type, layers)
+    mask = decoder_mask(source, windows)
 
     config = attention_config(
         source,
@@ -85,7 +87,7 @@ def describe(source: Source) -> ModelDescription:
         output_bias=output_bias,
         pos="rope",
         max_positions=max_positions,
-        mask="causal",
+        mask=mask,
         norm="pre",
         norm_type="rms",
         norm_eps=eps,
