@@ -10,6 +10,7 @@ allocates and frees inside itself are invisible there. On CUDA the allocator's o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ class Measurement:
     peak_activation_bytes: int
     stage_peak_bytes: tuple[int, ...]  # activation bytes alive at the busiest moment of each stage
     method: str  # how it was measured, for the report
+    kv_cache_bytes: int | None = None  # K and V every block kept, from a run of all of them
 
     @property
     def peak_bytes(self) -> int:
@@ -123,7 +125,21 @@ def measure_forward(plan: Plan) -> Measurement:
         )
 
     given = [t for t in (token_ids, context_ids, padding) if t is not None]
-    return _measure(run, weights.stored, given, weights.parameter_bytes, device)
+    measured = _measure(run, weights.stored, given, weights.parameter_bytes, device)
+    cache: list[torch.Tensor] = []  # then every block, keeping K and V as a decoder does
+    with torch.inference_mode():
+        forward(
+            description,
+            weights.named,
+            token_ids,
+            last=description.layers - 1,
+            recorded=None,
+            padding=padding,
+            context_ids=context_ids,
+            cache=cache,
+        )
+    kv_bytes = sum(t.untyped_storage().nbytes() for t in cache)
+    return dataclasses.replace(measured, kv_cache_bytes=kv_bytes)
 
 
 def _measure(

@@ -101,16 +101,53 @@ def estimate(plan: Plan, layers: int = 1) -> MemoryEstimate:
     )
 
 
-def kv_cache_bytes(plan: Plan, tokens: int | None = None, layers: int = 1) -> int:
-    """K and V for ``tokens`` positions (default: the plan's length), every KV head and layer.
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """The K/V cache of the blocks that share one kind of attention."""
 
-    2 · B · tokens · Hkv · d_k elements per layer in the layer's dtype: what a decoder keeps
-    so it does not recompute the keys and values of earlier tokens.
+    window: int  # their sliding window (0: full attention, every token kept)
+    layers: int
+    tokens: int  # the positions each keeps: min(N, window), or N
+    kv_heads: int  # Hkv
+    head_dim: int  # d_k
+    bytes: int  # of all of them together
+
+
+def kv_cache_groups(plan: Plan, tokens: int | None = None, layers: int = 1) -> list[KVCacheGroup]:
+    """K and V for ``tokens`` positions (default: the keys' length), by kind of block.
+
+    2 · B · n · Hkv · d_k elements per block in the dtype, where a block with a sliding
+    window of W keeps n = min(N, W) positions (nothing older is ever read again) and any
+    other keeps all N. Hkv and d_k are each block's own. A checkpoint's blocks are its
+    description's; the seeded layer counts ``layers`` copies of itself.
     """
     count = plan.seq_len if tokens is None else tokens
-    sizes = plan.sizes
-    per_layer = 2 * sizes["B"] * count * sizes["Hkv"] * sizes["d_k"]
-    return layers * per_layer * DTYPE_BYTES[plan.config.dtype]
+    element = DTYPE_BYTES[plan.config.dtype]
+    description = plan.description
+    if description is None or plan.model is None:
+        attentions = [plan.config] * layers
+        windows = [0] * layers
+    else:
+        attentions = [block.attention.config for block in description.blocks]
+        windows = [block.attention.window for block in description.blocks]
+    groups: dict[tuple[int, int, int], list[int]] = {}  # (window, Hkv, d_k) -> layers
+    for config, window in zip(attentions, windows, strict=True):
+        groups.setdefault((window, config.kv_heads, config.d_k), []).append(1)
+    batch = plan.sizes["B"]
+    result = []
+    for (window, kv_heads, head_dim), members in groups.items():
+        kept = min(count, window) if window else count
+        per_layer = 2 * batch * kept * kv_heads * head_dim * element
+        result.append(
+            KVCacheGroup(window, len(members), kept, kv_heads, head_dim, per_layer * len(members))
+        )
+    return result
+
+
+def kv_cache_bytes(plan: Plan, tokens: int | None = None, layers: int = 1) -> int:
+    """K and V for ``tokens`` positions, every KV head and block: what a decoder keeps so it
+    does not recompute the keys and values of earlier tokens (see :func:`kv_cache_groups`)."""
+    return sum(group.bytes for group in kv_cache_groups(plan, tokens, layers))
 
 
 def largest_fitting(peak_of: Callable[[int], int], budget: int, limit: int = 2**40) -> int:

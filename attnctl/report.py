@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnctl.memory import MemoryEstimate, longest_input, variant_table
+from attnctl.memory import KVCacheGroup, MemoryEstimate, longest_input, variant_table
 from attnctl.plan import Plan
 from attnctl.stats import HeadStats, head_stats
 from attnctl.trace import Trace
@@ -142,10 +142,13 @@ class LengthReport:
     estimate: MemoryEstimate
     kv_cache_tokens: int
     kv_cache_bytes: int
+    kv_cache: list[KVCacheGroup]  # by kind of block (full, each window)
     variants: dict[str, dict[str, MemoryEstimate]]  # dtype -> impl -> estimate
     bar_parts: list[int]  # parameters, B·H·L·L matrices, other activations, KV cache
     measured: Any = None  # a measure.Measurement when --measure ran (training step if --train)
     training: Any = None  # a training.TrainingEstimate when --train
+    # the K and V the measured run kept (--measure, when N is the run's own key length)
+    measured_kv_cache_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -169,19 +172,28 @@ def length_report(
     plan: Plan,
     estimate: MemoryEstimate,
     kv_cache_tokens: int,
-    kv_cache: int,
+    kv_cache: list[KVCacheGroup],
     measured: Any = None,
     training: Any = None,
 ) -> LengthReport:
+    kv_cache_bytes = sum(group.bytes for group in kv_cache)
+    measured_kv = None
+    key_len = plan.sizes.get("Lc", plan.seq_len)
+    measured_kv_run = getattr(measured, "kv_cache_bytes", None)
+    if measured_kv_run is not None and kv_cache_tokens == key_len:  # the run's own length
+        copies = 1 if plan.model is not None else kv_cache[0].layers  # a seeded stack
+        measured_kv = measured_kv_run * copies
     return LengthReport(
         plan=plan,
         estimate=estimate,
         kv_cache_tokens=kv_cache_tokens,
-        kv_cache_bytes=kv_cache,
+        kv_cache_bytes=kv_cache_bytes,
+        kv_cache=kv_cache,
         variants=variant_table(plan, estimate.layers),
-        bar_parts=bar_parts(estimate, kv_cache),
+        bar_parts=bar_parts(estimate, kv_cache_bytes),
         measured=measured,
         training=training,
+        measured_kv_cache_bytes=measured_kv,
     )
 
 

@@ -357,6 +357,15 @@ FULL_SIZE = {
             },
         },
     ),
+    "mistral-7b": (  # 7,241,732,096 parameters; every block slides over 4096 keys
+        "MistralForCausalLM",
+        {
+            "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 32000, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+            "sliding_window": 4096,
+        },
+    ),
     "qwen2.5-0.5b": (
         "Qwen2ForCausalLM",
         {

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from attnctl.config import DTYPE_BYTES, LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.families import read_model
-from attnctl.memory import MemoryEstimate, estimate, kv_cache_bytes
+from attnctl.memory import KVCacheGroup, MemoryEstimate, estimate, kv_cache_groups
 from attnctl.plan import Plan, build_plan
 from attnctl.tokenize import Batch
 from attnctl.training import TrainingEstimate, estimate_training
@@ -74,8 +74,8 @@ def training_estimate_of(plan: Plan, layers: int) -> TrainingEstimate:
     return estimate_training(plan, layers)
 
 
-def kv_cache_of(plan: Plan, tokens: int, layers: int) -> int:
-    return kv_cache_bytes(plan, tokens, layers)
+def kv_cache_of(plan: Plan, tokens: int, layers: int) -> list[KVCacheGroup]:
+    return kv_cache_groups(plan, tokens, layers)
 
 
 def device_of(spec: str) -> Any:

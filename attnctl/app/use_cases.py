@@ -186,8 +186,8 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
             what = "a training step" if train else "a forward pass"
             with hooks.progress(f"measuring {what} over {length} tokens"):
                 measured = measure_peak(plan, model, train)
-        kv_bytes = kv_cache_of(plan, tokens, kv_layers)
-        reports.append(length_report(plan, result, tokens, kv_bytes, measured, training))
+        kv_groups = kv_cache_of(plan, tokens, kv_layers)
+        reports.append(length_report(plan, result, tokens, kv_groups, measured, training))
     budget_bytes = _device_free_bytes(layer.device) if request.fit_device else None
     if request.budget is not None:
         budget_bytes = parse_size(request.budget)

@@ -44,6 +44,7 @@ def attention(
     keep_weights: bool = False,
     window: tuple[list[int], list[int]] | None = None,
     training: bool = False,
+    cache: list[torch.Tensor] | None = None,
 ) -> AttentionResult:
     """Run the sublayer on ``owned = [x]`` (B, L, D); it takes x out, so x is freed as soon
     as this sublayer is done with it.
@@ -56,6 +57,8 @@ def attention(
     ``keep_weights``: return the math path's (B, H, L, Lk) weights.
     ``window`` (heads, rows): also the softmax weights of those heads and query rows (on
     the SDPA path computed from the Q and K heads at hand).
+    ``cache``: K and V heads (B, Hkv, n, d_k) are appended as a decoder keeps them, the last
+    n = min(Lk, window) positions (all without a window), each its own copy.
     """
     config = sublayer.config
     x = owned.pop()
@@ -110,6 +113,11 @@ def attention(
         k = positions.rotate(k, cos, sin)  # (B, Hkv, L, d_k)
         del cos, sin
         record("k_rotated", k, kv_split)
+    if cache is not None:  # what a decoder keeps of this block, as it uses them
+        kept = sublayer.window or key_len
+        for kept_heads in (k, v):
+            tail = kept_heads[:, :, -kept:]  # (B, Hkv, min(Lk, W), d_k)
+            cache.append(tail.clone(memory_format=torch.contiguous_format))
     if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
         k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
         record("k_repeated", k, f"B H {key_len_dim} d_k")

@@ -53,6 +53,7 @@ def forward(
     window: tuple[list[int], list[int]] | None = None,
     keep_weights: bool = False,
     training: bool = False,
+    cache: list[torch.Tensor] | None = None,
 ) -> ModelOutput:
     """Run blocks 0..last on token ids (B, L), or on ``embeddings`` (B, L, D) given
     instead of the lookup (positions are still added).
@@ -61,6 +62,7 @@ def forward(
     recorded with it; None records nothing). ``shown``: the blocks whose attention weights
     for ``window`` (heads, rows) are returned. ``padding`` (B, Lk) bool, True = a real key.
     ``context_ids`` (B, Lc): the keys and values of cross-attention sublayers.
+    ``cache``: every block's K and V heads are appended, as a decoder's KV cache keeps them.
     """
     recording = record if recorded is not None else no_record
     if token_ids is not None:
@@ -106,6 +108,7 @@ def forward(
                     keep_weights=keep_weights,
                     window=window if n in shown else None,
                     training=training,
+                    cache=cache,
                 )
                 if result.window is not None:
                     windows[n] = result.window

@@ -152,6 +152,18 @@ def _length_json(report: LengthReport) -> dict[str, Any]:
         **memory_dict(estimate),
         "kv_cache_tokens": report.kv_cache_tokens,
         "kv_cache_bytes": report.kv_cache_bytes,
+        "kv_cache": [
+            {
+                "window": group.window or None,
+                "layers": group.layers,
+                "tokens": group.tokens,
+                "kv_heads": group.kv_heads,
+                "head_dim": group.head_dim,
+                "bytes": group.bytes,
+            }
+            for group in report.kv_cache
+        ],
+        "measured_kv_cache_bytes": report.measured_kv_cache_bytes,
         "by_dtype": {dtype: memory_dict(row[plan.config.impl]) for dtype, row in variants.items()},
         "by_impl": {impl: memory_dict(est) for impl, est in variants[plan.config.dtype].items()},
         "stages": stages,

@@ -108,7 +108,7 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
         stages.add_row(*row, "◀ peak" if stage.name == estimate.peak_stage else "")
 
     summary = size_grid()
-    b, h, length, d_k = sizes["B"], sizes["H"], sizes["L"], sizes["d_k"]
+    b, h, length = sizes["B"], sizes["H"], sizes["L"]
     keys, key_dim = (sizes["Lc"], "Lc") if "Lc" in sizes else (length, "L")
     summary.add_row(
         "one attention matrix",
@@ -125,15 +125,33 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
         format_bytes(estimate.peak_bytes),
         f"parameters + activations alive at once (at {estimate.peak_stage})",
     )
-    layers = plan.model.layers if plan.model is not None else estimate.layers
-    stack = f"·{layers} layers" if layers > 1 else ""
-    kv_heads, kv_name = sizes["Hkv"], "Hkv" if sizes["Hkv"] != h else "H"
-    summary.add_row(
-        "KV cache",
-        format_bytes(report.kv_cache_bytes),
-        f"K and V for N = {report.kv_cache_tokens} tokens: 2·B·N·{kv_name}·d_k·{element}{stack} = "
-        f"2·{b}·{report.kv_cache_tokens}·{kv_heads}·{d_k}·{element} bytes{stack}",
-    )
+    kv_name = "Hkv" if sizes["Hkv"] != h else "H"
+    n = report.kv_cache_tokens
+    if len(report.kv_cache) == 1 and not report.kv_cache[0].window:  # every block alike
+        group = report.kv_cache[0]
+        stack = f"·{group.layers} layers" if group.layers > 1 else ""
+        summary.add_row(
+            "KV cache",
+            format_bytes(report.kv_cache_bytes),
+            f"K and V for N = {n} tokens: 2·B·N·{kv_name}·d_k·{element}{stack} = "
+            f"2·{b}·{n}·{group.kv_heads}·{group.head_dim}·{element} bytes{stack}",
+        )
+    else:  # sliding blocks keep min(N, W) positions
+        summary.add_row(
+            "KV cache",
+            format_bytes(report.kv_cache_bytes),
+            f"K and V for N = {n} tokens, summed over the kinds of block below",
+        )
+        for group in report.kv_cache:
+            kind = f"window {group.window}" if group.window else "full attention"
+            kept = f"min(N, {group.window})" if group.window else "N"
+            summary.add_row(
+                f"  {kind}",
+                format_bytes(group.bytes),
+                f"{group.layers} layers · {kept} = {group.tokens} positions: "
+                f"2·{b}·{group.tokens}·{group.kv_heads}·{group.head_dim}·{element} "
+                f"bytes·{group.layers}",
+            )
     training = report.training
     if measured is not None and training is None:
         summary.add_row(
@@ -141,6 +159,13 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
             format_bytes(measured.peak_bytes),
             f"on {measured.device} by {measured.method}; estimate "
             f"{_percent(estimate.peak_bytes, measured.peak_bytes)} vs measured",
+        )
+    if report.measured_kv_cache_bytes is not None:
+        summary.add_row(
+            "measured KV cache",
+            format_bytes(report.measured_kv_cache_bytes),
+            f"the K and V heads every block kept in a real run; estimate "
+            f"{_percent(report.kv_cache_bytes, report.measured_kv_cache_bytes)} vs measured",
         )
 
     variants = titled_table("by dtype and implementation")
