@@ -131,6 +131,13 @@ def reference_bias(config: LayerConfig, seq_len: int, key_len: int) -> torch.Ten
     return bias
 
 
+def needs_sdpa_reference(config: LayerConfig) -> bool:
+    """What ``nn.MultiheadAttention`` cannot express: RoPE (it turns Q and K inside the
+    attention) and heads that are not D / H wide (its heads always split embed_dim; kdim
+    and vdim change only the key and value inputs, never the width of Q)."""
+    return config.pos == "rope" or config.q_width != config.d_model
+
+
 def mha_attention(
     layer: AttentionLayer, x: torch.Tensor, source: torch.Tensor
 ) -> ReferenceAttention:
@@ -201,7 +208,7 @@ def sdpa_reference_attention(
     attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, L, d_k)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, L, Lk)
     weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
-    concat = attended.transpose(1, 2).reshape(batch, seq_len, config.d_model)  # (B, L, D)
+    concat = attended.transpose(1, 2).reshape(batch, seq_len, heads * d_k)  # (B, L, H·d_k)
     output = F.linear(concat, layer.W_o.weight, layer.W_o.bias)  # (B, L, D)
     return ReferenceAttention(SDPA_REFERENCE, output, weights)
 
@@ -268,7 +275,7 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
         queries = reference_norm(math_layer, x) if config.norm == "pre" else x
         if config.norm == "pre" and not config.cross:
             source = queries
-        oracle = sdpa_reference_attention if config.pos == "rope" else mha_attention
+        oracle = sdpa_reference_attention if needs_sdpa_reference(config) else mha_attention
         reference = oracle(math_layer, queries, source)
         layer_output = reference_layer_output(math_layer, x, reference.output)
         name = reference.name
@@ -285,7 +292,11 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
 
 def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:
     """gradcheck in float64 on the CPU, small sizes: embeddings -> the layer's output."""
-    small = dataclasses.replace(config, d_model=config.heads * 2, impl="math", device="cpu")
+    # a head_dim stays independent of D: 2-wide heads, D two wider than their concat
+    head_dim, d_model = (2, config.heads * 2 + 2) if config.head_dim else (0, config.heads * 2)
+    small = dataclasses.replace(
+        config, d_model=d_model, head_dim=head_dim, impl="math", device="cpu"
+    )
     # (kv_heads still divides heads, so the grouped path is checked too; alibi and rope too)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(small, vocab_size).double()

@@ -255,6 +255,7 @@ LAYER_OPTIONS: dict[str, Any] = {
         "--kv-heads",
         help="Key/value heads for GQA (divides --heads; 1 = MQA). Default --heads.",
     ),
+    "head_dim": _option(int, "--head-dim", help="Width d_k of each head; 0 = D / H. Default 0."),
     "bias": _option(bool, "--bias/--no-bias", help="Bias in W_q, W_k, W_v, W_o. Default --bias."),
     "pos": _option(
         Pos,

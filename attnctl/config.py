@@ -39,7 +39,8 @@ class LayerConfig:
 
     tokenizer: str = "bundled"  # "bundled", "char", or a path to a tokenizer.json
     d_model: int = 512  # width of every token vector (D)
-    heads: int = 8  # attention heads (H); d_k = d_model // heads
+    heads: int = 8  # attention heads (H); d_k = d_model // heads unless head_dim says
+    head_dim: int = 0  # d_k, the width of each head; 0 = d_model // heads (Qwen3: 128 of 1024/16)
     kv_heads: int = 0  # key/value heads (Hkv) for grouped-query attention; 0 = heads
     bias: bool = True  # bias in W_q, W_k, W_v, W_o
     output_bias: bool = True  # with bias: W_o's too (Qwen2 has biases in W_q, W_k, W_v only)
@@ -68,7 +69,12 @@ class LayerConfig:
 
     @property
     def d_k(self) -> int:
-        return self.d_model // self.heads
+        return self.head_dim or self.d_model // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """H·d_k: what W_q projects D to and W_o maps back (D unless head_dim says else)."""
+        return self.heads * self.d_k
 
     @property
     def groups(self) -> int:
@@ -131,7 +137,17 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(
             f"d_model must be below 2^63 (torch's largest size), got {config.d_model}"
         )
-    if config.d_model % config.heads:
+    if config.head_dim < 0 or config.head_dim >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"head_dim must be 0 (= d_model/heads) or a positive integer below 2^63, "
+            f"got {config.head_dim}"
+        )
+    if config.head_dim and config.heads * config.head_dim >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"heads·head_dim must be below 2^63 (torch's largest size), got "
+            f"{config.heads}·{config.head_dim}"
+        )
+    if not config.head_dim and config.d_model % config.heads:
         raise AttnctlError(
             f"heads={config.heads} does not divide d_model={config.d_model}; "
             + _counts_that_work(config.d_model, "head counts")

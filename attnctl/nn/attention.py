@@ -74,9 +74,10 @@ def attention(
         h = norm(config, x, norm_weight, norm_bias)  # (B, L, D)
         record("norm", h, "B L D")
     q = F.linear(h, weights["W_q.weight"], weights.get("W_q.bias"))  # (B, L, H·d_k)
-    record("q", q, "B L D")
+    q_width = "D" if config.q_width == d_model else "D_q"  # D_q: head_dim is not D / H
+    record("q", q, f"B L {q_width}")
     kv_heads, grouped = config.kv_heads, config.kv_heads != heads
-    kv_width = "D_kv" if grouped else "D"
+    kv_width = "D_kv" if grouped else q_width
     kv_dims = f"B {key_len_dim} {kv_width}"
     kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
     if cross:  # keys and values from the context (an encoder's output, in a decoder)
@@ -171,9 +172,10 @@ def attention(
     record("weighted_values", attended, "B H L d_k")
 
     # 3. heads side by side again, then the output projection
-    concat = attended.transpose(1, 2).contiguous().view(batch, seq_len, d_model)  # (B, L, D)
+    concat = attended.transpose(1, 2).contiguous()  # (B, L, H, d_k)
+    concat = concat.view(batch, seq_len, heads * d_k)  # (B, L, H·d_k)
     del attended
-    record("concat", concat, "B L D")
+    record("concat", concat, f"B L {q_width}")
     attention_output = F.linear(concat, weights["W_o.weight"], weights.get("W_o.bias"))  # (B, L, D)
     del concat
     record("output_projection", attention_output, "B L D")

@@ -19,7 +19,9 @@ def plan_attention(
     cross = context is not None
     key_len = "Lc" if cross else "L"  # the keys' length: the context's, or the text's own
     grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
-    kv_width = f"B {key_len} {'D_kv' if grouped else 'D'}"
+    # H·d_k, the heads side by side: D, or D_q when head_dim is not D / H
+    q_width = "D_q" if "D_q" in sizes else "D"
+    kv_width = f"B {key_len} {'D_kv' if grouped else q_width}"
     kv_heads = f"B {'Hkv' if grouped else 'H'} {key_len} d_k"
     kv_split = "Hkv" if grouped else "H"
     norm_name = NORM_NAMES[config.norm_type]
@@ -30,7 +32,7 @@ def plan_attention(
     if config.norm == "pre":
         h = plan.add("norm", "B L D", (x,), what=f"{norm_name} over D, before attention (pre-norm)")
     source = context if cross else h  # what K and V are projected from
-    plan.add("q", "B L D", (h,), what="x · W_q" + bias)
+    plan.add("q", f"B L {q_width}", (h,), what="x · W_q" + bias)
     plan.add("k", kv_width, (source,), what="x · W_k" + bias)
     plan.add("v", kv_width, (source,), what="x · W_v" + bias)
     q = plan.add("q_heads", "B H L d_k", ("q",), view_of="q", what=f"view (B, L, H, d_k), {split}")
@@ -132,7 +134,7 @@ def plan_attention(
     no_copy = config.impl == "sdpa" or config.heads == 1 or sizes["L"] == 1
     concat = plan.add(
         "concat",
-        "B L D",
+        f"B L {q_width}",
         (attended,),
         view_of=attended if no_copy else None,
         what="transpose(1, 2).contiguous().view: heads side by side"

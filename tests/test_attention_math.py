@@ -1,0 +1,166 @@
+"""Issue 11's attention math as options of the built-in layer: head_dim, query scale,
+soft-capping, q/k norms, sliding windows. Each against a reference written here in
+float64, one head at a time, plus plan == trace == measured bytes and ``check``."""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+
+import pytest
+import torch
+
+import attnctl.nn.attention
+from attnctl.check import run_check
+from attnctl.config import build_config
+from attnctl.layer import AttentionLayer
+from attnctl.nn.positions import sinusoidal_positions
+from tests.test_variants import assert_plan_matches
+
+CPU = ("--device", "cpu")
+SDPA_REFERENCE = "SDPA reference"
+
+
+def reference_attention(layer: AttentionLayer, ids: torch.Tensor):
+    """Attention by its formula, in float64, one query head at a time: (output, weights).
+
+    Query head h reads K/V head h // (H / Hkv); the scores are q·k scaled by query_scale
+    (else 1/√d_k). Sinusoidal positions only (what these tests use).
+    """
+    config = layer.config
+    b, length = ids.shape
+    h, hkv, d_k = config.heads, config.kv_heads, config.d_k
+    x = layer.embedding(ids).double() + sinusoidal_positions(length, config.d_model).double()
+
+    def project(linear, width):  # (B, L, width) -> (B, L, heads, d_k)
+        out = x @ linear.weight.double().T
+        if linear.bias is not None:
+            out = out + linear.bias.double()
+        return out.view(b, length, width, d_k)
+
+    q, k, v = project(layer.W_q, h), project(layer.W_k, hkv), project(layer.W_v, hkv)
+    scale = getattr(config, "query_scale", 0.0) or 1 / math.sqrt(d_k)
+    weights = torch.empty(b, h, length, length, dtype=torch.float64)
+    heads_out = []
+    for head in range(h):
+        kv = head // (h // hkv)
+        scores = q[:, :, head] @ k[:, :, kv].transpose(1, 2) * scale  # (B, L, L)
+        for i in range(length):
+            for j in range(length):
+                if config.mask == "causal" and j > i:
+                    scores[:, i, j] = -math.inf
+        weights[:, head] = scores.softmax(-1)
+        heads_out.append(weights[:, head] @ v[:, :, kv])  # (B, L, d_k)
+    concat = torch.cat(heads_out, dim=-1)  # (B, L, H·d_k)
+    output = concat @ layer.W_o.weight.double().T
+    if layer.W_o.bias is not None:
+        output = output + layer.W_o.bias.double()
+    return output, weights
+
+
+def assert_matches_reference(config, length=7):
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids = torch.randint(0, 30, (2, length))
+    with torch.no_grad():
+        ours = layer(ids)
+        output, weights = reference_attention(layer, ids)
+    assert (ours.weights.double() - weights).abs().max() <= 1e-6
+    assert (ours.attention_output.double() - output).abs().max() <= 1e-5
+    return layer
+
+
+# ---------------------------------------------------------------- head_dim
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_head_dim_matches_the_formula(kv_heads, mask):
+    config = build_config(d_model=24, heads=4, head_dim=10, kv_heads=kv_heads, mask=mask)
+    layer = assert_matches_reference(config)
+    assert layer.W_q.weight.shape == (40, 24) and layer.W_o.weight.shape == (24, 40)
+    assert layer.W_k.weight.shape == layer.W_v.weight.shape == (kv_heads * 10, 24)
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope"])
+def test_head_dim_plan_equals_trace_and_measurement(impl, kv_heads, pos):
+    config = build_config(
+        d_model=48, heads=4, head_dim=16, kv_heads=kv_heads, impl=impl, pos=pos, device="cpu"
+    )
+    plan = assert_plan_matches(config)
+    assert plan.sizes["D_q"] == 64 and plan.sizes["d_k"] == 16
+    assert plan.stage("q").dims == ("B", "L", "D_q") and plan.stage("q").shape == (2, 9, 64)
+    assert plan.stage("concat").dims == ("B", "L", "D_q")
+    assert plan.stage("output_projection").shape == (2, 9, 48)
+    kv = plan.stage("k").dims[-1]
+    assert kv == ("D_q" if kv_heads == 4 else "D_kv")
+    shapes = {p.name: p.shape for p in plan.parameters}
+    assert shapes["W_q.weight"] == (64, 48) and shapes["W_o.weight"] == (48, 64)
+    assert shapes["W_o.bias"] == (48,) and shapes["W_k.weight"] == (kv_heads * 16, 48)
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20)
+    assert plan.parameter_count == sum(p.numel() for p in layer.parameters())
+
+
+def test_head_dim_equal_to_d_over_h_changes_nothing():
+    plain = build_config(d_model=32, heads=4, device="cpu")
+    explicit = build_config(d_model=32, heads=4, head_dim=8, device="cpu")
+    assert explicit.d_k == plain.d_k == 8
+    assert [s.to_dict() for s in assert_plan_matches(explicit).stages] == [
+        s.to_dict() for s in assert_plan_matches(plain).stages
+    ]
+
+
+def test_head_dim_in_the_cli(invoke):
+    args = ("--d-model", "32", "--heads", "4", "--head-dim", "12")
+    shapes = invoke("shapes", *args).stdout
+    assert "D_q=48" in shapes and "B L D_q" in shapes
+    vocab = json.loads(invoke("shapes", *args, "--json").stdout)["sizes"]["V"]
+    memory = json.loads(invoke("memory", *args, "--seq-len", "8", "--json").stdout)
+    # the embedding; W_q, W_k, W_v: (48, 32) + 48 each; W_o: (32, 48) + 32; the LayerNorm
+    assert memory["parameters"] == vocab * 32 + 3 * (48 * 32 + 48) + 32 * 48 + 32 + 2 * 32
+    check = json.loads(invoke("check", *args, *CPU, "--json").stdout)
+    assert check["ok"] and check["skipped"] == []
+    assert {c["b"] for c in check["comparisons"]} == {"sdpa", SDPA_REFERENCE}
+    run = json.loads(invoke("run", "Are you OK?", *args, *CPU, "--json").stdout)
+    stages = {s["name"]: s for s in run["stages"]}
+    assert stages["concat"]["shape"] == [1, 4, 48] and stages["q_heads"]["shape"] == [1, 4, 4, 12]
+
+
+def test_heads_need_not_divide_d_model_with_a_head_dim(invoke):
+    assert invoke("shapes", "--heads", "3").exit_code == 2
+    result = invoke("shapes", "--heads", "3", "--head-dim", "64")
+    assert result.exit_code == 0 and "D_q=192" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--head-dim", "-1"], "head_dim must be 0 (= d_model/heads) or a positive integer"),
+        (["--head-dim", str(2**63)], "head_dim must be 0 (= d_model/heads) or a positive integer"),
+        (["--head-dim", str(2**62), "--heads", "4"], "heads·head_dim must be below 2^63"),
+        (["--head-dim", "7", "--pos", "rope"], "d_k=7 must be even"),
+    ],
+)
+def test_head_dim_misuse_exits_2(invoke, args, message):
+    result = invoke("shapes", *args)
+    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+def test_head_dim_training_is_refused_by_name(invoke):
+    result = invoke("memory", "--train", "--head-dim", "32")
+    assert result.exit_code == 2 and "does not model --head-dim 32 yet" in result.stderr
+
+
+def test_a_layer_scaling_by_d_over_h_is_caught_with_a_head_dim(monkeypatch):
+    """√(D/H) where √d_k belongs: only the math path divides by it, the oracle sees it."""
+    config = build_config(d_model=16, heads=4, head_dim=8, device="cpu")
+    assert run_check(config, 2, 5, 30).ok
+    wrong = types.SimpleNamespace(sqrt=lambda n: math.sqrt(16 / 4))
+    monkeypatch.setattr(attnctl.nn.attention, "math", wrong)
+    result = run_check(config, 2, 5, 30)
+    failed = {(c.a, c.b) for c in result.comparisons if not c.ok}
+    assert ("math", SDPA_REFERENCE) in failed and ("sdpa", SDPA_REFERENCE) not in failed
