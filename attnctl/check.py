@@ -133,9 +133,10 @@ def reference_bias(config: LayerConfig, seq_len: int, key_len: int) -> torch.Ten
 
 def needs_sdpa_reference(config: LayerConfig) -> bool:
     """What ``nn.MultiheadAttention`` cannot express: RoPE (it turns Q and K inside the
-    attention) and heads that are not D / H wide (its heads always split embed_dim; kdim
-    and vdim change only the key and value inputs, never the width of Q)."""
-    return config.pos == "rope" or config.q_width != config.d_model
+    attention), heads that are not D / H wide (its heads always split embed_dim; kdim
+    and vdim change only the key and value inputs, never the width of Q), and a query
+    scale other than 1/√d_k (it has none to set)."""
+    return config.pos == "rope" or config.q_width != config.d_model or config.query_scale != 0
 
 
 def mha_attention(
@@ -205,8 +206,11 @@ def sdpa_reference_attention(
     bias = reference_bias(config, seq_len, key_len)
     if bias is not None:
         bias = bias.to(device=x.device, dtype=x.dtype)  # (H, L, Lk)
-    attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, L, d_k)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, L, Lk)
+    scale = config.query_scale or 1 / math.sqrt(d_k)
+    attended = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias, scale=scale
+    )  # (B, H, L, d_k)
+    scores = q @ k.transpose(-2, -1) * scale  # (B, H, L, Lk)
     weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
     concat = attended.transpose(1, 2).reshape(batch, seq_len, heads * d_k)  # (B, L, H·d_k)
     output = F.linear(concat, layer.W_o.weight, layer.W_o.bias)  # (B, L, D)

@@ -61,6 +61,8 @@ class LayerConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_positions: int = 8192
+    # what Q·Kᵀ is multiplied by; 0 = 1/√d_k (Gemma 2: query_pre_attn_scalar^-0.5)
+    query_scale: float = 0.0
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
     dropout: float = 0.0  # on the attention weights, in training only (math path)
     seed: int = 42  # torch.manual_seed before the weights are created
@@ -190,6 +192,8 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError("dropout is modelled on the math path only; use --impl math")
     if config.pos == "rope" and config.d_k % 2:
         raise AttnctlError(f"rope rotates pairs of dims: d_k={config.d_k} must be even")
+    if config.query_scale < 0:
+        raise AttnctlError(f"query_scale must be positive (0 = 1/√d_k), got {config.query_scale}")
     if not config.norm_eps > 0:
         raise AttnctlError(f"norm_eps must be positive, got {config.norm_eps}")
     if not config.rope_theta > 1:

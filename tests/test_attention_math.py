@@ -40,7 +40,7 @@ def reference_attention(layer: AttentionLayer, ids: torch.Tensor):
         return out.view(b, length, width, d_k)
 
     q, k, v = project(layer.W_q, h), project(layer.W_k, hkv), project(layer.W_v, hkv)
-    scale = getattr(config, "query_scale", 0.0) or 1 / math.sqrt(d_k)
+    scale = config.query_scale or 1 / math.sqrt(d_k)
     weights = torch.empty(b, h, length, length, dtype=torch.float64)
     heads_out = []
     for head in range(h):
@@ -164,3 +164,74 @@ def test_a_layer_scaling_by_d_over_h_is_caught_with_a_head_dim(monkeypatch):
     result = run_check(config, 2, 5, 30)
     failed = {(c.a, c.b) for c in result.comparisons if not c.ok}
     assert ("math", SDPA_REFERENCE) in failed and ("sdpa", SDPA_REFERENCE) not in failed
+
+
+# ---------------------------------------------------------------- query scale
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_query_scale_matches_the_formula(impl, kv_heads):
+    config = build_config(
+        d_model=32, heads=4, kv_heads=kv_heads, query_scale=0.0625, mask="causal", impl=impl
+    )
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids = torch.randint(0, 30, (2, 7))
+    with torch.no_grad():
+        ours = layer(ids, window=([0, 3], [0, 6]))
+        output, weights = reference_attention(layer, ids)
+    assert (ours.attention_output.double() - output).abs().max() <= 1e-5
+    assert (ours.window.double() - weights[:, [0, 3]][:, :, [0, 6]]).abs().max() <= 1e-6
+    if impl == "math":
+        assert (ours.weights.double() - weights).abs().max() <= 1e-6
+    # not what 1/√d_k gives: the option acts
+    plain = reference_attention(
+        AttentionLayer(build_config(d_model=32, heads=4, kv_heads=kv_heads, mask="causal"), 30),
+        ids,
+    )[1]
+    assert (plain - weights).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_query_scale_plan_equals_trace_and_measurement(impl):
+    config = build_config(d_model=32, heads=4, query_scale=0.25, impl=impl, device="cpu")
+    plan = assert_plan_matches(config)
+    if impl == "math":
+        assert plan.stage("scores").what.startswith("Q · Kᵀ · 0.25")
+    else:
+        assert "(scale 0.25)" in plan.stage("weighted_values").what
+
+
+def test_query_scale_in_check_and_its_break(monkeypatch, invoke):
+    data = json.loads(invoke("check", "--query-scale", "0.3", *CPU, "--json").stdout)
+    assert data["ok"] and {c["b"] for c in data["comparisons"]} == {"sdpa", SDPA_REFERENCE}
+    config = build_config(d_model=16, heads=4, query_scale=0.3, device="cpu")
+    monkeypatch.setattr(
+        attnctl.nn.attention, "scale_scores", lambda config, s: s.div_(math.sqrt(config.d_k))
+    )
+    result = run_check(config, 2, 5, 30)
+    failed = {(c.a, c.b) for c in result.comparisons if not c.ok}
+    assert failed == {("math", "sdpa"), ("math", SDPA_REFERENCE)}
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [("-0.5", "query_scale must be positive (0 = 1/√d_k), got -0.5"),
+     ("nan", "query_scale must be a finite number")],
+)  # fmt: skip
+def test_query_scale_misuse_exits_2(invoke, value, message):
+    result = invoke("shapes", "--query-scale", value)
+    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+def test_query_scale_training_is_measured():
+    from attnctl.measure import measure_training
+    from attnctl.plan import build_plan
+    from attnctl.training import estimate_training
+
+    for impl in ("math", "sdpa"):
+        config = build_config(d_model=40, heads=5, query_scale=0.1, impl=impl, device="cpu")
+        plan = build_plan(config, 24, 2, vocab_size=7)
+        measured = measure_training(config, plan).peak_bytes
+        assert measured == pytest.approx(estimate_training(plan).peak_bytes, rel=0.02)

@@ -34,6 +34,13 @@ def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch
     return F.rms_norm(x, (x.shape[-1],), weight, config.norm_eps)
 
 
+def scale_scores(config: LayerConfig, scores: torch.Tensor) -> torch.Tensor:
+    """Q·Kᵀ times query_scale, else divided by √d_k (in place)."""
+    if config.query_scale:
+        return scores.mul_(config.query_scale)
+    return scores.div_(math.sqrt(config.d_k))
+
+
 def attention(
     sublayer: Attention,
     weights: dict[str, torch.Tensor],
@@ -121,7 +128,7 @@ def attention(
     causal = config.mask == "causal"
     kept = shown = None
     if config.impl == "math":
-        scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, Lk)
+        scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L, Lk)
         del q, k
         if padding is not None:  # padded keys: -inf before the softmax
             scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
@@ -160,8 +167,15 @@ def attention(
         if config.pos == "alibi":  # the bias as a float mask, -inf where a key is blocked
             attn_mask = _alibi_attn_mask(heads, seq_len, causal, attn_mask, q, record)
             is_causal = False  # in the float mask already (SDPA takes one or the other)
+        # scale None: the kernel's own 1/√d_k
         attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, **gqa
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            scale=config.query_scale or None,
+            **gqa,
         )
         del attn_mask
         # attended: (B, H, L, d_k)
@@ -233,7 +247,7 @@ def window_weights(
     rows_t = torch.tensor(rows, device=device)
     q = q[:, heads_t][:, :, rows_t]  # (B, h, r, d_k)
     k = k[:, heads_t // config.groups]  # (B, h, Lk, d_k): the K head each query head reads
-    scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, Lk)
+    scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, h, r, Lk)
     del q, k
     keys = torch.arange(scores.shape[-1], device=device)
     if config.pos == "alibi":  # -m_h·|row - key|, for the heads and rows shown only

@@ -27,6 +27,7 @@ def plan_attention(
     norm_name = NORM_NAMES[config.norm_type]
     bias = " + b" if config.bias else ""
     split = "transpose(1, 2): no copy"
+    scale = f"· {config.query_scale:g}" if config.query_scale else "/ √d_k"
 
     h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
     if config.norm == "pre":
@@ -86,7 +87,7 @@ def plan_attention(
             (q, k),
             # the negated padding mask (B·L bools) is made after q and k are freed, so it
             # never raises this stage's peak
-            what="Q · Kᵀ / √d_k, one L×L per head"
+            what=f"Q · Kᵀ {scale}, one L×L per head"
             + ("; padded keys set to -inf" if padding else ""),
         )
         if config.pos == "alibi":
@@ -126,6 +127,7 @@ def plan_attention(
             (q, k, v),
             what="F.scaled_dot_product_attention"
             + (" (is_causal)" if config.mask == "causal" else "")
+            + (f" (scale {config.query_scale:g})" if config.query_scale else "")
             + ": weights never stored",
         )
     # transpose(1, 2).contiguous() copies only when the memory order really changes: not
