@@ -275,6 +275,12 @@ LAYER_OPTIONS: dict[str, Any] = {
         "--query-scale",
         help="Multiplies Q·Kᵀ (Gemma: 1/√s, s its pre-attention scalar); 0 = 1/√d_k. Default 0.",
     ),
+    "softcap": _option(
+        float,
+        "--softcap",
+        help="Soft-cap the scores: cap·tanh(s/cap) before masks (Gemma 2); math path "
+        "only; 0 = off. Default 0.",
+    ),
     "impl": _option(
         Impl,
         "--impl",

@@ -63,6 +63,9 @@ class LayerConfig:
     rope_original_max_positions: int = 8192
     # what Q·Kᵀ is multiplied by; 0 = 1/√d_k (Gemma 2: query_pre_attn_scalar^-0.5)
     query_scale: float = 0.0
+    # soft-capping: scores = softcap·tanh(scores/softcap) before masks and biases; 0 = off
+    # (Gemma 2's attn_logit_softcapping). Not additive: SDPA cannot, the math path does
+    softcap: float = 0.0
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
     dropout: float = 0.0  # on the attention weights, in training only (math path)
     seed: int = 42  # torch.manual_seed before the weights are created
@@ -109,7 +112,8 @@ def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerC
     if config.impl != "auto":
         return config
     # dropout is modelled on math only; alibi's bias would make SDPA build the weights anyway
-    math = shows_every_weight or config.dropout > 0 or config.pos == "alibi"
+    # soft-capping is the math path's alone
+    math = shows_every_weight or config.dropout > 0 or config.pos == "alibi" or config.softcap > 0
     return dataclasses.replace(config, impl="math" if math else "sdpa")
 
 
@@ -187,6 +191,13 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(
             "alibi adds a (H, L, L) bias that CPU SDPA handles by building the weights "
             "out of sight; use --impl math (auto picks it)"
+        )
+    if config.softcap < 0:
+        raise AttnctlError(f"softcap must be positive (0 = off), got {config.softcap}")
+    if config.softcap and config.impl == "sdpa":
+        raise AttnctlError(
+            "softcap (cap·tanh(scores/cap)) is no additive mask: "
+            "F.scaled_dot_product_attention cannot apply it; use --impl math (auto picks it)"
         )
     if config.dropout and config.impl == "sdpa":
         raise AttnctlError("dropout is modelled on the math path only; use --impl math")

@@ -65,6 +65,7 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         raise AttnctlError("memory --train does not model cross-attention yet (inference does)")
     for option, value, modelled in (
         ("--kv-heads", config.kv_heads, config.heads),
+        ("--softcap", config.softcap, 0.0),
         (
             "--head-dim",
             config.head_dim,

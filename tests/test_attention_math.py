@@ -22,11 +22,12 @@ CPU = ("--device", "cpu")
 SDPA_REFERENCE = "SDPA reference"
 
 
-def reference_attention(layer: AttentionLayer, ids: torch.Tensor):
+def reference_attention(layer: AttentionLayer, ids: torch.Tensor, padding=None):
     """Attention by its formula, in float64, one query head at a time: (output, weights).
 
     Query head h reads K/V head h // (H / Hkv); the scores are q·k scaled by query_scale
-    (else 1/√d_k). Sinusoidal positions only (what these tests use).
+    (else 1/√d_k), soft-capped (cap·tanh(s/cap)), then masked: causal, and ``padding``
+    (B, L), True = a real key. Sinusoidal positions only (what these tests use).
     """
     config = layer.config
     b, length = ids.shape
@@ -46,10 +47,14 @@ def reference_attention(layer: AttentionLayer, ids: torch.Tensor):
     for head in range(h):
         kv = head // (h // hkv)
         scores = q[:, :, head] @ k[:, :, kv].transpose(1, 2) * scale  # (B, L, L)
+        if config.softcap:
+            scores = config.softcap * torch.tanh(scores / config.softcap)
         for i in range(length):
             for j in range(length):
                 if config.mask == "causal" and j > i:
                     scores[:, i, j] = -math.inf
+                if padding is not None:
+                    scores[~padding[:, j], i, j] = -math.inf
         weights[:, head] = scores.softmax(-1)
         heads_out.append(weights[:, head] @ v[:, :, kv])  # (B, L, d_k)
     concat = torch.cat(heads_out, dim=-1)  # (B, L, H·d_k)
@@ -235,3 +240,84 @@ def test_query_scale_training_is_measured():
         plan = build_plan(config, 24, 2, vocab_size=7)
         measured = measure_training(config, plan).peak_bytes
         assert measured == pytest.approx(estimate_training(plan).peak_bytes, rel=0.02)
+
+
+# ---------------------------------------------------------------- soft-capping
+
+
+@pytest.mark.parametrize("mask", ["none", "causal"])
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_softcap_matches_the_formula(mask, kv_heads):
+    config = build_config(d_model=32, heads=4, kv_heads=kv_heads, softcap=0.5, mask=mask)
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 30).eval()
+    ids = torch.randint(0, 30, (2, 7))
+    padding = None if mask == "causal" else torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    with torch.no_grad():
+        ours = layer(ids, padding=padding)
+        output, weights = reference_attention(layer, ids, padding)
+    assert (ours.weights.double() - weights).abs().max() <= 1e-6
+    assert (ours.attention_output.double() - output).abs().max() <= 1e-5
+    if padding is not None:  # capped before the padding: padded keys keep weight 0
+        assert ours.weights[1, :, :, 4:].abs().max() == 0
+    # a cap of 0.5 flattens these scores: the weights are not the uncapped ones
+    plain = AttentionLayer(build_config(**{**config.to_dict(), "softcap": 0.0}), 30).eval()
+    plain.load_state_dict(layer.state_dict())
+    with torch.no_grad():
+        assert (plain(ids, padding=padding).weights - ours.weights).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("padded,mask", [(False, "none"), (True, "none"), (False, "causal")])
+def test_softcap_plan_equals_trace_and_measurement(padded, mask):
+    config = build_config(d_model=32, heads=4, softcap=20.0, mask=mask, device="cpu")
+    inputs = {}
+    if padded:
+        inputs["padding"] = torch.ones(2, 9, dtype=torch.bool)
+    plan = assert_plan_matches(config, padded=padded, **inputs)
+    names = [s.name for s in plan.stages]
+    assert names.index("softcap") == names.index("scores") + 1
+    assert plan.stage("softcap").view_of == "scores"
+    assert plan.stage("softcap").what.startswith("20·tanh(scores/20)")
+
+
+def test_softcap_picks_the_math_path_and_refuses_sdpa(invoke):
+    from attnctl.config import resolve_impl
+
+    config = build_config(softcap=30.0)
+    assert resolve_impl(config, shows_every_weight=False).impl == "math"
+    result = invoke("shapes", "--softcap", "30", "--impl", "sdpa")
+    assert result.exit_code == 2 and "F.scaled_dot_product_attention cannot apply it" in (
+        result.stderr
+    )
+    long = json.loads(invoke("run", "Are you OK? " * 30, "--softcap", "30", *CPU, "--json").stdout)
+    assert long["impl"] == "math"
+    assert "softcap" in [s["name"] for s in long["stages"]]
+
+
+def test_softcap_in_check_and_its_break(monkeypatch, invoke):
+    result = invoke("check", "--softcap", "2", "--mask", "causal", *CPU)
+    assert result.exit_code == 0 and "all agree" in result.stdout
+    assert "not compared: sdpa: F.scaled_dot_product_attention cannot soft-cap" in result.stdout
+    data = json.loads(invoke("check", "--softcap", "2", *CPU, "--json").stdout)
+    assert {(c["a"], c["b"], c["what"]) for c in data["comparisons"]} == {
+        ("math", SDPA_REFERENCE, "output"),
+        ("math", SDPA_REFERENCE, "weights"),
+        ("math", SDPA_REFERENCE, "layer output"),
+    }
+    assert len(data["skipped"]) == 1
+    config = build_config(d_model=16, heads=4, softcap=0.5, device="cpu")
+    monkeypatch.setattr(attnctl.nn.attention, "soft_cap", lambda scores, cap: scores)
+    result = run_check(config, 2, 5, 30)
+    assert not result.ok
+    assert {c.what for c in result.comparisons if not c.ok} >= {"output", "weights"}
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["shapes", "--softcap", "-1"], "softcap must be positive (0 = off), got -1.0"),
+     (["shapes", "--softcap", "inf"], "softcap must be a finite number"),
+     (["memory", "--softcap", "50", "--train"], "does not model --softcap 50.0 yet")],
+)  # fmt: skip
+def test_softcap_misuse_exits_2(invoke, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from attnctl.config import LayerConfig
 from attnctl.describe import Attention
+from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record, positions
 
 
@@ -39,6 +40,17 @@ def scale_scores(config: LayerConfig, scores: torch.Tensor) -> torch.Tensor:
     if config.query_scale:
         return scores.mul_(config.query_scale)
     return scores.div_(math.sqrt(config.d_k))
+
+
+def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap·tanh(scores/cap): every score within (-cap, cap) (Gemma 2).
+
+    In place, as the plan says, unless autograd records it (gradcheck, a training step):
+    tanh's backward needs its output, which an in-place multiply would overwrite.
+    """
+    if scores.requires_grad and torch.is_grad_enabled():
+        return torch.tanh(scores / cap) * cap
+    return scores.div_(cap).tanh_().mul_(cap)
 
 
 def attention(
@@ -130,9 +142,16 @@ def attention(
     if config.impl == "math":
         scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L, Lk)
         del q, k
-        if padding is not None:  # padded keys: -inf before the softmax
-            scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
-        record("scores", scores, f"B H L {key_len_dim}")
+        if config.softcap:  # Gemma 2: cap·tanh(scores/cap), before any mask or bias
+            record("scores", scores, f"B H L {key_len_dim}")
+            scores = soft_cap(scores, config.softcap)  # in place
+            if padding is not None:  # padded keys: -inf before the softmax
+                scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+            record("softcap", scores, f"B H L {key_len_dim}")
+        else:
+            if padding is not None:  # padded keys: -inf before the softmax
+                scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+            record("scores", scores, f"B H L {key_len_dim}")
         if config.pos == "alibi":  # distance penalties, one slope per head
             bias = positions.alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
             scores += bias  # (B, H, L, L), in place
@@ -160,6 +179,8 @@ def attention(
             kept = probabilities
         del probabilities
     else:
+        if config.softcap:  # validate refuses it: never computed without the cap
+            raise AttnctlError("softcap needs the math path: SDPA cannot soft-cap the scores")
         gqa = {"enable_gqa": True} if grouped else {}  # the kernel groups K/V natively
         # bool attn_mask: True = may attend; a float one is added to the scores
         attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
@@ -249,6 +270,8 @@ def window_weights(
     k = k[:, heads_t // config.groups]  # (B, h, Lk, d_k): the K head each query head reads
     scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, h, r, Lk)
     del q, k
+    if config.softcap:
+        scores = soft_cap(scores, config.softcap)
     keys = torch.arange(scores.shape[-1], device=device)
     if config.pos == "alibi":  # -m_h·|row - key|, for the heads and rows shown only
         distance = (keys.unsqueeze(0) - rows_t.unsqueeze(1)).abs().float()  # (r, L)

@@ -88,8 +88,20 @@ def plan_attention(
             # the negated padding mask (B·L bools) is made after q and k are freed, so it
             # never raises this stage's peak
             what=f"Q · Kᵀ {scale}, one L×L per head"
-            + ("; padded keys set to -inf" if padding else ""),
+            + ("; padded keys set to -inf" if padding and not config.softcap else ""),
         )
+        if config.softcap:
+            cap = f"{config.softcap:g}"
+            scores = plan.add(
+                "softcap",
+                f"B H L {key_len}",
+                (scores,),
+                view_of=scores,
+                what=f"{cap}·tanh(scores/{cap}) in place, before masks"
+                + ("; padded keys set to -inf" if padding else ""),
+                # the negated padding mask, made while the scores alone are alive
+                scratch=plan.nbytes(f"B {key_len}", "bool") if padding else 0,
+            )
         if config.pos == "alibi":
             heads, length = config.heads, sizes["L"]
             # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
