@@ -53,6 +53,7 @@ LAYER_OPTIONS: dict[str, Any] = {
         "--kv-heads",
         help="Key/value heads for GQA (divides --heads; 1 = MQA). Default --heads.",
     ),
+    "head_dim": _option(int, "--head-dim", help="Width d_k of each head; 0 = D / H. Default 0."),
     "bias": _option(bool, "--bias/--no-bias", help="Bias in W_q, W_k, W_v, W_o. Default --bias."),
     "pos": _option(
         Pos,
@@ -67,6 +68,17 @@ LAYER_OPTIONS: dict[str, Any] = {
         help="post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x). Default post.",
     ),
     "norm_type": _option(NormType, "--norm-type", help="LayerNorm or RMSNorm. Default layer."),
+    "query_scale": _option(
+        float,
+        "--query-scale",
+        help="Multiplies Q·Kᵀ (Gemma: 1/√s, s its pre-attention scalar); 0 = 1/√d_k. Default 0.",
+    ),
+    "softcap": _option(
+        float,
+        "--softcap",
+        help="Soft-cap the scores: cap·tanh(s/cap) before masks (Gemma 2); math path "
+        "only; 0 = off. Default 0.",
+    ),
     "impl": _option(
         Impl,
         "--impl",
@@ -76,7 +88,7 @@ LAYER_OPTIONS: dict[str, Any] = {
     "dropout": _option(
         float, "--dropout", help="Dropout on the attention weights (memory --train). Default 0."
     ),
-    "seed": _option(int, "--seed", help="torch.manual_seed for the weights. Default 42."),
+    "seed": _option(int, "--seed", help="Seed of the weights (torch's manual_seed). Default 42."),
     "device": _option(str, "--device", help="auto, cpu, cuda, cuda:N or mps. Default auto."),
     "dtype": _option(DType, "--dtype", help="Parameter and activation dtype. Default float32."),
 }

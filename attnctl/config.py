@@ -39,7 +39,8 @@ class LayerConfig:
 
     tokenizer: str = "bundled"  # "bundled", "char", or a path to a tokenizer.json
     d_model: int = 512  # width of every token vector (D)
-    heads: int = 8  # attention heads (H); d_k = d_model // heads
+    heads: int = 8  # attention heads (H); d_k = d_model // heads unless head_dim says
+    head_dim: int = 0  # d_k, the width of each head; 0 = d_model // heads (Qwen3: 128 of 1024/16)
     kv_heads: int = 0  # key/value heads (Hkv) for grouped-query attention; 0 = heads
     bias: bool = True  # bias in W_q, W_k, W_v, W_o
     output_bias: bool = True  # with bias: W_o's too (Qwen2 has biases in W_q, W_k, W_v only)
@@ -60,6 +61,11 @@ class LayerConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_positions: int = 8192
+    # what Q·Kᵀ is multiplied by; 0 = 1/√d_k (Gemma 2: query_pre_attn_scalar^-0.5)
+    query_scale: float = 0.0
+    # soft-capping: scores = softcap·tanh(scores/softcap) before masks and biases; 0 = off
+    # (Gemma 2's attn_logit_softcapping). Not additive: SDPA cannot, the math path does
+    softcap: float = 0.0
     impl: str = "auto"  # "math" builds (B, H, L, L) weights; "sdpa" the fused kernel; see below
     dropout: float = 0.0  # on the attention weights, in training only (math path)
     seed: int = 42  # torch.manual_seed before the weights are created
@@ -68,7 +74,12 @@ class LayerConfig:
 
     @property
     def d_k(self) -> int:
-        return self.d_model // self.heads
+        return self.head_dim or self.d_model // self.heads
+
+    @property
+    def q_width(self) -> int:
+        """H·d_k: what W_q projects D to and W_o maps back (D unless head_dim says else)."""
+        return self.heads * self.d_k
 
     @property
     def groups(self) -> int:
@@ -101,7 +112,8 @@ def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerC
     if config.impl != "auto":
         return config
     # dropout is modelled on math only; alibi's bias would make SDPA build the weights anyway
-    math = shows_every_weight or config.dropout > 0 or config.pos == "alibi"
+    # soft-capping is the math path's alone
+    math = shows_every_weight or config.dropout > 0 or config.pos == "alibi" or config.softcap > 0
     return dataclasses.replace(config, impl="math" if math else "sdpa")
 
 
@@ -131,7 +143,17 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(
             f"d_model must be below 2^63 (torch's largest size), got {config.d_model}"
         )
-    if config.d_model % config.heads:
+    if config.head_dim < 0 or config.head_dim >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"head_dim must be 0 (= d_model/heads) or a positive integer below 2^63, "
+            f"got {config.head_dim}"
+        )
+    if config.head_dim and config.heads * config.head_dim >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"heads·head_dim must be below 2^63 (torch's largest size), got "
+            f"{config.heads}·{config.head_dim}"
+        )
+    if not config.head_dim and config.d_model % config.heads:
         raise AttnctlError(
             f"heads={config.heads} does not divide d_model={config.d_model}; "
             + _counts_that_work(config.d_model, "head counts")
@@ -170,10 +192,19 @@ def validate(config: LayerConfig) -> LayerConfig:
             "alibi adds a (H, L, L) bias that CPU SDPA handles by building the weights "
             "out of sight; use --impl math (auto picks it)"
         )
+    if config.softcap < 0:
+        raise AttnctlError(f"softcap must be positive (0 = off), got {config.softcap}")
+    if config.softcap and config.impl == "sdpa":
+        raise AttnctlError(
+            "softcap (cap·tanh(scores/cap)) is no additive mask: "
+            "F.scaled_dot_product_attention cannot apply it; use --impl math (auto picks it)"
+        )
     if config.dropout and config.impl == "sdpa":
         raise AttnctlError("dropout is modelled on the math path only; use --impl math")
     if config.pos == "rope" and config.d_k % 2:
         raise AttnctlError(f"rope rotates pairs of dims: d_k={config.d_k} must be even")
+    if config.query_scale < 0:
+        raise AttnctlError(f"query_scale must be positive (0 = 1/√d_k), got {config.query_scale}")
     if not config.norm_eps > 0:
         raise AttnctlError(f"norm_eps must be positive, got {config.norm_eps}")
     if not config.rope_theta > 1:

@@ -102,11 +102,12 @@ class AttentionLayer(nn.Module):
         self.description = seeded_model(config, vocab_size)
         d_model = config.d_model
         self.embedding = nn.Embedding(vocab_size, d_model)
-        self.W_q = nn.Linear(d_model, d_model, bias=config.bias)
+        q_width = config.q_width  # H·d_k: d_model unless head_dim says otherwise
+        self.W_q = nn.Linear(d_model, q_width, bias=config.bias)
         kv_width = config.kv_heads * config.d_k  # narrower than d_model under GQA
         self.W_k = nn.Linear(d_model, kv_width, bias=config.bias)
         self.W_v = nn.Linear(d_model, kv_width, bias=config.bias)
-        self.W_o = nn.Linear(d_model, d_model, bias=config.bias and config.output_bias)
+        self.W_o = nn.Linear(q_width, d_model, bias=config.bias and config.output_bias)
         if config.pos == "learned":  # created after W_o so earlier weights keep their values
             self.positions = nn.Embedding(config.max_positions, d_model)
         self.norm = None

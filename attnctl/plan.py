@@ -57,10 +57,16 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
     d = config.d_model
     kv = config.kv_heads * config.d_k  # narrower K and V projections under GQA
     params = [Parameter("embedding.weight", (vocab_size, d))]
-    for proj, width in (("W_q", d), ("W_k", kv), ("W_v", kv), ("W_o", d)):
-        params.append(Parameter(f"{proj}.weight", (width, d)))
+    q_width = config.q_width  # H·d_k: what W_q projects to and W_o maps back to D
+    for proj, shape in (
+        ("W_q", (q_width, d)),
+        ("W_k", (kv, d)),
+        ("W_v", (kv, d)),
+        ("W_o", (d, q_width)),
+    ):
+        params.append(Parameter(f"{proj}.weight", shape))
         if config.bias and (proj != "W_o" or config.output_bias):
-            params.append(Parameter(f"{proj}.bias", (width,)))
+            params.append(Parameter(f"{proj}.bias", shape[:1]))
     if config.pos == "learned":
         params.append(Parameter("positions.weight", (config.max_positions, d)))
     if config.norm != "none":
@@ -123,6 +129,8 @@ def build_plan(
         "B": batch,
         "L": seq_len,
         "D": config.d_model,
+        # head_dim: the heads side by side are H·d_k wide, not D
+        **({"D_q": config.q_width} if config.q_width != config.d_model else {}),
         "H": config.heads,
         "Hkv": config.kv_heads,
         "D_kv": config.kv_heads * config.d_k,

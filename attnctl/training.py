@@ -65,6 +65,12 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         raise AttnctlError("memory --train does not model cross-attention yet (inference does)")
     for option, value, modelled in (
         ("--kv-heads", config.kv_heads, config.heads),
+        ("--softcap", config.softcap, 0.0),
+        (
+            "--head-dim",
+            config.head_dim,
+            None if config.q_width != config.d_model else config.head_dim,
+        ),
         ("--norm", config.norm, None if config.norm == "pre" else config.norm),
         ("--norm-type", config.norm_type, "layer"),
         ("--pos", config.pos, config.pos if config.pos in ("sinusoidal", "none") else None),

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from attnctl.config import LayerConfig
 from attnctl.describe import Attention
+from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record, positions
 
 
@@ -32,6 +33,24 @@ def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch
     if config.norm_type == "layer":
         return F.layer_norm(x, (x.shape[-1],), weight, bias, config.norm_eps)
     return F.rms_norm(x, (x.shape[-1],), weight, config.norm_eps)
+
+
+def scale_scores(config: LayerConfig, scores: torch.Tensor) -> torch.Tensor:
+    """Q·Kᵀ times query_scale, else divided by √d_k (in place)."""
+    if config.query_scale:
+        return scores.mul_(config.query_scale)
+    return scores.div_(math.sqrt(config.d_k))
+
+
+def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap·tanh(scores/cap): every score within (-cap, cap) (Gemma 2).
+
+    In place, as the plan says, unless autograd records it (gradcheck, a training step):
+    tanh's backward needs its output, which an in-place multiply would overwrite.
+    """
+    if scores.requires_grad and torch.is_grad_enabled():
+        return torch.tanh(scores / cap) * cap
+    return scores.div_(cap).tanh_().mul_(cap)
 
 
 def attention(
@@ -77,9 +96,10 @@ def attention(
         h = norm(config, x, norm_weight, norm_bias)  # (B, L, D)
         record("norm", h, "B L D")
     q = F.linear(h, weights["W_q.weight"], weights.get("W_q.bias"))  # (B, L, H·d_k)
-    record("q", q, "B L D")
+    q_width = "D" if config.q_width == d_model else "D_q"  # D_q: head_dim is not D / H
+    record("q", q, f"B L {q_width}")
     kv_heads, grouped = config.kv_heads, config.kv_heads != heads
-    kv_width = "D_kv" if grouped else "D"
+    kv_width = "D_kv" if grouped else q_width
     kv_dims = f"B {key_len_dim} {kv_width}"
     kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
     if cross:  # keys and values from the context (an encoder's output, in a decoder)
@@ -128,11 +148,18 @@ def attention(
     causal = config.mask == "causal"
     kept = shown = None
     if config.impl == "math":
-        scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(d_k))  # (B, H, L, Lk)
+        scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L, Lk)
         del q, k
-        if padding is not None:  # padded keys: -inf before the softmax
-            scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
-        record("scores", scores, f"B H L {key_len_dim}")
+        if config.softcap:  # Gemma 2: cap·tanh(scores/cap), before any mask or bias
+            record("scores", scores, f"B H L {key_len_dim}")
+            scores = soft_cap(scores, config.softcap)  # in place
+            if padding is not None:  # padded keys: -inf before the softmax
+                scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+            record("softcap", scores, f"B H L {key_len_dim}")
+        else:
+            if padding is not None:  # padded keys: -inf before the softmax
+                scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+            record("scores", scores, f"B H L {key_len_dim}")
         if config.pos == "alibi":  # distance penalties, one slope per head
             bias = positions.alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
             scores += bias  # (B, H, L, L), in place
@@ -160,6 +187,8 @@ def attention(
             kept = probabilities
         del probabilities
     else:
+        if config.softcap:  # validate refuses it: never computed without the cap
+            raise AttnctlError("softcap needs the math path: SDPA cannot soft-cap the scores")
         gqa = {"enable_gqa": True} if grouped else {}  # the kernel groups K/V natively
         # bool attn_mask: True = may attend; a float one is added to the scores
         attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
@@ -167,8 +196,15 @@ def attention(
         if config.pos == "alibi":  # the bias as a float mask, -inf where a key is blocked
             attn_mask = _alibi_attn_mask(heads, seq_len, causal, attn_mask, q, record)
             is_causal = False  # in the float mask already (SDPA takes one or the other)
+        # scale None: the kernel's own 1/√d_k
         attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, **gqa
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=is_causal,
+            scale=config.query_scale or None,
+            **gqa,
         )
         del attn_mask
         # attended: (B, H, L, d_k)
@@ -179,9 +215,10 @@ def attention(
     record("weighted_values", attended, "B H L d_k")
 
     # 3. heads side by side again, then the output projection
-    concat = attended.transpose(1, 2).contiguous().view(batch, seq_len, d_model)  # (B, L, D)
+    concat = attended.transpose(1, 2).contiguous()  # (B, L, H, d_k)
+    concat = concat.view(batch, seq_len, heads * d_k)  # (B, L, H·d_k)
     del attended
-    record("concat", concat, "B L D")
+    record("concat", concat, f"B L {q_width}")
     attention_output = F.linear(concat, weights["W_o.weight"], weights.get("W_o.bias"))  # (B, L, D)
     del concat
     record("output_projection", attention_output, "B L D")
@@ -239,8 +276,10 @@ def window_weights(
     rows_t = torch.tensor(rows, device=device)
     q = q[:, heads_t][:, :, rows_t]  # (B, h, r, d_k)
     k = k[:, heads_t // config.groups]  # (B, h, Lk, d_k): the K head each query head reads
-    scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(config.d_k))  # (B, h, r, Lk)
+    scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, h, r, Lk)
     del q, k
+    if config.softcap:
+        scores = soft_cap(scores, config.softcap)
     keys = torch.arange(scores.shape[-1], device=device)
     if config.pos == "alibi":  # -m_h·|row - key|, for the heads and rows shown only
         distance = (keys.unsqueeze(0) - rows_t.unsqueeze(1)).abs().float()  # (r, L)

@@ -19,18 +19,21 @@ def plan_attention(
     cross = context is not None
     key_len = "Lc" if cross else "L"  # the keys' length: the context's, or the text's own
     grouped = config.kv_heads != config.heads  # grouped-query (GQA) or multi-query attention
-    kv_width = f"B {key_len} {'D_kv' if grouped else 'D'}"
+    # H·d_k, the heads side by side: D, or D_q when head_dim is not D / H
+    q_width = "D_q" if "D_q" in sizes else "D"
+    kv_width = f"B {key_len} {'D_kv' if grouped else q_width}"
     kv_heads = f"B {'Hkv' if grouped else 'H'} {key_len} d_k"
     kv_split = "Hkv" if grouped else "H"
     norm_name = NORM_NAMES[config.norm_type]
     bias = " + b" if config.bias else ""
     split = "transpose(1, 2): no copy"
+    scale = f"· {config.query_scale:g}" if config.query_scale else "/ √d_k"
 
     h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
     if config.norm == "pre":
         h = plan.add("norm", "B L D", (x,), what=f"{norm_name} over D, before attention (pre-norm)")
     source = context if cross else h  # what K and V are projected from
-    plan.add("q", "B L D", (h,), what="x · W_q" + bias)
+    plan.add("q", f"B L {q_width}", (h,), what="x · W_q" + bias)
     plan.add("k", kv_width, (source,), what="x · W_k" + bias)
     plan.add("v", kv_width, (source,), what="x · W_v" + bias)
     q = plan.add("q_heads", "B H L d_k", ("q",), view_of="q", what=f"view (B, L, H, d_k), {split}")
@@ -84,9 +87,21 @@ def plan_attention(
             (q, k),
             # the negated padding mask (B·L bools) is made after q and k are freed, so it
             # never raises this stage's peak
-            what="Q · Kᵀ / √d_k, one L×L per head"
-            + ("; padded keys set to -inf" if padding else ""),
+            what=f"Q · Kᵀ {scale}, one L×L per head"
+            + ("; padded keys set to -inf" if padding and not config.softcap else ""),
         )
+        if config.softcap:
+            cap = f"{config.softcap:g}"
+            scores = plan.add(
+                "softcap",
+                f"B H L {key_len}",
+                (scores,),
+                view_of=scores,
+                what=f"{cap}·tanh(scores/{cap}) in place, before masks"
+                + ("; padded keys set to -inf" if padding else ""),
+                # the negated padding mask, made while the scores alone are alive
+                scratch=plan.nbytes(f"B {key_len}", "bool") if padding else 0,
+            )
         if config.pos == "alibi":
             heads, length = config.heads, sizes["L"]
             # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
@@ -124,6 +139,7 @@ def plan_attention(
             (q, k, v),
             what="F.scaled_dot_product_attention"
             + (" (is_causal)" if config.mask == "causal" else "")
+            + (f" (scale {config.query_scale:g})" if config.query_scale else "")
             + ": weights never stored",
         )
     # transpose(1, 2).contiguous() copies only when the memory order really changes: not
@@ -132,7 +148,7 @@ def plan_attention(
     no_copy = config.impl == "sdpa" or config.heads == 1 or sizes["L"] == 1
     concat = plan.add(
         "concat",
-        "B L D",
+        f"B L {q_width}",
         (attended,),
         view_of=attended if no_copy else None,
         what="transpose(1, 2).contiguous().view: heads side by side"
