@@ -267,6 +267,8 @@ class TensorEntry:
     ``targets``: the layout's names; several split the tensor along dim 0 (after the
     transpose) into ``split`` rows each (GPT-2's fused c_attn is W_q, W_k, W_v).
     ``transposed``: stored as (in, out), the transpose of nn.Linear's (GPT-2's Conv1D).
+    ``offset``: a norm whose checkpoint stores its scale minus one (Gemma: ``1 + weight``)
+    gets it added in place once loaded, in the run's dtype.
     """
 
     key: str
@@ -275,6 +277,7 @@ class TensorEntry:
     targets: tuple[str, ...]
     transposed: bool = False
     split: tuple[int, ...] = ()
+    offset: float = 0.0  # added once loaded: Gemma's norms scale by (1 + weight)
 
 
 def check_tensors(
@@ -350,6 +353,8 @@ def load(
     named: dict[str, Any] = {}
     for entry in entries:
         tensor = stored[prefix + entry.key]
+        if entry.offset:
+            tensor.add_(entry.offset)  # our own copy, read from the file
         if entry.transposed:
             tensor = tensor.t()  # (out, in), as nn.Linear holds it: a view
         if len(entry.targets) == 1:

@@ -11,6 +11,10 @@ A sublayer says where its norm and its residual sit:
 - ``pre``: ``x + f(Norm(x))`` (GPT-2, Llama);
 - ``post``: ``Norm(x + f(x))`` (the original Transformer, BERT);
 - ``none``: ``f(x)``, no residual (the tutorials' bare attention layer).
+
+``output_norm`` adds a norm of the sublayer's output before the residual: with ``pre``
+that is ``x + Norm'(f(Norm(x)))`` (Gemma's four norms a block), with ``none``
+``x + Norm'(f(x))`` (OLMo 2).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class Embeddings:
     segment: bool = False  # BERT: segment 0's embedding is added too
     norm: str = "none"  # "layer": a LayerNorm over D after the sum (BERT)
     norm_eps: float = 1e-12
+    scale: float = 0.0  # the vectors are multiplied by this, rounded to the dtype (Gemma: √D)
     # whose trained positions these are: a longer input is then refused in those words
     trained_by: str = ""
 
@@ -69,6 +74,7 @@ class Attention:
     config: LayerConfig
     kind: str = SELF_ATTENTION  # or CROSS_ATTENTION: keys and values from a context
     window: int = 0  # sliding window: keys at most this far back (0: none)
+    output_norm: bool = False  # a norm of W_o's output before the residual (Gemma, OLMo 2)
 
     @property
     def placement(self) -> str:
@@ -76,7 +82,7 @@ class Attention:
 
     @property
     def residual(self) -> bool:
-        return self.config.norm != "none"
+        return self.config.norm != "none" or self.output_norm
 
 
 @dataclass(frozen=True)
@@ -87,9 +93,10 @@ class FeedForward:
     activation: str  # config.json's name: gelu, gelu_new, silu, ...
     gated: bool = False  # SwiGLU (Llama)
     bias: bool = True
-    placement: str = "pre"  # of its norm: "pre" or "post"
+    placement: str = "pre"  # of its norm: "pre", "post" or "none"
     norm_type: str = "layer"
     norm_eps: float = 1e-5
+    output_norm: bool = False  # a norm of W_down's output before the residual (Gemma, OLMo 2)
 
     @property
     def kind(self) -> str:

@@ -16,7 +16,7 @@ import torch
 import transformers  # a test extra (pip install -e ".[test]"): the oracle
 
 from attnctl.config import DTYPE_BYTES
-from attnctl.families import read_model
+from attnctl.families import read_model, supported
 from attnctl.layer import Recorder
 from attnctl.measure import measure_forward
 from attnctl.memory import estimate
@@ -412,7 +412,7 @@ BAD_FOLDERS = {
     ),
     "unknown architecture": (
         lambda d: _rewrite_config(d, model_type="t5"),
-        "has model_type 't5'; attnctl supports bert (BERT encoders), gpt2 (GPT-2), llama",
+        f"has model_type 't5'; attnctl supports {supported()}",
     ),
     "mismatched shapes": (
         lambda d: _rewrite_config(d, intermediate_size=64),

@@ -121,3 +121,46 @@ def description(
 def attention_config(source: Source, dtype: str, **values: Any) -> LayerConfig:
     """A block's attention as a LayerConfig (the run's dtype and kernel come later)."""
     return LayerConfig(tokenizer=str(source.path / "tokenizer.json"), dtype=dtype, **values)
+
+
+def rope_values(
+    source: Source,
+    head_dim: int,
+    max_positions: int,
+    convention: str = "standard",
+    layer_type: str | None = None,
+) -> dict[str, Any]:
+    """RoPE read as the family's transformers config reads it (``attnctl.rope``), as the
+    LayerConfig values the attention runs with; what it cannot run yet is refused by name."""
+    from attnctl.rope import rope_from_config
+
+    rope = rope_from_config(
+        source.config,
+        str(source.path / "config.json"),
+        head_dim=head_dim,
+        max_positions=max_positions,
+        convention=convention,  # type: ignore[arg-type]
+        layer_type=layer_type,
+    )
+    key = "rope_scaling" if source.config.get("rope_scaling") else "rope_parameters"
+    source.fields.refuse_if(
+        key,
+        rope.rope_type not in ("default", "linear", "llama3"),
+        f"{rope.rope_type} RoPE scaling is not supported for {source.name} yet "
+        "(default, linear and llama3 are)",
+    )
+    source.fields.refuse_if(
+        "partial_rotary_factor",
+        rope.partial_rotary_factor != 1.0,
+        "attnctl rotates every dim of a head",
+    )
+    values: dict[str, Any] = {"rope_theta": rope.theta, "rope_type": rope.rope_type}
+    if rope.rope_type != "default":
+        values["rope_factor"] = rope.factor
+    if rope.rope_type == "llama3":
+        values |= {
+            "rope_low_freq_factor": rope.low_freq_factor,
+            "rope_high_freq_factor": rope.high_freq_factor,
+            "rope_original_max_positions": rope.original_max_positions,
+        }
+    return values

@@ -87,7 +87,7 @@ def attention(
     key_len_dim = "Lc" if cross else "L"
     batch, seq_len = x.shape[:2]
     key_len = context.shape[1] if cross else seq_len
-    has_norm = config.norm != "none"
+    has_norm = sublayer.residual  # x is read again at the end
     norm_weight, norm_bias = weights.get("norm.weight"), weights.get("norm.bias")
 
     # 1. project (from Norm(x) in a pre-norm sublayer), then split D into heads: views
@@ -225,8 +225,12 @@ def attention(
 
     # 4. residual, then the norm in a post-norm sublayer (as in the original Transformer)
     output = attention_output
+    if sublayer.output_norm:  # Gemma, OLMo 2: the attention output normalised first
+        post_weight, post_bias = weights["post_norm.weight"], weights.get("post_norm.bias")
+        output = norm(config, attention_output, post_weight, post_bias)  # (B, L, D)
+        record("post_norm", output, "B L D")
     if has_norm:
-        output = x + attention_output  # (B, L, D)
+        output = x + output  # (B, L, D)
         del x
         record("residual", output, "B L D")
     if config.norm == "post":

@@ -27,6 +27,10 @@ def embed(
     x = owned.pop()
     if name is not None:
         record(name, x, "B L D")
+    if embeddings.scale:  # Gemma: × √D, the factor rounded to the dtype first
+        factor = torch.tensor(embeddings.scale, dtype=x.dtype).item()  # √D in the dtype
+        x = x * factor  # (B, L, D)
+        record("scaled_embeddings", x, "B L D")
     seq_len = x.shape[1]
     if embeddings.positions == "sinusoidal":
         added = positions.sinusoidal_positions(seq_len, embeddings.d_model, x.device, x.dtype)

@@ -23,12 +23,14 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _norm(sublayer: FeedForward, x: torch.Tensor, weights: dict[str, torch.Tensor]):
+def _norm(
+    sublayer: FeedForward, x: torch.Tensor, weights: dict[str, torch.Tensor], name: str = "norm"
+) -> torch.Tensor:
+    weight = weights[f"{name}.weight"]
     if sublayer.norm_type == "rms":
-        return F.rms_norm(x, (x.shape[-1],), weights["norm.weight"], sublayer.norm_eps)
-    return F.layer_norm(
-        x, (x.shape[-1],), weights["norm.weight"], weights.get("norm.bias"), sublayer.norm_eps
-    )
+        return F.rms_norm(x, (x.shape[-1],), weight, sublayer.norm_eps)
+    bias = weights.get(f"{name}.bias")
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, sublayer.norm_eps)
 
 
 def feed_forward(
@@ -69,6 +71,9 @@ def feed_forward(
     out = F.linear(inner, weights["down.weight"], weights.get("down.bias"))  # (B, L, D)
     del inner
     record("ffn_down", out, "B L D")
+    if sublayer.output_norm:  # Gemma, OLMo 2: the FFN's output normalised first
+        out = _norm(sublayer, out, weights, "post_norm")  # (B, L, D)
+        record("ffn_post_norm", out, "B L D")
     out += x  # the residual, in place
     del x
     record("ffn_residual", out, "B L D")

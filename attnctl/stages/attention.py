@@ -161,7 +161,11 @@ def plan_attention(
         (concat,),
         what="concat · W_o" + (" + b" if has_output_bias else ""),
     )
-    if config.norm != "none":
+    if sublayer.output_norm:  # Gemma, OLMo 2: the attention output normalised first
+        out = plan.add(
+            "post_norm", "B L D", (out,), what=f"{norm_name} over D of the attention output"
+        )
+    if sublayer.residual:
         residual = plan.add("residual", "B L D", (x, out), what="x + attention output")
     if config.norm == "post":
         plan.add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")

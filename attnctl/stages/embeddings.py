@@ -19,6 +19,10 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
         else ("embedding lookup: one D-vector per token")
     )
     x = plan.add("embeddings", "B L D", ("token_ids",), what=lookup)
+    if embeddings.scale:  # Gemma: × √D, rounded to the dtype
+        x = plan.add(
+            "scaled_embeddings", "B L D", (x,), what=f"× {embeddings.scale:g} (√D) in the dtype"
+        )
     if embeddings.positions == "sinusoidal":
         positions = plan.add(
             "positions",

@@ -28,12 +28,14 @@ def plan_feed_forward(plan: PlanBuilder, sublayer: FeedForward, x: str) -> str:
     else:
         plan.add("ffn_up", "B L I", (h,), what="h · W_in + b: D -> I")
         inner = plan.add("ffn_act", "B L I", ("ffn_up",), what=act)
-    plan.add("ffn_down", "B L D", (inner,), what="· W_out: I -> D")
+    out = plan.add("ffn_down", "B L D", (inner,), what="· W_out: I -> D")
+    if sublayer.output_norm:  # Gemma, OLMo 2: the FFN's output normalised first
+        out = plan.add("ffn_post_norm", "B L D", (out,), what=f"{norm} over D of the FFN output")
     plan.add(
         "ffn_residual",
         "B L D",
-        ("ffn_down", x),
-        view_of="ffn_down",
+        (out, x),
+        view_of=out,
         what="+= the FFN's input (in place)",
     )
     if sublayer.placement == "post":
