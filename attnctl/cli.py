@@ -33,6 +33,7 @@ from attnctl.config import (
     NORM_TYPES,
     NORMS,
     POSITIONS,
+    QK_NORMS,
     LayerConfig,
     build_config,
     resolve_impl,
@@ -225,6 +226,7 @@ Pos = StrEnum("Pos", {value: value for value in POSITIONS})
 Mask = StrEnum("Mask", {value: value for value in MASKS})
 Norm = StrEnum("Norm", {value: value for value in NORMS})
 NormType = StrEnum("NormType", {value: value for value in NORM_TYPES})
+QkNorm = StrEnum("QkNorm", {value: value for value in QK_NORMS})
 Impl = StrEnum("Impl", {value: value for value in IMPLS})
 DType = StrEnum("DType", {value: value for value in DTYPES})
 
@@ -270,6 +272,12 @@ LAYER_OPTIONS: dict[str, Any] = {
         help="post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x). Default post.",
     ),
     "norm_type": _option(NormType, "--norm-type", help="LayerNorm or RMSNorm. Default layer."),
+    "qk_norm": _option(
+        QkNorm,
+        "--qk-norm",
+        help="Normalise q and k (a --norm-type norm): each head over d_k (Qwen3), or all "
+        "heads at once before the split (OLMo 2). Default none.",
+    ),
     "query_scale": _option(
         float,
         "--query-scale",
