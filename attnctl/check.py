@@ -135,12 +135,13 @@ def needs_sdpa_reference(config: LayerConfig) -> bool:
     """What ``nn.MultiheadAttention`` cannot express: RoPE (it turns Q and K inside the
     attention), heads that are not D / H wide (its heads always split embed_dim; kdim
     and vdim change only the key and value inputs, never the width of Q), and a query
-    scale other than 1/√d_k (it has none to set), or soft-capped scores."""
+    scale other than 1/√d_k (it has none to set), soft-capped scores, or q/k norms."""
     return (
         config.pos == "rope"
         or config.q_width != config.d_model
         or config.query_scale != 0
         or config.softcap != 0
+        or config.qk_norm != "none"
     )
 
 
@@ -194,11 +195,16 @@ def sdpa_reference_attention(
     config = layer.config
     heads, kv_heads, d_k = config.heads, config.kv_heads, config.d_k
     batch, seq_len, key_len = x.shape[0], x.shape[1], source.shape[1]
-    q = F.linear(x, layer.W_q.weight, layer.W_q.bias)  # (B, L, D)
+    q = F.linear(x, layer.W_q.weight, layer.W_q.bias)  # (B, L, H·d_k)
     k = F.linear(source, layer.W_k.weight, layer.W_k.bias)  # (B, Lk, Hkv·d_k)
     v = F.linear(source, layer.W_v.weight, layer.W_v.bias)  # (B, Lk, Hkv·d_k)
-    q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
-    k = k.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    if config.qk_norm == "all":  # over every head at once, before the split
+        q, k = written_norm(config, q, layer.q_norm), written_norm(config, k, layer.k_norm)
+    q = q.view(batch, seq_len, heads, d_k)  # (B, L, H, d_k)
+    k = k.view(batch, key_len, kv_heads, d_k)  # (B, Lk, Hkv, d_k)
+    if config.qk_norm == "head":  # each head over its d_k
+        q, k = written_norm(config, q, layer.q_norm), written_norm(config, k, layer.k_norm)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, L, d_k), (B, Hkv, Lk, d_k)
     v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
     if config.pos == "rope":
         position = torch.arange(seq_len, dtype=torch.float64)  # (L,)
@@ -227,7 +233,12 @@ def sdpa_reference_attention(
 
 def reference_norm(layer: AttentionLayer, h: torch.Tensor) -> torch.Tensor:
     """LayerNorm or RMSNorm over D with the layer's weights, written out, in float32 or wider."""
-    norm, config = layer.norm, layer.config
+    return written_norm(layer.config, h, layer.norm)
+
+
+def written_norm(config: LayerConfig, h: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    """LayerNorm or RMSNorm over h's last dim with ``norm``'s weights, written out, in
+    float32 or wider."""
     wide = h.to(torch.promote_types(h.dtype, torch.float32))  # (B, L, D)
     weight = norm.weight.to(wide.dtype)
     if config.norm_type == "layer":
@@ -251,6 +262,19 @@ def reference_layer_output(
     return reference_norm(layer, residual) if norm == "post" else residual
 
 
+def vary_qk_norms(layer: AttentionLayer, seed: int) -> None:
+    """q/k norm weights near 1 and biases near 0, drawn from ``seed`` (both paths get the
+    same): a norm left at weight 1, bias 0 would hide a layer that ignores them."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for norm in (layer.q_norm, layer.k_norm):
+            if norm is None:
+                continue
+            for name, parameter in norm.named_parameters():
+                drawn = torch.randn(parameter.shape, generator=generator) * 0.5
+                parameter.copy_(drawn + 1 if name == "weight" else drawn)
+
+
 def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) -> CheckResult:
     device = resolve_device(config.device)
     dtype = TORCH_DTYPES[config.dtype]
@@ -265,6 +289,7 @@ def run_check(config: LayerConfig, batch: int, seq_len: int, vocab_size: int) ->
         torch.manual_seed(config.seed)  # the same weights for every implementation
         # (sdpa is built even where users may not pick it, alibi: to be compared here)
         layer = AttentionLayer(dataclasses.replace(config, impl=impl), vocab_size)
+        vary_qk_norms(layer, config.seed)
         return layer.to(device=device, dtype=dtype).eval()
 
     math_layer = build("math")

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from attnctl.app import LayerRequest
-from attnctl.config import DTYPES, IMPLS, MASKS, NORM_TYPES, NORMS, POSITIONS
+from attnctl.config import DTYPES, IMPLS, MASKS, NORM_TYPES, NORMS, POSITIONS, QK_NORMS
 from attnctl.families import supported_names
 
 # Choices come from config.py, the one place that lists them.
@@ -23,6 +23,7 @@ Pos = StrEnum("Pos", {value: value for value in POSITIONS})
 Mask = StrEnum("Mask", {value: value for value in MASKS})
 Norm = StrEnum("Norm", {value: value for value in NORMS})
 NormType = StrEnum("NormType", {value: value for value in NORM_TYPES})
+QkNorm = StrEnum("QkNorm", {value: value for value in QK_NORMS})
 Impl = StrEnum("Impl", {value: value for value in IMPLS})
 DType = StrEnum("DType", {value: value for value in DTYPES})
 
@@ -68,6 +69,12 @@ LAYER_OPTIONS: dict[str, Any] = {
         help="post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x). Default post.",
     ),
     "norm_type": _option(NormType, "--norm-type", help="LayerNorm or RMSNorm. Default layer."),
+    "qk_norm": _option(
+        QkNorm,
+        "--qk-norm",
+        help="Normalise q and k (a --norm-type norm): each head over d_k (Qwen3), or all "
+        "heads at once before the split (OLMo 2). Default none.",
+    ),
     "query_scale": _option(
         float,
         "--query-scale",

@@ -22,6 +22,7 @@ POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 MASKS = ("none", "causal")
 NORMS = ("post", "pre", "none")
 NORM_TYPES = ("layer", "rms")
+QK_NORMS = ("none", "head", "all")
 IMPLS = ("auto", "math", "sdpa")
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -52,6 +53,9 @@ class LayerConfig:
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
     norm_eps: float = 1e-5  # added to the variance (LayerNorm) or mean square (RMSNorm)
+    # q/k norms of norm_type: "head" normalises each head's q and k over d_k (Qwen3, Gemma 3),
+    # "all" the whole projections over H·d_k and Hkv·d_k before the head split (OLMo 2)
+    qk_norm: str = "none"
     rope_theta: float = 10000.0  # RoPE base: θ_i = rope_theta^(-2i/d_k)
     # RoPE for long contexts: "linear" divides every θ_i by rope_factor; "llama3" divides
     # the slow ones (wavelength > original / low_freq_factor), keeps the fast ones
@@ -95,6 +99,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "mask": MASKS,
     "norm": NORMS,
     "norm_type": NORM_TYPES,
+    "qk_norm": QK_NORMS,
     "impl": IMPLS,
     "dtype": DTYPES,
     "rope_type": ROPE_TYPES,

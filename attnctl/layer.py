@@ -86,7 +86,18 @@ SEEDED_NAMES = {
     "W_o.bias": "blocks.0.attention.W_o.bias",
     "norm.weight": "blocks.0.attention.norm.weight",
     "norm.bias": "blocks.0.attention.norm.bias",
+    "q_norm.weight": "blocks.0.attention.q_norm.weight",
+    "q_norm.bias": "blocks.0.attention.q_norm.bias",
+    "k_norm.weight": "blocks.0.attention.k_norm.weight",
+    "k_norm.bias": "blocks.0.attention.k_norm.bias",
 }
+
+
+def _norm_module(config: LayerConfig, width: int) -> nn.Module:
+    """A LayerNorm or RMSNorm over ``width`` (no random numbers drawn: weights 1, bias 0)."""
+    if config.norm_type == "layer":
+        return nn.LayerNorm(width, eps=config.norm_eps)
+    return nn.RMSNorm(width, eps=config.norm_eps)
 
 
 class AttentionLayer(nn.Module):
@@ -112,11 +123,12 @@ class AttentionLayer(nn.Module):
             self.positions = nn.Embedding(config.max_positions, d_model)
         self.norm = None
         if config.norm != "none":
-            self.norm = (
-                nn.LayerNorm(d_model, eps=config.norm_eps)
-                if config.norm_type == "layer"
-                else nn.RMSNorm(d_model, eps=config.norm_eps)
-            )
+            self.norm = _norm_module(config, d_model)
+        self.q_norm = self.k_norm = None
+        if config.qk_norm != "none":  # over each head's d_k, or over all heads at once
+            per_head = config.qk_norm == "head"
+            self.q_norm = _norm_module(config, config.d_k if per_head else q_width)
+            self.k_norm = _norm_module(config, config.d_k if per_head else kv_width)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The parameters as the model path names them ("blocks.0.attention.W_q.weight")."""

@@ -73,6 +73,12 @@ def layer_parameters(config: LayerConfig, vocab_size: int) -> list[Parameter]:
         params.append(Parameter("norm.weight", (d,)))
         if config.norm_type == "layer":  # RMSNorm has no bias
             params.append(Parameter("norm.bias", (d,)))
+    if config.qk_norm != "none":  # over each head's d_k, or over every head at once
+        per_head = config.qk_norm == "head"
+        for name, width in (("q_norm", q_width), ("k_norm", kv)):
+            params.append(Parameter(f"{name}.weight", (config.d_k if per_head else width,)))
+            if config.norm_type == "layer":
+                params.append(Parameter(f"{name}.bias", (config.d_k if per_head else width,)))
     return params
 
 

@@ -66,6 +66,7 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     for option, value, modelled in (
         ("--kv-heads", config.kv_heads, config.heads),
         ("--softcap", config.softcap, 0.0),
+        ("--qk-norm", config.qk_norm, "none"),
         (
             "--head-dim",
             config.head_dim,

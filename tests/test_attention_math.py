@@ -14,8 +14,11 @@ import torch
 import attnctl.nn.attention
 from attnctl.check import run_check
 from attnctl.config import build_config
-from attnctl.layer import AttentionLayer
+from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder
+from attnctl.measure import measure_forward
+from attnctl.memory import estimate
 from attnctl.nn.positions import sinusoidal_positions
+from attnctl.plan import build_plan
 from tests.test_variants import assert_plan_matches
 
 CPU = ("--device", "cpu")
@@ -41,6 +44,12 @@ def reference_attention(layer: AttentionLayer, ids: torch.Tensor, padding=None):
         return out.view(b, length, width, d_k)
 
     q, k, v = project(layer.W_q, h), project(layer.W_k, hkv), project(layer.W_v, hkv)
+    if config.qk_norm != "none":  # (B, L, heads, d_k): over d_k, or over heads·d_k
+        over = (-1,) if config.qk_norm == "head" else (-2, -1)
+        q, k = (
+            qk_norm_reference(config, q, layer.q_norm, over),
+            qk_norm_reference(config, k, layer.k_norm, over),
+        )
     scale = config.query_scale or 1 / math.sqrt(d_k)
     weights = torch.empty(b, h, length, length, dtype=torch.float64)
     heads_out = []
@@ -62,6 +71,33 @@ def reference_attention(layer: AttentionLayer, ids: torch.Tensor, padding=None):
     if layer.W_o.bias is not None:
         output = output + layer.W_o.bias.double()
     return output, weights
+
+
+def qk_norm_reference(config, t: torch.Tensor, norm, over: tuple[int, ...]) -> torch.Tensor:
+    """LayerNorm or RMSNorm of t (B, L, heads, d_k) over the dims ``over``, float64."""
+    shape = t.shape[over[0] :]
+    weight = norm.weight.double().view(shape)
+    if config.norm_type == "rms":
+        return t / torch.sqrt(t.pow(2).mean(over, keepdim=True) + config.norm_eps) * weight
+    centred = t - t.mean(over, keepdim=True)
+    variance = centred.pow(2).mean(over, keepdim=True)
+    return centred / torch.sqrt(variance + config.norm_eps) * weight + norm.bias.double().view(
+        shape
+    )
+
+
+def assert_plan_matches_in_dtype(config, batch=2, seq_len=9, long=256):
+    """As test_variants' assert_plan_matches, with the layer in the config's dtype."""
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20).to(TORCH_DTYPES[config.dtype]).eval()
+    record = Recorder()
+    with torch.inference_mode():
+        layer(torch.randint(0, 20, (batch, seq_len)), record)
+    plan = build_plan(config, seq_len, batch, 20, device="cpu")
+    assert [s.to_dict() for s in record.stages] == [s.to_dict() for s in plan.stages]
+    big = build_plan(config, long, batch, 20)
+    assert list(measure_forward(big).stage_peak_bytes) == list(estimate(big).live_bytes)
+    return plan
 
 
 def assert_matches_reference(config, length=7):
@@ -319,5 +355,96 @@ def test_softcap_in_check_and_its_break(monkeypatch, invoke):
      (["memory", "--softcap", "50", "--train"], "does not model --softcap 50.0 yet")],
 )  # fmt: skip
 def test_softcap_misuse_exits_2(invoke, args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+# ---------------------------------------------------------------- q/k norms
+
+
+def varied(layer: AttentionLayer) -> AttentionLayer:
+    """The q/k norms' weights and biases away from 1 and 0, so the reference sees them."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for norm in (layer.q_norm, layer.k_norm):
+            for parameter in norm.parameters():
+                parameter.add_(torch.randn(parameter.shape) * 0.5)
+    return layer
+
+
+@pytest.mark.parametrize("qk_norm", ["head", "all"])
+@pytest.mark.parametrize("norm_type", ["rms", "layer"])
+@pytest.mark.parametrize("kv_heads,impl", [(4, "math"), (2, "math"), (2, "sdpa")])
+def test_qk_norm_matches_the_formula(qk_norm, norm_type, kv_heads, impl):
+    config = build_config(
+        d_model=24, heads=4, head_dim=8, kv_heads=kv_heads, qk_norm=qk_norm,
+        norm_type=norm_type, impl=impl, mask="causal",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    layer = varied(AttentionLayer(config, 30).eval())
+    per_head = qk_norm == "head"
+    assert layer.q_norm.weight.shape == ((8,) if per_head else (32,))
+    assert layer.k_norm.weight.shape == ((8,) if per_head else (kv_heads * 8,))
+    ids = torch.randint(0, 30, (2, 7))
+    with torch.no_grad():
+        ours = layer(ids, window=([1], [2, 6]))
+        output, weights = reference_attention(layer, ids)
+    assert (ours.attention_output.double() - output).abs().max() <= 1e-5
+    assert (ours.window.double() - weights[:, [1]][:, :, [2, 6]]).abs().max() <= 1e-6
+    # per head and across heads are different norms: the reference tells them apart
+    other = build_config(**{**config.to_dict(), "qk_norm": "all" if per_head else "head"})
+    with torch.no_grad():
+        assert (reference_attention(AttentionLayer(other, 30), ids)[0] - output).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("qk_norm", ["head", "all"])
+@pytest.mark.parametrize(
+    "impl,kv_heads,pos",
+    [("math", 2, "rope"), ("sdpa", 2, "rope"), ("math", 4, "none"), ("sdpa", 4, "none")],
+)
+@pytest.mark.parametrize(
+    "norm_type,dtype", [("rms", "float32"), ("layer", "float32"), ("rms", "bfloat16")]
+)
+def test_qk_norm_plan_equals_trace_and_measurement(qk_norm, impl, kv_heads, pos, norm_type, dtype):
+    config = build_config(
+        d_model=32, heads=4, kv_heads=kv_heads, qk_norm=qk_norm, norm_type=norm_type,
+        impl=impl, pos=pos, dtype=dtype, device="cpu",
+    )  # fmt: skip
+    plan = assert_plan_matches_in_dtype(config)
+    names = [s.name for s in plan.stages]
+    assert plan.stage("q_heads").view_of == "q_norm" and plan.stage("k_heads").view_of == "k_norm"
+    if qk_norm == "all":
+        assert names[names.index("q") + 1] == "q_norm" and names[names.index("k") + 1] == "k_norm"
+    else:
+        assert plan.stage("q_norm").dims == ("B", "L", "H", "d_k")
+    torch.manual_seed(0)
+    layer = AttentionLayer(config, 20)
+    shapes = {name: tuple(p.shape) for name, p in layer.named_parameters()}
+    assert {p.name: p.shape for p in plan.parameters} == shapes
+
+
+def test_qk_norm_in_check_and_its_break(monkeypatch, invoke):
+    for qk_norm in ("head", "all"):
+        data = json.loads(invoke("check", "--qk-norm", qk_norm, *CPU, "--json").stdout)
+        assert data["ok"] and data["skipped"] == []
+        assert {c["b"] for c in data["comparisons"]} == {"sdpa", SDPA_REFERENCE}
+    config = build_config(d_model=16, heads=4, qk_norm="head", norm="none", device="cpu")
+    assert run_check(config, 2, 5, 30).ok
+    # a q/k norm that ignores its weight: check's varied weights show it in both paths
+    monkeypatch.setattr(
+        attnctl.nn.attention, "norm", lambda config, x, w, b: torch.nn.functional.layer_norm(
+            x, (x.shape[-1],), None, None, config.norm_eps)
+    )  # fmt: skip
+    result = run_check(config, 2, 5, 30)
+    wrong = {c.a for c in result.comparisons if c.b == SDPA_REFERENCE and not c.ok}
+    assert wrong == {"math", "sdpa"}
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["shapes", "--qk-norm", "both"], "'both' is not one of"),
+     (["memory", "--qk-norm", "head", "--train"], "does not model --qk-norm head yet")],
+)  # fmt: skip
+def test_qk_norm_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""

@@ -98,6 +98,9 @@ def attention(
     q = F.linear(h, weights["W_q.weight"], weights.get("W_q.bias"))  # (B, L, H·d_k)
     q_width = "D" if config.q_width == d_model else "D_q"  # D_q: head_dim is not D / H
     record("q", q, f"B L {q_width}")
+    if config.qk_norm == "all":  # OLMo 2: over every head at once, before the split
+        q = norm(config, q, weights["q_norm.weight"], weights.get("q_norm.bias"))  # (B, L, H·d_k)
+        record("q_norm", q, f"B L {q_width}")
     kv_heads, grouped = config.kv_heads, config.kv_heads != heads
     kv_width = "D_kv" if grouped else q_width
     kv_dims = f"B {key_len_dim} {kv_width}"
@@ -109,14 +112,27 @@ def attention(
             del x  # no residual, and K and V come from the context: x is done
     k = F.linear(h, weights["W_k.weight"], weights.get("W_k.bias"))  # (B, Lk, Hkv·d_k)
     record("k", k, kv_dims)
+    if config.qk_norm == "all":
+        k = norm(
+            config, k, weights["k_norm.weight"], weights.get("k_norm.bias")
+        )  # (B, Lk, Hkv·d_k)
+        record("k_norm", k, kv_dims)
     v = F.linear(h, weights["W_v.weight"], weights.get("W_v.bias"))  # (B, Lk, Hkv·d_k)
     del h
     if not has_norm and not cross:
         del x  # no residual: x is not needed again
     record("v", v, kv_dims)
-    q = q.view(batch, seq_len, heads, d_k).transpose(1, 2)  # (B, H, L, d_k)
+    q = q.view(batch, seq_len, heads, d_k)  # (B, L, H, d_k)
+    if config.qk_norm == "head":  # Qwen3, Gemma 3: each head over its d_k, before RoPE
+        q = norm(config, q, weights["q_norm.weight"], weights.get("q_norm.bias"))
+        record("q_norm", q, "B L H d_k")
+    q = q.transpose(1, 2)  # (B, H, L, d_k)
     record("q_heads", q, "B H L d_k")
-    k = k.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    k = k.view(batch, key_len, kv_heads, d_k)  # (B, Lk, Hkv, d_k)
+    if config.qk_norm == "head":
+        k = norm(config, k, weights["k_norm.weight"], weights.get("k_norm.bias"))
+        record("k_norm", k, f"B {key_len_dim} {'Hkv' if grouped else 'H'} d_k")
+    k = k.transpose(1, 2)  # (B, Hkv, Lk, d_k)
     record("k_heads", k, kv_split)
     v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
     record("v_heads", v, kv_split)

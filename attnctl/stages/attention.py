@@ -33,12 +33,22 @@ def plan_attention(
     if config.norm == "pre":
         h = plan.add("norm", "B L D", (x,), what=f"{norm_name} over D, before attention (pre-norm)")
     source = context if cross else h  # what K and V are projected from
-    plan.add("q", f"B L {q_width}", (h,), what="x · W_q" + bias)
-    plan.add("k", kv_width, (source,), what="x · W_k" + bias)
+    q = plan.add("q", f"B L {q_width}", (h,), what="x · W_q" + bias)
+    across = f"{norm_name} over every head at once, before the split"
+    if config.qk_norm == "all":  # OLMo 2
+        q = plan.add("q_norm", f"B L {q_width}", (q,), what=f"{across}: H·d_k")
+    k = plan.add("k", kv_width, (source,), what="x · W_k" + bias)
+    if config.qk_norm == "all":
+        k = plan.add("k_norm", kv_width, (k,), what=f"{across}: {kv_split}·d_k")
     plan.add("v", kv_width, (source,), what="x · W_v" + bias)
-    q = plan.add("q_heads", "B H L d_k", ("q",), view_of="q", what=f"view (B, L, H, d_k), {split}")
+    each = f"{norm_name} of each head over d_k, on the view (B, L, heads, d_k)"
+    if config.qk_norm == "head":  # Qwen3, Gemma 3
+        q = plan.add("q_norm", "B L H d_k", (q,), what=each)
+    q = plan.add("q_heads", "B H L d_k", (q,), view_of=q, what=f"view (B, L, H, d_k), {split}")
+    if config.qk_norm == "head":
+        k = plan.add("k_norm", f"B {key_len} {kv_split} d_k", (k,), what=each)
     k = plan.add(
-        "k_heads", kv_heads, ("k",), view_of="k", what=f"view (B, L, {kv_split}, d_k), {split}"
+        "k_heads", kv_heads, (k,), view_of=k, what=f"view (B, L, {kv_split}, d_k), {split}"
     )
     v = plan.add(
         "v_heads", kv_heads, ("v",), view_of="v", what=f"view (B, L, {kv_split}, d_k), {split}"
