@@ -91,6 +91,8 @@ HONOURED = {
     "llama hidden_act": ("llama", {"hidden_act": "gelu"}),
     "llama swish": ("llama", {"hidden_act": "swish"}),
     "llama head_dim": ("llama", {"head_dim": 8}),
+    "llama head_dim of its own": ("llama", {"head_dim": 4}),  # not hidden / heads
+    "phi3 head_dim of its own": ("phi3", {"head_dim": 12}),
     "llama num_key_value_heads": ("llama", {"num_key_value_heads": 1}),
     "llama pretraining_tp": ("llama", {"pretraining_tp": 2}),
     "llama attention_dropout": ("llama", {"attention_dropout": 0.7}),
@@ -253,7 +255,6 @@ REFUSED = {
     "gpt2 scale_attn_weights": ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights"),
     "gpt2 scale_attn_by_inverse_layer_idx": (
         "gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
-    "llama head_dim": ("llama", {"head_dim": 4}, "head_dim"),
     "llama yarn": ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
                    "rope_parameters.rope_type"),
     "llama partial_rotary_factor": (

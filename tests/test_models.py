@@ -445,7 +445,7 @@ BAD_FOLDERS = {
     ),
     "heads do not divide": (
         lambda d: _rewrite_config(d, num_attention_heads=5, head_dim=None),
-        "heads=5 does not divide d_model=32",
+        "kv-heads=2 does not divide heads=5",  # head_dim is then 32 // 5, as in transformers
     ),
 }
 

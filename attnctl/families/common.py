@@ -164,3 +164,77 @@ def rope_values(
             "rope_original_max_positions": rope.original_max_positions,
         }
     return values
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def qwen_layer_windows(
+    source: Source, layers: int, *, default_window: int = 4096, default_first: int = 28
+) -> tuple[int, ...]:
+    """Each block's window as Qwen's configs decide it: none without ``use_sliding_window``;
+    else ``layer_types`` names each block's kind, and without it the blocks from
+    ``max_window_layers`` on slide."""
+    fields, config = source.fields, source.config
+    if not fields.boolean("use_sliding_window", default=False):
+        window = 0  # transformers sets sliding_window to None
+    elif "sliding_window" in config and config["sliding_window"] is None:
+        window = 0
+    else:
+        window = fields.integer("sliding_window", default=default_window)
+    kinds = config.get("layer_types")
+    if kinds is None:
+        if not window:
+            return (0,) * layers
+        first = fields.integer("max_window_layers", default=default_first, minimum=0)
+        return tuple(window if n >= first else 0 for n in range(layers))
+    if not isinstance(kinds, list) or not all(kind in LAYER_TYPES for kind in kinds):
+        raise fields.error("layer_types", "must be a list of " + " or ".join(LAYER_TYPES))
+    if len(kinds) != layers:
+        raise fields.error("layer_types", f"names {len(kinds)} blocks, not {layers}")
+    if "sliding_attention" in kinds and not window:
+        raise fields.error(
+            "layer_types",
+            "names sliding_attention blocks but no window is on (use_sliding_window and "
+            "sliding_window): transformers cannot build that model",
+        )
+    return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+
+
+def projection_table(
+    block: int,
+    d: int,
+    heads: int,
+    kv_heads: int,
+    d_k: int,
+    bias: bool,
+    output_bias: bool,
+    inner: int,
+    mlp_bias: bool = False,
+) -> list[TensorEntry]:
+    """A Llama-style block's q/k/v/o and gate/up/down projections (``model.layers.N.``)."""
+    theirs_block, ours = f"layers.{block}.", f"blocks.{block}."
+    q, kv = heads * d_k, kv_heads * d_k
+    table = []
+    for theirs, mine, out, inp, has_bias in (
+        ("self_attn.q_proj", "attention.W_q", q, d, bias),
+        ("self_attn.k_proj", "attention.W_k", kv, d, bias),
+        ("self_attn.v_proj", "attention.W_v", kv, d, bias),
+        ("self_attn.o_proj", "attention.W_o", d, q, bias and output_bias),
+        ("mlp.gate_proj", "feed_forward.gate", inner, d, mlp_bias),
+        ("mlp.up_proj", "feed_forward.up", inner, d, mlp_bias),
+        ("mlp.down_proj", "feed_forward.down", d, inner, mlp_bias),
+    ):
+        key = f"{theirs_block}{theirs}"
+        table.append(TensorEntry(f"{key}.weight", (out, inp), block, (f"{ours}{mine}.weight",)))
+        if has_bias:
+            table.append(TensorEntry(f"{key}.bias", (out,), block, (f"{ours}{mine}.bias",)))
+    return table
+
+
+def norm_entry(block: int, theirs: str, mine: str, width: int, offset: float = 0.0) -> TensorEntry:
+    """One norm's weight of block N: ``layers.N.<theirs>.weight`` -> ``blocks.N.<mine>``."""
+    return TensorEntry(
+        f"layers.{block}.{theirs}.weight", (width,), block, (f"blocks.{block}.{mine}.weight",),
+        offset=offset,
+    )  # fmt: skip

@@ -20,6 +20,8 @@ from attnctl.families.common import (
     decoder_mask,
     description,
     find_prefix,
+    norm_entry,
+    projection_table,
     stored_dtype,
 )
 
@@ -51,14 +53,7 @@ def describe(source: Source) -> ModelDescription:
         return fields.integer(key, default=defaults.get(key))
 
     hidden, heads = size("hidden_size"), size("num_attention_heads")
-    if fields.raw("head_dim")[1] is not None:  # unset: hidden_size / heads, as here
-        head_dim = fields.integer("head_dim", default=None)
-        fields.refuse_if(
-            "head_dim",
-            head_dim * heads != hidden,
-            f"× {heads} heads is not hidden_size {hidden}; attnctl needs head_dim = "
-            "hidden_size / num_attention_heads",
-        )
+    head_dim = fields.integer("head_dim", default=hidden // heads)  # transformers reads it
     llama = model_type == "llama"  # Mistral and Qwen2 fix their biases in code
     kv_heads = fields.integer(
         "num_key_value_heads", default=defaults.get("num_key_value_heads", heads)
@@ -83,6 +78,7 @@ def describe(source: Source) -> ModelDescription:
         d_model=hidden,
         heads=heads,
         kv_heads=kv_heads,
+        head_dim=head_dim if head_dim * heads != hidden else 0,
         bias=bias,
         output_bias=output_bias,
         pos="rope",
@@ -104,14 +100,15 @@ def describe(source: Source) -> ModelDescription:
     )
     blocks = tuple(Block((Attention(config, window=w), feed_forward)) for w in windows)
     embeddings = Embeddings(vocab_size=vocab, d_model=hidden, trained_by=source.name)
-    d_k = hidden // heads
     return description(
         source,
         prefix,
         EMBEDDING_KEY,
         embeddings,
         blocks,
-        _table(hidden, inner, vocab, kv_heads * d_k, layers, bias, output_bias, mlp_bias),
+        _table(
+            hidden, inner, vocab, heads, kv_heads, head_dim, layers, bias, output_bias, mlp_bias
+        ),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,
@@ -119,41 +116,25 @@ def describe(source: Source) -> ModelDescription:
 
 
 def _table(
-    d: int, i: int, v: int, kv: int, layers: int, bias: bool, output_bias: bool, mlp_bias: bool
+    d: int,
+    i: int,
+    v: int,
+    heads: int,
+    kv_heads: int,
+    d_k: int,
+    layers: int,
+    bias: bool,
+    output_bias: bool,
+    mlp_bias: bool,
 ) -> tuple[TensorEntry, ...]:
     """Every tensor the blocks read: checkpoint key, shape, and its name in the layout."""
     table = [TensorEntry("embed_tokens.weight", (v, d), -1, ("embedding.weight",))]
     for n in range(layers):
-        block, ours = f"layers.{n}.", f"blocks.{n}."
-        table.append(
-            TensorEntry(
-                f"{block}input_layernorm.weight", (d,), n, (f"{ours}attention.norm.weight",)
-            )
-        )
-        table.append(
-            TensorEntry(
-                f"{block}post_attention_layernorm.weight",
-                (d,),
-                n,
-                (f"{ours}feed_forward.norm.weight",),
-            )
-        )
-        for theirs, mine, out, inp, has_bias in (
-            ("self_attn.q_proj", "attention.W_q", d, d, bias),
-            ("self_attn.k_proj", "attention.W_k", kv, d, bias),
-            ("self_attn.v_proj", "attention.W_v", kv, d, bias),
-            ("self_attn.o_proj", "attention.W_o", d, d, bias and output_bias),
-            ("mlp.gate_proj", "feed_forward.gate", i, d, mlp_bias),
-            ("mlp.up_proj", "feed_forward.up", i, d, mlp_bias),
-            ("mlp.down_proj", "feed_forward.down", d, i, mlp_bias),
-        ):
-            table.append(
-                TensorEntry(f"{block}{theirs}.weight", (out, inp), n, (f"{ours}{mine}.weight",))
-            )
-            if has_bias:
-                table.append(
-                    TensorEntry(f"{block}{theirs}.bias", (out,), n, (f"{ours}{mine}.bias",))
-                )
+        table += [
+            norm_entry(n, "input_layernorm", "attention.norm", d),
+            norm_entry(n, "post_attention_layernorm", "feed_forward.norm", d),
+            *projection_table(n, d, heads, kv_heads, d_k, bias, output_bias, i, mlp_bias),
+        ]
     return tuple(table)
 
 

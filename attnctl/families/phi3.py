@@ -42,14 +42,7 @@ def describe(source: Source) -> ModelDescription:
 
     hidden, heads = size("hidden_size"), size("num_attention_heads")
     kv_heads = fields.integer("num_key_value_heads", default=heads)
-    if fields.raw("head_dim")[1] is not None:  # Phi-3 reads an extra head_dim key
-        head_dim = fields.integer("head_dim", default=None)
-        fields.refuse_if(
-            "head_dim",
-            head_dim * heads != hidden,
-            f"× {heads} heads is not hidden_size {hidden}; attnctl needs head_dim = "
-            "hidden_size / num_attention_heads",
-        )
+    head_dim = fields.integer("head_dim", default=hidden // heads)  # Phi-3 reads an extra key
     layers, vocab = size("num_hidden_layers"), size("vocab_size")
     inner, max_positions = size("intermediate_size"), size("max_position_embeddings")
     eps = fields.number("rms_norm_eps", default=1e-5)
@@ -57,7 +50,7 @@ def describe(source: Source) -> ModelDescription:
     rope = rope_from_config(
         source.config,
         str(source.path / "config.json"),
-        head_dim=hidden // heads,
+        head_dim=head_dim,
         max_positions=max_positions,
         convention="phi3",
     )
@@ -85,6 +78,7 @@ def describe(source: Source) -> ModelDescription:
         d_model=hidden,
         heads=heads,
         kv_heads=kv_heads,
+        head_dim=head_dim if head_dim * heads != hidden else 0,
         bias=False,
         pos="rope",
         rope_theta=rope.theta,
@@ -110,7 +104,7 @@ def describe(source: Source) -> ModelDescription:
         EMBEDDING_KEY,
         Embeddings(vocab_size=vocab, d_model=hidden, trained_by=source.name),
         (block,) * layers,
-        _table(hidden, inner, vocab, hidden // heads, heads, kv_heads, layers),
+        _table(hidden, inner, vocab, head_dim, heads, kv_heads, layers),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,
