@@ -411,8 +411,21 @@ BAD_FOLDERS = {
         "has pytorch_model.bin but no model.safetensors; attnctl never unpickles",
     ),
     "unknown architecture": (
+        lambda d: _rewrite_config(d, model_type="falcon"),
+        f"has model_type 'falcon'; attnctl supports {supported()}",
+    ),
+    "an encoder-decoder": (
         lambda d: _rewrite_config(d, model_type="t5"),
-        f"has model_type 't5'; attnctl supports {supported()}",
+        "has model_type 't5': it is an encoder–decoder, which attnctl does not run yet; "
+        f"it supports {supported()}",
+    ),
+    "MoE blocks": (
+        lambda d: _rewrite_config(d, model_type="mixtral"),
+        "has model_type 'mixtral': its blocks are mixtures of experts (MoE)",
+    ),
+    "MLA": (
+        lambda d: _rewrite_config(d, model_type="deepseek_v3"),
+        "multi-head latent attention (MLA)",
     ),
     "mismatched shapes": (
         lambda d: _rewrite_config(d, intermediate_size=64),

@@ -34,6 +34,25 @@ MODEL_TYPES: dict[str, ModuleType] = {
 }
 
 
+# model types people point attnctl at that no family reads yet, and why
+NOT_YET = {
+    "mixtral": "its blocks are mixtures of experts (MoE)",
+    "qwen2_moe": "its blocks are mixtures of experts (MoE)",
+    "qwen3_moe": "its blocks are mixtures of experts (MoE)",
+    "olmoe": "its blocks are mixtures of experts (MoE)",
+    "phimoe": "its blocks are mixtures of experts (MoE)",
+    "deepseek_v2": "its attention is multi-head latent attention (MLA) and its blocks MoE",
+    "deepseek_v3": "its attention is multi-head latent attention (MLA) and its blocks MoE",
+    "t5": "it is an encoder–decoder",
+    "mt5": "it is an encoder–decoder",
+    "bart": "it is an encoder–decoder",
+    "mbart": "it is an encoder–decoder",
+    "marian": "it is an encoder–decoder",
+    "gemma3": "it is the multimodal Gemma 3; its text model (gemma3_text) is supported",
+    "phi3small": "Phi-3-small's blocksparse attention is another architecture than phi3",
+}
+
+
 def family_name(family: ModuleType) -> str:
     return family.__name__.rsplit(".", 1)[-1]
 
@@ -63,6 +82,11 @@ def read_model(directory: str | Path) -> ModelDescription:
         raise AttnctlError(f"model folder not found: {directory}")
     config = _read_config(path)
     model_type = config.get("model_type")
+    if isinstance(model_type, str) and model_type in NOT_YET:
+        raise AttnctlError(
+            f"{path / 'config.json'} has model_type {model_type!r}: {NOT_YET[model_type]}, "
+            f"which attnctl does not run yet; it supports {supported()}"
+        )
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         found = f"model_type {_brief(model_type)}" if model_type is not None else "no model_type"
         raise AttnctlError(f"{path / 'config.json'} has {found}; attnctl supports {supported()}")
