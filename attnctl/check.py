@@ -115,7 +115,7 @@ def reference_bias(config: LayerConfig, seq_len: int, key_len: int) -> torch.Ten
     """What is added to the scores, in float64 on the CPU: (H, L, Lk), or None if nothing.
 
     ALiBi's -m_h·|i - j| with m_h = 2^(-8(h+1)/H), and -inf where the causal mask blocks
-    key j > query i.
+    key j > query i, and where a sliding window blocks j <= i - window.
     """
     queries = torch.arange(seq_len, dtype=torch.float64).view(seq_len, 1)  # (L, 1)
     keys = torch.arange(key_len, dtype=torch.float64).view(1, key_len)  # (1, Lk)
@@ -126,6 +126,8 @@ def reference_bias(config: LayerConfig, seq_len: int, key_len: int) -> torch.Ten
         bias -= slope * (queries - keys).abs()  # (H, L, Lk)
     if config.mask == "causal":
         bias.masked_fill_(keys > queries, float("-inf"))
+    if config.window:  # a sliding window: nor keys window or more back
+        bias.masked_fill_(keys <= queries - config.window, float("-inf"))
     if config.pos != "alibi" and config.mask != "causal":
         return None
     return bias
@@ -340,8 +342,9 @@ def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:
     """gradcheck in float64 on the CPU, small sizes: embeddings -> the layer's output."""
     # a head_dim stays independent of D: 2-wide heads, D two wider than their concat
     head_dim, d_model = (2, config.heads * 2 + 2) if config.head_dim else (0, config.heads * 2)
+    window = min(config.window, 2)  # a window that still acts on 3 tokens
     small = dataclasses.replace(
-        config, d_model=d_model, head_dim=head_dim, impl="math", device="cpu"
+        config, d_model=d_model, head_dim=head_dim, window=window, impl="math", device="cpu"
     )
     # (kv_heads still divides heads, so the grouped path is checked too; alibi and rope too)
     torch.manual_seed(config.seed)

@@ -49,6 +49,9 @@ class LayerConfig:
     # (rope), or biasing the scores (alibi)
     max_positions: int = 2048  # rows of the learned position table
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
+    # sliding window (with the causal mask): query i sees keys j with i - window < j <= i,
+    # its own and the window - 1 before it (transformers' sliding_window); 0 = no window
+    window: int = 0
     cross: bool = False  # cross-attention: keys and values from a second text, the context
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
@@ -196,6 +199,15 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(
             "alibi adds a (H, L, L) bias that CPU SDPA handles by building the weights "
             "out of sight; use --impl math (auto picks it)"
+        )
+    if not 0 <= config.window < LARGEST_SIZE:
+        raise AttnctlError(
+            f"window must be 0 (none) or a positive integer below 2^63, got {config.window}"
+        )
+    if config.window and config.mask != "causal":
+        raise AttnctlError(
+            f"a sliding window (window={config.window}) slides over earlier keys: "
+            "it needs --mask causal"
         )
     if config.softcap < 0:
         raise AttnctlError(f"softcap must be positive (0 = off), got {config.softcap}")

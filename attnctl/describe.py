@@ -306,4 +306,5 @@ def seeded_model(config: LayerConfig, vocab_size: int) -> ModelDescription:
         max_positions=config.max_positions,
     )
     kind = CROSS_ATTENTION if config.cross else SELF_ATTENTION
-    return ModelDescription(embeddings, (Block((Attention(config, kind),)),))
+    attention = Attention(config, kind, window=config.window)
+    return ModelDescription(embeddings, (Block((attention,)),))

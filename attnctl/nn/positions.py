@@ -100,3 +100,15 @@ def causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tenso
     ``nn.MultiheadAttention`` wants the opposite (True = blocked): pass ``~causal_mask(L)``.
     """
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril_()
+
+
+def visible_keys(seq_len: int, window: int, device: torch.device | None = None) -> torch.Tensor:
+    """The causal mask, or with ``window`` > 0 a sliding window: (L, L) bool, True = may attend.
+
+    Query i sees keys i - window < j <= i, itself and the window - 1 before it (as
+    transformers' ``sliding_window_causal_mask_function``), in place on the causal mask.
+    """
+    allowed = causal_mask(seq_len, device)  # (L, L)
+    if window:
+        allowed.triu_(1 - window)  # and j >= i - window + 1
+    return allowed

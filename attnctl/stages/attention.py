@@ -5,6 +5,7 @@ The torch twin is ``attnctl/nn/attention.py``; both name every stage literally.
 
 from __future__ import annotations
 
+from attnctl.config import LayerConfig
 from attnctl.describe import NORM_NAMES, Attention
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 
@@ -129,7 +130,7 @@ def plan_attention(
                 "L L",
                 (scores,),
                 dtype="bool",
-                what=f"causal; {MASK_CONVENTION}; blocked scores set to -inf in place",
+                what=f"{_causal(config)}; {MASK_CONVENTION}; blocked scores set to -inf in place",
             )
         weights = plan.add(
             "weights", f"B H L {key_len}", (scores,), what="softmax over keys: rows sum to 1"
@@ -143,12 +144,23 @@ def plan_attention(
             )
         attended = plan.add("weighted_values", "B H L d_k", (weights, v), what="weights · V")
     else:
+        reads = (q, k, v)
+        if config.window:  # the kernel's is_causal has no window: a bool attn_mask
+            reads += (
+                plan.add(
+                    "mask",
+                    "L L",
+                    dtype="bool",
+                    what=f"{_causal(config)}; {MASK_CONVENTION}; SDPA's attn_mask",
+                ),
+            )
         attended = plan.add(
             "weighted_values",
             "B H L d_k",
-            (q, k, v),
+            reads,
             what="F.scaled_dot_product_attention"
-            + (" (is_causal)" if config.mask == "causal" else "")
+            + (" (is_causal)" if config.mask == "causal" and not config.window else "")
+            + (" (attn_mask)" if config.window else "")
             + (f" (scale {config.query_scale:g})" if config.query_scale else "")
             + ": weights never stored",
         )
@@ -176,3 +188,10 @@ def plan_attention(
     if config.norm == "post":
         plan.add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
     return plan.last
+
+
+def _causal(config: LayerConfig) -> str:
+    """The causal mask in words, with its sliding window."""
+    if not config.window:
+        return "causal"
+    return f"causal, sliding window {config.window}: query i sees keys i - {config.window} < j <= i"
