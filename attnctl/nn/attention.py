@@ -18,6 +18,7 @@ from attnctl.config import LayerConfig
 from attnctl.describe import Attention
 from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record, positions
+from attnctl.rope import attention_scaling
 
 
 @dataclass
@@ -33,6 +34,11 @@ def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch
     if config.norm_type == "layer":
         return F.layer_norm(x, (x.shape[-1],), weight, bias, config.norm_eps)
     return F.rms_norm(x, (x.shape[-1],), weight, config.norm_eps)
+
+
+def _scaled(table: torch.Tensor, scaling: float) -> torch.Tensor:
+    """A float32 cos or sin table times RoPE's attention scaling, in place (1: as it is)."""
+    return table if scaling == 1 else table.mul_(scaling)
 
 
 def scale_scores(config: LayerConfig, scores: torch.Tensor) -> torch.Tensor:
@@ -136,9 +142,10 @@ def attention(
     if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
         angles = positions.rotary_angles(seq_len, d_k, q.device, config)  # (L, d_k), float32
         record("rope_angles", angles, "L d_k")
-        cos = angles.cos().to(q.dtype)  # (L, d_k)
+        scaling = attention_scaling(config.rope)  # yarn, longrope: cos and sin times it
+        cos = _scaled(angles.cos(), scaling).to(q.dtype)  # (L, d_k)
         record("rope_cos", cos, "L d_k")
-        sin = angles.sin().to(q.dtype)  # (L, d_k)
+        sin = _scaled(angles.sin(), scaling).to(q.dtype)  # (L, d_k)
         del angles
         record("rope_sin", sin, "L d_k")
         q = positions.rotate(q, cos, sin)  # (B, H, L, d_k)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from attnctl.config import LayerConfig
 from attnctl.describe import NORM_NAMES, Attention
+from attnctl.rope import attention_scaling
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 
 
@@ -67,8 +68,14 @@ def plan_attention(
         )
         # cos() and sin() in float32, then .to() the dtype
         cast = seq_len * config.d_k * 4 if config.dtype != "float32" else 0
-        plan.add("rope_cos", "L d_k", ("rope_angles",), what="cos of the angles", scratch=cast)
-        plan.add("rope_sin", "L d_k", ("rope_angles",), what="sin of the angles", scratch=cast)
+        scaling = attention_scaling(config.rope)  # yarn, longrope: in place, in float32
+        times = "" if scaling == 1 else f" × {scaling:.6g} (attention scaling)"
+        plan.add(
+            "rope_cos", "L d_k", ("rope_angles",), what="cos of the angles" + times, scratch=cast
+        )
+        plan.add(
+            "rope_sin", "L d_k", ("rope_angles",), what="sin of the angles" + times, scratch=cast
+        )
         turn = "x·cos + rotate_half(x)·sin: RoPE turns each pair of dims"
         k_dims = f"B {kv_split} L d_k"
         # scratch: rotate_half(x) and its product with sin
