@@ -1,10 +1,10 @@
 """Issue 11's attention math as options of the built-in layer: head_dim, query scale,
-soft-capping, q/k norms, sliding windows. Each against a reference written here in
-float64, one head at a time, plus plan == trace == measured bytes and ``check``."""
+soft-capping and q/k norms (sliding windows and RoPE scaling have their own files). Each
+against a reference written here in float64, one head at a time, plus plan == trace ==
+measured bytes and ``check``."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import types
@@ -454,365 +454,39 @@ def test_qk_norm_misuse_exits_2(invoke, args, message):
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
 
 
-# ---------------------------------------------------------------- sliding window
+# ---------------------------------------------------------------- preset keys
 
 
-@pytest.mark.parametrize("length,window", [(1, 1), (6, 1), (9, 4), (9, 9), (5, 12)])
-def test_the_window_mask_is_transformers_sliding_window(length, window):
-    from transformers.masking_utils import sliding_window_causal_mask_function
-
-    from attnctl.nn.positions import visible_keys
-
-    visible = sliding_window_causal_mask_function(window)
-    index = [torch.tensor(n) for n in range(length)]
-    expected = torch.tensor([[bool(visible(0, 0, i, j)) for j in index] for i in index])
-    assert torch.equal(visible_keys(length, window), expected)
-
-
-@pytest.mark.parametrize("impl", ["math", "sdpa"])
-@pytest.mark.parametrize("kv_heads", [4, 2])
-@pytest.mark.parametrize("window", [1, 3, 20])
-def test_window_matches_the_formula(impl, kv_heads, window):
-    config = build_config(
-        d_model=32, heads=4, kv_heads=kv_heads, window=window, mask="causal", impl=impl
+def test_the_new_preset_keys_equal_the_flags(tmp_path, invoke):
+    path = tmp_path / "gemma-ish.toml"
+    path.write_text(
+        "d_model = 32\nheads = 4\nhead_dim = 12\nquery_scale = 0.25\nsoftcap = 30\n"
+        'qk_norm = "head"\nnorm_type = "rms"\nmask = "causal"\nwindow = 3\npos = "rope"\n'
     )
-    torch.manual_seed(0)
-    layer = AttentionLayer(config, 30).eval()
-    ids = torch.randint(0, 30, (2, 11))
-    with torch.no_grad():
-        ours = layer(ids, window=([0, 2], [0, 5, 10]))
-        output, weights = reference_attention(layer, ids)
-    assert (ours.attention_output.double() - output).abs().max() <= 1e-5
-    assert (ours.window.double() - weights[:, [0, 2]][:, :, [0, 5, 10]]).abs().max() <= 1e-6
-    if impl == "math":
-        assert (ours.weights.double() - weights).abs().max() <= 1e-6
-    seen = (weights[0, 0] > 0).sum(-1)  # keys each query sees: min(i + 1, window)
-    assert seen.tolist() == [min(i + 1, window) for i in range(11)]
+    flags = ("--d-model", "32", "--heads", "4", "--head-dim", "12", "--query-scale", "0.25",
+             "--softcap", "30", "--qk-norm", "head", "--norm-type", "rms", "--mask", "causal",
+             "--window", "3", "--pos", "rope")  # fmt: skip
+    from_preset = json.loads(invoke("shapes", "-c", str(path), "--json").stdout)
+    from_flags = json.loads(invoke("shapes", *flags, "--json").stdout)
+    assert from_preset == from_flags
+    config = from_preset["config"]
+    assert (config["head_dim"], config["query_scale"], config["softcap"]) == (12, 0.25, 30.0)
+    assert (config["qk_norm"], config["window"]) == ("head", 3)
+    names = [s["name"] for s in from_preset["stages"]]
+    assert {"q_norm", "k_norm", "softcap", "mask"} <= set(names)
 
 
 @pytest.mark.parametrize(
-    "impl,pos,kv_heads",
-    [("math", "none", 4), ("sdpa", "none", 4), ("math", "rope", 2), ("sdpa", "rope", 2),
-     ("math", "alibi", 4)],
+    "line,message",
+    [("head_dim = 1.5", "head_dim must be int, got float 1.5"),
+     ("window = true", "window must be int, got bool True"),
+     ("qk_norm = 1", "qk_norm must be str, got int 1"),
+     ("qk_norm = 'rms'", "qk_norm must be one of none, head, all; got 'rms'"),
+     ("softcap = 'off'", "softcap must be float, got str 'off'"),
+     ("query_scale = -1", "query_scale must be positive (0 = 1/√d_k), got -1.0")],
 )  # fmt: skip
-def test_window_plan_equals_trace_and_measurement(impl, pos, kv_heads):
-    config = build_config(
-        d_model=32, heads=4, kv_heads=kv_heads, pos=pos, window=4, mask="causal", impl=impl,
-        device="cpu",
-    )  # fmt: skip
-    plan = assert_plan_matches(config)
-    assert "sliding window 4: query i sees keys i - 4 < j <= i" in plan.stage("mask").what
-    if impl == "sdpa":
-        assert "mask" in plan.stage("weighted_values").reads
-    from attnctl.describe import seeded_model
-
-    assert seeded_model(config, 20).blocks[0].attention.window == 4
-
-
-def test_window_in_the_cli_and_check(invoke):
-    args = ("--mask", "causal", "--window", "2")
-    data = json.loads(invoke("check", *args, "--seq-len", "6", *CPU, "--json").stdout)
-    assert data["ok"] and data["skipped"] == []
-    assert {c["b"] for c in data["comparisons"]} == {"sdpa", "nn.MultiheadAttention"}
-    run = json.loads(invoke("run", "Are you OK now?", *args, *CPU, "--json").stdout)
-    weights = torch.tensor(run["attention"])[0, 0]  # (L, L)
-    assert ((weights > 0).sum(-1) == torch.tensor([1] + [2] * (weights.shape[0] - 1))).all()
-    shapes = invoke("shapes", *args, "--impl", "sdpa", columns=200).stdout
-    assert "sliding window 2" in shapes and "SDPA's attn_mask" in shapes
-
-
-def test_a_layer_without_its_window_is_caught(monkeypatch):
-    config = build_config(d_model=16, heads=4, mask="causal", window=2, device="cpu")
-    assert run_check(config, 2, 6, 30).ok
-    monkeypatch.setattr(
-        attnctl.nn.positions, "visible_keys", lambda n, w, device=None: torch.ones(
-            n, n, dtype=torch.bool, device=device).tril_()
-    )  # fmt: skip
-    result = run_check(config, 2, 6, 30)
-    wrong = {c.a for c in result.comparisons if c.b == "nn.MultiheadAttention" and not c.ok}
-    assert wrong == {"math", "sdpa"}
-
-
-@pytest.mark.parametrize(
-    "args,message",
-    [(["shapes", "--window", "4"], "it needs --mask causal"),
-     (["shapes", "--window", "-1", "--mask", "causal"], "window must be 0 (none) or a positive"),
-     (["memory", "--window", "4", "--mask", "causal", "--train"], "does not model --window 4 yet")],
-)  # fmt: skip
-def test_window_misuse_exits_2(invoke, args, message):
-    result = invoke(*args)
-    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
-
-
-# ------------------------------------- every combination of the new options, in check
-
-SMALL = {"d_model": 16, "heads": 4, "device": "cpu"}
-NEW_OPTIONS = [
-    dict(head_dim=head_dim, query_scale=query_scale, softcap=softcap, qk_norm=qk_norm,
-         window=window)
-    for head_dim, query_scale, softcap, qk_norm, window in itertools.product(
-        (0, 6), (0.0, 0.3), (0.0, 2.0), ("none", "head", "all"), (0, 2)
-    )
-]  # fmt: skip
-
-
-def new_variants() -> list[dict]:
-    """Every combination of the new options, with each position (self-attention) and
-    without a window in cross-attention; kv-heads, norms and the mask vary along."""
-    variants = []
-    for n, new in enumerate(NEW_OPTIONS):
-        for pos in ("none", "rope", "alibi"):
-            mask = "causal" if new["window"] or n % 2 else "none"
-            base = dict(
-                pos=pos, mask=mask, kv_heads=(4, 2, 1)[n % 3], norm=("post", "pre", "none")[n % 3],
-                norm_type=("layer", "rms")[n // 3 % 2],
-            )  # fmt: skip
-            variants.append({**base, **new})
-        if not new["window"]:
-            variants.append({**new, "pos": "learned", "kv_heads": 2, "cross": True})
-    return variants
-
-
-NEW_VARIANTS = new_variants()
-
-
-def test_the_new_variants_are_all_accepted():
-    from attnctl.config import LayerConfig, validate
-
-    assert len(NEW_VARIANTS) == 48 * 3 + 24
-    for options in NEW_VARIANTS:
-        validate(LayerConfig(**SMALL, **options))
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize("options", NEW_VARIANTS, ids=lambda o: "-".join(map(str, o.values())))
-def test_check_passes_for_every_new_variant(options, one_thread):
-    config = build_config(**SMALL, **options)
-    result = run_check(config, batch=2, seq_len=5, vocab_size=30)
-    assert result.ok and result.gradcheck, result.comparisons
-    plain = (
-        config.pos != "rope" and not config.head_dim and not config.query_scale
-        and not config.softcap and config.qk_norm == "none"
-    )  # fmt: skip
-    oracle = "nn.MultiheadAttention" if plain else SDPA_REFERENCE
-    pairs = {(c.a, c.b, c.what) for c in result.comparisons}
-    expected = {("math", oracle, "output"), ("math", oracle, "weights"),
-                ("math", oracle, "layer output")}  # fmt: skip
-    if not config.softcap:
-        expected |= {("math", "sdpa", "output"), ("sdpa", oracle, "output")}
-    assert pairs == expected
-    cannot = "sdpa: F.scaled_dot_product_attention cannot soft-cap the scores"
-    assert result.skipped == ([cannot] if config.softcap else [])
-
-
-# ---------------------------------------------------------------- RoPE scaling
-
-ROPE_CASES = {  # LayerConfig keys; lengths on both sides of the original 16
-    "yarn": dict(rope_type="yarn", rope_factor=4.0, rope_original_max_positions=16),
-    "yarn mscale, no truncate": dict(
-        rope_type="yarn", rope_factor=8.0, rope_original_max_positions=16, rope_mscale=0.7,
-        rope_mscale_all_dim=0.3, rope_beta_fast=16.0, rope_beta_slow=2.0, rope_truncate=False,
-        rope_theta=50000.0,
-    ),
-    "yarn attention factor": dict(
-        rope_type="yarn", rope_factor=2.0, rope_original_max_positions=16,
-        rope_attention_factor=1.3,
-    ),
-    "dynamic": dict(rope_type="dynamic", rope_factor=3.0, rope_original_max_positions=16),
-    "longrope": dict(
-        rope_type="longrope", rope_factor=4.0, rope_original_max_positions=16,
-        rope_short_factor=(1.0, 1.1, 1.3, 1.7, 2.0, 2.2, 2.9, 3.0),
-        rope_long_factor=(1.5, 2.0, 3.5, 6.0, 7.0, 9.0, 12.0, 15.5),
-    ),
-    "linear": dict(rope_type="linear", rope_factor=4.0),
-    "llama3": dict(
-        rope_type="llama3", rope_factor=8.0, rope_original_max_positions=64,
-        rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
-    ),
-}  # fmt: skip
-ROPE_SMALL = dict(d_model=64, heads=4, pos="rope", mask="causal", device="cpu")  # d_k 16
-
-
-def transformers_rope(config, seq_len: int, float64: bool = False):
-    """transformers' ROPE_INIT_FUNCTIONS for this layer's RoPE: (inv_freq, attention scaling)."""
-    import copy
-    import warnings
-    from unittest import mock
-
-    import transformers
-    from transformers import modeling_rope_utils
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    from tests.test_rope import _Float64Torch
-
-    parameters = {"rope_type": config.rope_type, "rope_theta": config.rope_theta}
-    if config.rope_type != "default":
-        parameters["factor"] = config.rope_factor
-    if config.rope_type in ("llama3", "yarn", "longrope"):
-        parameters["original_max_position_embeddings"] = config.rope_original_max_positions
-    if config.rope_type == "llama3":
-        parameters["low_freq_factor"] = config.rope_low_freq_factor
-        parameters["high_freq_factor"] = config.rope_high_freq_factor
-    if config.rope_type == "yarn":
-        parameters.update(
-            beta_fast=config.rope_beta_fast, beta_slow=config.rope_beta_slow,
-            truncate=config.rope_truncate,
-        )  # fmt: skip
-        for key in ("mscale", "mscale_all_dim"):
-            if getattr(config, f"rope_{key}"):
-                parameters[key] = getattr(config, f"rope_{key}")
-    if config.rope_type in ("yarn", "longrope") and config.rope_attention_factor:
-        parameters["attention_factor"] = config.rope_attention_factor
-    if config.rope_type == "longrope":
-        parameters["short_factor"] = list(config.rope_short_factor)
-        parameters["long_factor"] = list(config.rope_long_factor)
-    sizes = {"hidden_size": config.d_model, "num_attention_heads": config.heads}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf = transformers.Qwen3Config(
-            **sizes, head_dim=config.d_k, rope_parameters=copy.deepcopy(parameters),
-            max_position_embeddings=config.rope_original_max_positions,
-        )  # fmt: skip
-    function = ROPE_INIT_FUNCTIONS[config.rope_type]
-    if float64:
-        with mock.patch.object(modeling_rope_utils, "torch", _Float64Torch()):
-            inv_freq, scaling = function(hf, None, seq_len=seq_len)
-    else:
-        inv_freq, scaling = function(hf, None, seq_len=seq_len)
-    return inv_freq, float(scaling)
-
-
-@pytest.mark.parametrize("case", ROPE_CASES)
-@pytest.mark.parametrize("seq_len", [5, 16, 40])
-def test_the_layer_rope_equals_transformers(case, seq_len):
-    """The layer's angles and cos/sin scaling, and check's own reference, against
-    transformers' init functions (float32 as the layer; float64 for the reference)."""
-    from attnctl.check import reference_frequencies, reference_rope_scaling
-    from attnctl.nn.positions import rotary_angles
-    from attnctl.rope import attention_scaling
-
-    config = build_config(**ROPE_SMALL, **ROPE_CASES[case])
-    inv_freq, scaling = transformers_rope(config, seq_len)
-    angles = rotary_angles(seq_len, config.d_k, config=config).double()  # (L, d_k)
-    expected = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq.double())
-    assert (angles[:, : config.d_k // 2] - expected).abs().max() <= 1e-6 * max(seq_len, 1)
-    assert torch.equal(angles[:, : config.d_k // 2], angles[:, config.d_k // 2 :])
-    assert attention_scaling(config.rope) == pytest.approx(scaling, rel=1e-9)
-    inv_freq64, scaling64 = transformers_rope(config, seq_len, float64=True)
-    reference = reference_frequencies(config, seq_len)
-    # transformers' longrope takes its exponents .float(): float32 even when patched
-    relative = 1e-6 if config.rope_type == "longrope" else 1e-12
-    assert ((reference - inv_freq64).abs() <= relative * inv_freq64.abs()).all()
-    assert reference_rope_scaling(config) == pytest.approx(scaling64, rel=1e-12)
-
-
-@pytest.mark.parametrize("case", ["linear", "llama3"])
-def test_linear_and_llama3_angles_are_unchanged(case):
-    """The float32 code they had before (θ_i in float32, then scaled one by one)."""
-    from attnctl.nn.positions import rotary_angles, scaled_frequency
-
-    config = build_config(**ROPE_SMALL, **ROPE_CASES[case])
-    inv_freq = torch.pow(config.rope_theta, torch.arange(0, 16, 2, dtype=torch.float32).div_(-16))
-    inv_freq = torch.tensor([scaled_frequency(f, config) for f in inv_freq.tolist()])
-    angles = torch.outer(torch.arange(30, dtype=torch.float32), inv_freq)
-    assert torch.equal(rotary_angles(30, 16, config=config), torch.cat((angles, angles), -1))
-
-
-@pytest.mark.parametrize("case", ["yarn mscale, no truncate", "dynamic", "longrope"])
-@pytest.mark.parametrize("impl,dtype", [("math", "float32"), ("sdpa", "float32"),
-                                        ("math", "float16")])  # fmt: skip
-def test_rope_scaling_plan_equals_trace_and_measurement(case, impl, dtype):
-    config = build_config(**ROPE_SMALL, **ROPE_CASES[case], impl=impl, dtype=dtype, kv_heads=2)
-    plan = assert_plan_matches_in_dtype(config, seq_len=20)  # past the original 16
-    assert f"{config.rope_type} scaling" in plan.stage("rope_angles").what
-    if case != "dynamic":
-        assert "(attention scaling)" in plan.stage("rope_cos").what
-
-
-def rope_preset(tmp_path, case: str) -> str:
-    lines = [f"{k} = {json.dumps(v)}" for k, v in {**ROPE_SMALL, **ROPE_CASES[case]}.items()]
-    path = tmp_path / "rope.toml"
-    path.write_text("\n".join(lines).replace("(", "[").replace(")", "]") + "\n")
-    return str(path)
-
-
-@pytest.mark.parametrize("case", ["yarn", "dynamic", "longrope"])
-def test_rope_scaling_in_check_and_its_breaks(case, tmp_path, invoke, monkeypatch):
-    preset = rope_preset(tmp_path, case)
-    for seq_len in ("6", "20"):  # below and past the original length
-        data = json.loads(invoke("check", "-c", preset, "--seq-len", seq_len, "--json").stdout)
-        assert data["ok"] and data["skipped"] == []
-        assert {c["b"] for c in data["comparisons"]} == {"sdpa", SDPA_REFERENCE}
-    config = build_config(**ROPE_SMALL, **ROPE_CASES[case])
-    assert run_check(config, 2, 20, 30).ok
-    import attnctl.rope
-
-    unscaled = lambda rope, head_dim, seq_len: [  # noqa: E731
-        1 / rope.theta ** (2 * i / head_dim) for i in range(head_dim // 2)
-    ]
-    monkeypatch.setattr(attnctl.rope, "inverse_frequencies", unscaled)
-    result = run_check(config, 2, 20, 30)
-    wrong = {c.a for c in result.comparisons if c.b == SDPA_REFERENCE and not c.ok}
-    assert wrong == {"math", "sdpa"}
-
-
-def test_a_layer_without_the_attention_scaling_is_caught(monkeypatch):
-    config = build_config(**ROPE_SMALL, **ROPE_CASES["yarn"])
-    assert run_check(config, 2, 8, 30).ok
-    monkeypatch.setattr(attnctl.nn.attention, "attention_scaling", lambda rope: 1.0)
-    result = run_check(config, 2, 8, 30)
-    wrong = {c.a for c in result.comparisons if c.b == SDPA_REFERENCE and not c.ok}
-    assert wrong == {"math", "sdpa"}
-
-
-def test_the_rope_reference_is_not_the_layer(monkeypatch):
-    import attnctl.check
-    import attnctl.rope
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("the reference used the layer's own code")
-
-    for case in ("yarn mscale, no truncate", "dynamic", "longrope"):
-        config = build_config(**ROPE_SMALL, **ROPE_CASES[case])
-        torch.manual_seed(0)
-        layer = AttentionLayer(config, 30).eval()
-        x = torch.randn(2, 20, 64)
-        with monkeypatch.context() as patched:
-            for name in ("inverse_frequencies", "attention_scaling", "_yarn", "_mscale"):
-                patched.setattr(attnctl.rope, name, forbidden)
-            for name in ("rotate", "rotary_angles", "scaled_frequency"):
-                patched.setattr(attnctl.nn.positions, name, forbidden)
-            with torch.no_grad():
-                reference = attnctl.check.sdpa_reference_attention(layer, x, x)
-        assert reference.output.shape == (2, 20, 64)
-
-
-@pytest.mark.parametrize(
-    "keys,message",
-    [({"rope_type": "longrope", "rope_short_factor": [1.0], "rope_long_factor": [1.0]},
-      "rope_short_factor must hold one factor per rotated pair: d_k/2 = 8, got 1"),
-     ({"rope_type": "yarn", "rope_short_factor": [1.0] * 8},
-      "rope_short_factor is read by rope_type longrope only, not yarn"),
-     ({"rope_type": "longrope", "rope_short_factor": "1, 2"},
-      "rope_short_factor must be a list of numbers"),
-     ({"rope_type": "longrope", "rope_short_factor": [1.0] * 7 + [-1.0],
-       "rope_long_factor": [1.0] * 8}, "rope_short_factor must hold positive finite numbers"),
-     ({"rope_type": "yarn", "rope_beta_fast": -1.0}, "rope_beta_fast must be positive"),
-     ({"rope_type": "yarn", "rope_attention_factor": -1.0},
-      "rope_attention_factor must be positive (0 = unset)"),
-     ({"rope_type": "dynamic", "d_model": 8}, "rope_type dynamic needs d_k >= 4"),
-     ({"rope_type": "ntk"}, "rope_type must be one of default, linear, llama3, dynamic, yarn")],
-)  # fmt: skip
-def test_rope_scaling_misuse_exits_2(tmp_path, invoke, keys, message):
-    values = {**ROPE_SMALL, **keys}
+def test_bad_new_preset_keys_are_named(tmp_path, invoke, line, message):
     path = tmp_path / "bad.toml"
-    path.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items()) + "\n")
+    path.write_text(line + "\n")
     result = invoke("shapes", "-c", str(path))
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
