@@ -115,7 +115,7 @@ def reference_bias(config: LayerConfig, seq_len: int, key_len: int) -> torch.Ten
     """What is added to the scores, in float64 on the CPU: (H, L, Lk), or None if nothing.
 
     ALiBi's -m_h·|i - j| with m_h = 2^(-8(h+1)/H), and -inf where the causal mask blocks
-    key j > query i.
+    key j > query i, and where a sliding window blocks j <= i - window.
     """
     queries = torch.arange(seq_len, dtype=torch.float64).view(seq_len, 1)  # (L, 1)
     keys = torch.arange(key_len, dtype=torch.float64).view(1, key_len)  # (1, Lk)
@@ -126,6 +126,8 @@ def reference_bias(config: LayerConfig, seq_len: int, key_len: int) -> torch.Ten
         bias -= slope * (queries - keys).abs()  # (H, L, Lk)
     if config.mask == "causal":
         bias.masked_fill_(keys > queries, float("-inf"))
+    if config.window:  # a sliding window: nor keys window or more back
+        bias.masked_fill_(keys <= queries - config.window, float("-inf"))
     if config.pos != "alibi" and config.mask != "causal":
         return None
     return bias
@@ -162,11 +164,26 @@ def mha_attention(
     return ReferenceAttention(MHA, output, weights)
 
 
-def reference_frequencies(config: LayerConfig) -> torch.Tensor:
-    """RoPE's θ_i = rope_theta^(-2i/d_k), scaled as Hugging Face defines rope_type: (d_k/2,)."""
-    exponent = torch.arange(0, config.d_k, 2, dtype=torch.float64) / config.d_k
-    frequency = 1.0 / config.rope_theta**exponent  # (d_k/2,)
+def reference_frequencies(config: LayerConfig, seq_len: int = 1) -> torch.Tensor:
+    """RoPE's θ_i = rope_theta^(-2i/d_k), scaled as Hugging Face defines rope_type, for a
+    pass over ``seq_len`` positions (dynamic and longrope depend on it): (d_k/2,).
+
+    Written here in float64 torch, apart from the layer's ``attnctl.rope`` (which tests hold
+    to transformers' ROPE_INIT_FUNCTIONS, as they hold this).
+    """
+    d_k, original = config.d_k, config.rope_original_max_positions
+    exponent = torch.arange(0, d_k, 2, dtype=torch.float64) / d_k
+    theta = config.rope_theta
+    if config.rope_type == "dynamic" and seq_len > original:  # NTK: a larger base
+        stretch = config.rope_factor * seq_len / original - (config.rope_factor - 1)
+        theta = theta * stretch ** (d_k / (d_k - 2))
+    frequency = 1.0 / theta**exponent  # (d_k/2,)
     factor = config.rope_factor
+    if config.rope_type == "longrope":
+        chosen = config.rope_long_factor if seq_len > original else config.rope_short_factor
+        return frequency / torch.tensor(chosen, dtype=torch.float64)
+    if config.rope_type == "yarn":
+        return _reference_yarn(config, frequency)
     if config.rope_type == "linear":
         return frequency / factor
     if config.rope_type == "llama3":
@@ -178,6 +195,47 @@ def reference_frequencies(config: LayerConfig) -> torch.Tensor:
         slow, fast = wavelength > original / low, wavelength < original / high
         return torch.where(slow, frequency / factor, torch.where(fast, frequency, blended))
     return frequency
+
+
+def _reference_yarn(config: LayerConfig, frequency: torch.Tensor) -> torch.Tensor:
+    """YaRN: θ_i kept for the pairs turning more than beta_fast times in the original length,
+    θ_i / factor for those turning fewer than beta_slow times, a linear ramp between."""
+    d_k, base = config.d_k, config.rope_theta
+
+    def pair_turning(times: float) -> float:  # the pair index that turns `times` times
+        return (
+            d_k
+            * math.log(config.rope_original_max_positions / (times * 2 * math.pi))
+            / (2 * math.log(base))
+        )
+
+    low, high = pair_turning(config.rope_beta_fast), pair_turning(config.rope_beta_slow)
+    if config.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d_k - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(d_k // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return frequency / config.rope_factor * ramp + frequency * (1 - ramp)
+
+
+def reference_rope_scaling(config: LayerConfig) -> float:
+    """What yarn and longrope multiply cos and sin by (1 for the other types)."""
+    factor, given = config.rope_factor, config.rope_attention_factor
+    if config.rope_type not in ("yarn", "longrope"):
+        return 1.0
+    if given:
+        return given
+    if config.rope_type == "longrope":
+        if factor <= 1:
+            return 1.0
+        return math.sqrt(1 + math.log(factor) / math.log(config.rope_original_max_positions))
+
+    def yarn_mscale(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if config.rope_mscale and config.rope_mscale_all_dim:
+        return yarn_mscale(config.rope_mscale) / yarn_mscale(config.rope_mscale_all_dim)
+    return yarn_mscale(1.0)
 
 
 def _turn_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -208,9 +266,10 @@ def sdpa_reference_attention(
     v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
     if config.pos == "rope":
         position = torch.arange(seq_len, dtype=torch.float64)  # (L,)
-        angles = torch.outer(position, reference_frequencies(config))  # (L, d_k/2)
-        cos = angles.cos().to(device=x.device, dtype=x.dtype)
-        sin = angles.sin().to(device=x.device, dtype=x.dtype)
+        angles = torch.outer(position, reference_frequencies(config, seq_len))  # (L, d_k/2)
+        scaling = reference_rope_scaling(config)
+        cos = (angles.cos() * scaling).to(device=x.device, dtype=x.dtype)
+        sin = (angles.sin() * scaling).to(device=x.device, dtype=x.dtype)
         q, k = _turn_pairs(q, cos, sin), _turn_pairs(k, cos, sin)
     kv_head = torch.arange(heads, device=x.device) // (heads // kv_heads)  # (H,)
     k, v = k[:, kv_head], v[:, kv_head]  # (B, H, Lk, d_k): the K/V head each query head reads
@@ -340,9 +399,21 @@ def _gradcheck(config: LayerConfig, vocab_size: int) -> tuple[bool, str]:
     """gradcheck in float64 on the CPU, small sizes: embeddings -> the layer's output."""
     # a head_dim stays independent of D: 2-wide heads, D two wider than their concat
     head_dim, d_model = (2, config.heads * 2 + 2) if config.head_dim else (0, config.heads * 2)
+    window = min(config.window, 2)  # a window that still acts on 3 tokens
     small = dataclasses.replace(
-        config, d_model=d_model, head_dim=head_dim, impl="math", device="cpu"
+        config, d_model=d_model, head_dim=head_dim, window=window, impl="math", device="cpu"
     )
+    if config.pos == "rope" and config.rope_type in ("dynamic", "longrope"):
+        # 4-wide heads (dynamic's base needs r > 2), longrope's first two factors, and an
+        # original length of 2, so that 3 tokens take the long branch
+        small = dataclasses.replace(
+            small,
+            d_model=config.heads * 4,
+            head_dim=4 if config.head_dim else 0,
+            rope_original_max_positions=2,
+            rope_short_factor=config.rope_short_factor[:2],
+            rope_long_factor=config.rope_long_factor[:2],
+        )
     # (kv_heads still divides heads, so the grouped path is checked too; alibi and rope too)
     torch.manual_seed(config.seed)
     layer = AttentionLayer(small, vocab_size).double()

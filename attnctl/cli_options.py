@@ -63,6 +63,12 @@ LAYER_OPTIONS: dict[str, Any] = {
         "biasing the scores (alibi). Default sinusoidal.",
     ),
     "mask": _option(Mask, "--mask", help="Attention mask. Default none."),
+    "window": _option(
+        int,
+        "--window",
+        help="Sliding window (with --mask causal): query i sees keys i-W < j <= i; "
+        "0 = none. Default 0.",
+    ),
     "norm": _option(
         Norm,
         "--norm",

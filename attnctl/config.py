@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from attnctl.errors import AttnctlError
+from attnctl.rope import Rope
 
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
 MASKS = ("none", "causal")
@@ -24,7 +25,7 @@ NORMS = ("post", "pre", "none")
 NORM_TYPES = ("layer", "rms")
 QK_NORMS = ("none", "head", "all")
 IMPLS = ("auto", "math", "sdpa")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "dynamic", "yarn", "longrope")
 DTYPES = ("float32", "float16", "bfloat16")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "bool": 1}
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -49,6 +50,9 @@ class LayerConfig:
     # (rope), or biasing the scores (alibi)
     max_positions: int = 2048  # rows of the learned position table
     mask: str = "none"  # "causal": a query may attend only to itself and earlier keys
+    # sliding window (with the causal mask): query i sees keys j with i - window < j <= i,
+    # its own and the window - 1 before it (transformers' sliding_window); 0 = no window
+    window: int = 0
     cross: bool = False  # cross-attention: keys and values from a second text, the context
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
@@ -60,11 +64,25 @@ class LayerConfig:
     # RoPE for long contexts: "linear" divides every θ_i by rope_factor; "llama3" divides
     # the slow ones (wavelength > original / low_freq_factor), keeps the fast ones
     # (< original / high_freq_factor) and blends in between (Llama 3.1's rope_scaling)
+    # "dynamic" raises the base past rope_original_max_positions tokens (NTK); "yarn" ramps
+    # between θ_i and θ_i / factor over the pairs turning between rope_beta_slow and
+    # rope_beta_fast times in the original length; "longrope" divides θ_i by one factor
+    # per pair (short, or long past the original length). yarn and longrope multiply cos and
+    # sin by rope_attention_factor (0: their own formula; yarn's from rope_mscale and
+    # rope_mscale_all_dim when both are set). As transformers computes them (attnctl/rope.py)
     rope_type: str = "default"
     rope_factor: float = 1.0
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_positions: int = 8192
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_mscale: float = 0.0  # 0 = unset
+    rope_mscale_all_dim: float = 0.0
+    rope_truncate: bool = True  # yarn: floor and ceil the ramp's ends
+    rope_attention_factor: float = 0.0
+    rope_short_factor: tuple[float, ...] = ()  # longrope: one per pair, d_k/2 of them
+    rope_long_factor: tuple[float, ...] = ()
     # what Q·Kᵀ is multiplied by; 0 = 1/√d_k (Gemma 2: query_pre_attn_scalar^-0.5)
     query_scale: float = 0.0
     # soft-capping: scores = softcap·tanh(scores/softcap) before masks and biases; 0 = off
@@ -86,12 +104,37 @@ class LayerConfig:
         return self.heads * self.d_k
 
     @property
+    def rope(self) -> Rope:
+        """The RoPE of this layer as ``attnctl.rope`` computes it."""
+        return Rope(
+            theta=self.rope_theta,
+            rope_type=self.rope_type,
+            factor=self.rope_factor,
+            max_positions=self.rope_original_max_positions,  # dynamic's trained length
+            original_max_positions=self.rope_original_max_positions,
+            low_freq_factor=self.rope_low_freq_factor,
+            high_freq_factor=self.rope_high_freq_factor,
+            beta_fast=self.rope_beta_fast,
+            beta_slow=self.rope_beta_slow,
+            mscale=self.rope_mscale or None,
+            mscale_all_dim=self.rope_mscale_all_dim or None,
+            attention_factor=self.rope_attention_factor or None,
+            truncate=self.rope_truncate,
+            short_factor=self.rope_short_factor,
+            long_factor=self.rope_long_factor,
+        )
+
+    @property
     def groups(self) -> int:
         """Query heads per key/value head (1 = ordinary multi-head attention)."""
         return self.heads // self.kv_heads
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain JSON values: the longrope factor tuples as lists."""
+        return {
+            key: list(value) if isinstance(value, tuple) else value
+            for key, value in dataclasses.asdict(self).items()
+        }
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -197,6 +240,15 @@ def validate(config: LayerConfig) -> LayerConfig:
             "alibi adds a (H, L, L) bias that CPU SDPA handles by building the weights "
             "out of sight; use --impl math (auto picks it)"
         )
+    if not 0 <= config.window < LARGEST_SIZE:
+        raise AttnctlError(
+            f"window must be 0 (none) or a positive integer below 2^63, got {config.window}"
+        )
+    if config.window and config.mask != "causal":
+        raise AttnctlError(
+            f"a sliding window (window={config.window}) slides over earlier keys: "
+            "it needs --mask causal"
+        )
     if config.softcap < 0:
         raise AttnctlError(f"softcap must be positive (0 = off), got {config.softcap}")
     if config.softcap and config.impl == "sdpa":
@@ -218,6 +270,7 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError("rope_factor and rope_original_max_positions must be positive")
     if not 0 < config.rope_low_freq_factor < config.rope_high_freq_factor:
         raise AttnctlError("rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor")
+    _validate_rope_scaling(config)
     if config.max_positions <= 0:
         raise AttnctlError(f"max_positions must be positive, got {config.max_positions}")
     if not config.tokenizer:
@@ -227,6 +280,32 @@ def validate(config: LayerConfig) -> LayerConfig:
     return config
 
 
+def _validate_rope_scaling(config: LayerConfig) -> None:
+    """yarn's, longrope's and dynamic's keys in range; longrope's factors one per pair."""
+    for key in ("rope_beta_fast", "rope_beta_slow"):
+        if not getattr(config, key) > 0:
+            raise AttnctlError(f"{key} must be positive, got {getattr(config, key)}")
+    for key in ("rope_mscale", "rope_mscale_all_dim", "rope_attention_factor"):
+        if getattr(config, key) < 0:
+            raise AttnctlError(f"{key} must be positive (0 = unset), got {getattr(config, key)}")
+    longrope = config.rope_type == "longrope"
+    for key in ("rope_short_factor", "rope_long_factor"):
+        factors = getattr(config, key)
+        if factors and not longrope:
+            raise AttnctlError(f"{key} is read by rope_type longrope only, not {config.rope_type}")
+        if not all(math.isfinite(f) and f > 0 for f in factors):
+            raise AttnctlError(f"{key} must hold positive finite numbers")
+        if longrope and config.pos == "rope" and len(factors) != config.d_k // 2:
+            raise AttnctlError(
+                f"{key} must hold one factor per rotated pair: d_k/2 = {config.d_k // 2}, "
+                f"got {len(factors)}"
+            )
+    if longrope and config.rope_original_max_positions < 2:  # ln(L₀) divides
+        raise AttnctlError("rope_original_max_positions must be at least 2 for longrope")
+    if config.rope_type == "dynamic" and config.pos == "rope" and config.d_k == 2:
+        raise AttnctlError("rope_type dynamic needs d_k >= 4 (its base has the power r/(r-2))")
+
+
 def _check_value(key: str, value: Any, source: str) -> Any:
     if key not in _FIELD_TYPES:
         known = ", ".join(_FIELD_TYPES)
@@ -234,6 +313,11 @@ def _check_value(key: str, value: Any, source: str) -> Any:
     expected = _FIELD_TYPES[key]
     if expected is float and type(value) is int:  # dropout = 0 in TOML is fine
         value = float(value)
+    if expected is tuple:  # a list of numbers (longrope's factors)
+        numbers = isinstance(value, list | tuple) and all(type(n) in (int, float) for n in value)
+        if not numbers:
+            raise AttnctlError(f"{source}: {key} must be a list of numbers")
+        value = tuple(float(n) for n in value)
     # bool is a subclass of int in Python; a TOML `true` is no head count.
     if type(value) is not expected:
         raise AttnctlError(

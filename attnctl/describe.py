@@ -73,12 +73,16 @@ class Attention:
 
     config: LayerConfig
     kind: str = SELF_ATTENTION  # or CROSS_ATTENTION: keys and values from a context
-    window: int = 0  # sliding window: keys at most this far back (0: none)
     output_norm: bool = False  # a norm of W_o's output before the residual (Gemma, OLMo 2)
 
     @property
     def placement(self) -> str:
         return self.config.norm
+
+    @property
+    def window(self) -> int:
+        """Its sliding window: query i sees keys i - W < j <= i (0: none)."""
+        return self.config.window
 
     @property
     def residual(self) -> bool:
@@ -243,27 +247,6 @@ class ModelDescription:
                 total += count
         return total
 
-    def window_limit(self, blocks: int | None = None) -> int:
-        """The longest input whose blocks 0..blocks-1 attend as full causal attention does:
-        their smallest sliding window (0: no block has one)."""
-        windows = [w for w in self.layer_windows[:blocks] if w]
-        return min(windows, default=0)
-
-    def check_run_length(self, seq_len: int, blocks: int) -> None:
-        """Running blocks 0..blocks-1 over seq_len tokens gives the model's own weights.
-
-        attnctl computes full causal attention; a block with a sliding window attends the
-        same way up to its window, so a longer input is refused (shapes and memory, whose
-        numbers a window does not change, answer for any length).
-        """
-        limit = self.window_limit(blocks)
-        if limit and seq_len > limit:
-            block = next(n for n, w in enumerate(self.layer_windows) if w == limit)
-            raise AttnctlError(
-                f"{seq_len} tokens are more than {self.name}'s sliding window of {limit} "
-                f"(block {block}); attnctl shows full causal attention, up to that length"
-            )
-
     def layer_config(self, **overrides: Any) -> LayerConfig:
         """The attention layer of every block with ``overrides`` (dtype, device, impl,
         tokenizer; None leaves a value as the model has it)."""
@@ -313,4 +296,5 @@ def seeded_model(config: LayerConfig, vocab_size: int) -> ModelDescription:
         max_positions=config.max_positions,
     )
     kind = CROSS_ATTENTION if config.cross else SELF_ATTENTION
-    return ModelDescription(embeddings, (Block((Attention(config, kind),)),))
+    attention = Attention(config, kind)
+    return ModelDescription(embeddings, (Block((attention,)),))

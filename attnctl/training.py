@@ -67,6 +67,7 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         ("--kv-heads", config.kv_heads, config.heads),
         ("--softcap", config.softcap, 0.0),
         ("--qk-norm", config.qk_norm, "none"),
+        ("--window", config.window, 0),
         (
             "--head-dim",
             config.head_dim,

@@ -1,6 +1,7 @@
 """Issue 11's attention math as options of the built-in layer: head_dim, query scale,
-soft-capping, q/k norms, sliding windows. Each against a reference written here in
-float64, one head at a time, plus plan == trace == measured bytes and ``check``."""
+soft-capping and q/k norms (sliding windows and RoPE scaling have their own files). Each
+against a reference written here in float64, one head at a time, plus plan == trace ==
+measured bytes and ``check``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import attnctl.nn.attention
+import attnctl.nn.positions
 from attnctl.check import run_check
 from attnctl.config import build_config
 from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder
@@ -61,6 +63,8 @@ def reference_attention(layer: AttentionLayer, ids: torch.Tensor, padding=None):
         for i in range(length):
             for j in range(length):
                 if config.mask == "causal" and j > i:
+                    scores[:, i, j] = -math.inf
+                if config.window and j <= i - config.window:
                     scores[:, i, j] = -math.inf
                 if padding is not None:
                     scores[~padding[:, j], i, j] = -math.inf
@@ -448,3 +452,48 @@ def test_qk_norm_in_check_and_its_break(monkeypatch, invoke):
 def test_qk_norm_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+# ---------------------------------------------------------------- preset keys
+
+
+def test_the_new_preset_keys_equal_the_flags(tmp_path, invoke):
+    path = tmp_path / "gemma-ish.toml"
+    path.write_text(
+        "d_model = 32\nheads = 4\nhead_dim = 12\nquery_scale = 0.25\nsoftcap = 30\n"
+        'qk_norm = "head"\nnorm_type = "rms"\nmask = "causal"\nwindow = 3\npos = "rope"\n'
+    )
+    flags = ("--d-model", "32", "--heads", "4", "--head-dim", "12", "--query-scale", "0.25",
+             "--softcap", "30", "--qk-norm", "head", "--norm-type", "rms", "--mask", "causal",
+             "--window", "3", "--pos", "rope")  # fmt: skip
+    from_preset = json.loads(invoke("shapes", "-c", str(path), "--json").stdout)
+    from_flags = json.loads(invoke("shapes", *flags, "--json").stdout)
+    assert from_preset == from_flags
+    config = from_preset["config"]
+    assert (config["head_dim"], config["query_scale"], config["softcap"]) == (12, 0.25, 30.0)
+    assert (config["qk_norm"], config["window"]) == ("head", 3)
+    names = [s["name"] for s in from_preset["stages"]]
+    assert {"q_norm", "k_norm", "softcap", "mask"} <= set(names)
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [("head_dim = 1.5", "head_dim must be int, got float 1.5"),
+     ("window = true", "window must be int, got bool True"),
+     ("qk_norm = 1", "qk_norm must be str, got int 1"),
+     ("qk_norm = 'rms'", "qk_norm must be one of none, head, all; got 'rms'"),
+     ("softcap = 'off'", "softcap must be float, got str 'off'"),
+     ("query_scale = -1", "query_scale must be positive (0 = 1/√d_k), got -1.0")],
+)  # fmt: skip
+def test_bad_new_preset_keys_are_named(tmp_path, invoke, line, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(line + "\n")
+    result = invoke("shapes", "-c", str(path))
+    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+def test_the_layer_line_names_the_new_math(invoke):
+    args = ("--softcap", "30", "--window", "4", "--mask", "causal", "--qk-norm", "head")
+    out = invoke("shapes", *args, "--query-scale", "0.5", columns=200).stdout
+    assert "· window 4 · qk-norm head · query scale 0.5 · softcap 30" in out
+    assert "window" not in invoke("shapes", columns=200).stdout.splitlines()[1]

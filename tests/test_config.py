@@ -59,7 +59,7 @@ def test_command_line_overrides_the_file():
         ("d_model = 10\nheads = 4\n", "head counts that work: 1, 2, 5, 10"),
         ("norm_eps = 0\n", "norm_eps must be positive"),
         ("rope_theta = 1\n", "rope_theta must be above 1"),
-        ("rope_type = 'yarn'\n", "rope_type must be one of default, linear, llama3"),
+        ("rope_type = 'ntk'\n", "rope_type must be one of default, linear, llama3"),
         ("rope_factor = -2\n", "rope_factor and rope_original_max_positions must be positive"),
         ("rope_original_max_positions = 0\n", "rope_original_max_positions must be positive"),
         ("rope_low_freq_factor = 4.0\n", "0 < rope_low_freq_factor < rope_high_freq_factor"),

@@ -67,9 +67,9 @@ def test_the_old_config_form_reads_the_same(invoke, tmp_path, gemma3):
         assert torch.tensor(mine["attention"]).equal(torch.tensor(expected["attention"]))
 
 
-def test_inputs_past_the_window_are_refused(invoke, gemma3):
-    line = refused(invoke, gemma3, "run", LONG)
-    assert f"sliding window of {tiny_models.SHORT_WINDOW} (block 0)" in line
+def test_inputs_past_the_window_equal_transformers(invoke, gemma3):
+    """Blocks 0 and 1 slide over 6 keys with the local RoPE, block 2 is global."""
+    assert_every_layer_matches(invoke, gemma3, [LONG, tiny_models.LONG_TEXT])
 
 
 @pytest.mark.parametrize("layer_index", [0, 2])

@@ -45,7 +45,17 @@ def test_olmo_2_1b_has_its_published_parameter_count(invoke, tmp_path):
     assert parameters_of(invoke, folder) == 1_484_916_736
 
 
-def test_a_longrope_config_is_refused(invoke, tmp_path):
-    folder = tiny_models.write("olmo2", tmp_path / "r", rope_parameters={
-        "rope_type": "yarn", "factor": 2.0, "rope_theta": 1000.0})  # fmt: skip
-    assert "yarn RoPE scaling is not supported" in refused(invoke, folder, "shapes")
+def test_yarn_equals_transformers(invoke, tmp_path):
+    rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000.0,
+            "original_max_position_embeddings": 16}  # fmt: skip
+    folder = tiny_models.write("olmo2", tmp_path / "yarn", rope_parameters=rope)
+    assert_every_layer_matches(invoke, folder, [TEXT, tiny_models.LONG_TEXT])
+
+
+def test_partial_rotation_is_refused(invoke, tmp_path):
+    """transformers' OLMo 2 cannot rotate part of a head under scaling (its default RoPE
+    never reads the factor)."""
+    folder = tiny_models.write("olmo2", tmp_path / "p")
+    rope = {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}
+    tiny_models.rewrite_config(folder, rope_parameters=rope)
+    assert "partial_rotary_factor" in refused(invoke, folder, "shapes")

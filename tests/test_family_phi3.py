@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tiny_models
-from family_checks import assert_every_layer_matches, parameters_of, refused
+from family_checks import assert_every_layer_matches, parameters_of
 
 TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."
 SHORT = "cat"  # fewer tokens than the tiny window of 6
@@ -32,17 +32,16 @@ def test_tied_embeddings(invoke, tmp_path):
 
 def test_the_window_applies_to_every_block(invoke, tmp_path):
     folder = tiny_models.write("phi3", tmp_path / "w", **tiny_models.OPTIONS["phi3"]["sliding"])
-    assert_every_layer_matches(invoke, folder, [SHORT])  # inside the window: full attention
-    line = refused(invoke, folder, "run", TEXT, "--layer", "all")
-    assert f"sliding window of {tiny_models.SHORT_WINDOW} (block 0)" in line
+    assert_every_layer_matches(invoke, folder, [SHORT, TEXT, tiny_models.LONG_TEXT])
 
 
-def test_longrope_is_refused_by_name(invoke, tmp_path):
+def test_longrope_takes_the_long_factors_past_the_original_length(invoke, tmp_path):
+    """16 original positions: a short text turns by the short factors, a long one by the
+    long ones, each times the attention factor, as transformers does."""
     keys = tiny_models.OPTIONS["phi3"]["longrope"]
     folder = tiny_models.write("phi3", tmp_path / "longrope", **keys)
-    for command in (("run", TEXT), ("shapes",), ("memory",)):
-        line = refused(invoke, folder, *command)
-        assert "config.json: rope_parameters " in line and "longrope" in line
+    assert_every_layer_matches(invoke, folder, ["cat"])
+    assert_every_layer_matches(invoke, folder, [TEXT, tiny_models.LONG_TEXT])
 
 
 def test_phi3_mini_has_its_published_parameter_count(invoke, tmp_path):

@@ -36,9 +36,7 @@ def test_variants_equal_transformers(invoke, tmp_path, variant):
 def test_sliding_blocks_from_max_window_layers(invoke, tmp_path):
     keys = tiny_models.OPTIONS["qwen3"]["sliding"]  # block 0 full, blocks 1 and 2 slide
     folder = tiny_models.write("qwen3", tmp_path / "sliding", **keys)
-    assert_every_layer_matches(invoke, folder, ["cat"])
-    line = refused(invoke, folder, "run", TEXT, "--layer", "2")
-    assert f"sliding window of {tiny_models.SHORT_WINDOW} (block 1)" in line
+    assert_every_layer_matches(invoke, folder, ["cat", TEXT, tiny_models.LONG_TEXT])
     memory = json.loads(
         invoke("memory", "--model", str(folder), "--seq-len", "40", "--json").stdout
     )
@@ -58,10 +56,15 @@ def test_qwen3_0_6b_has_its_published_count_and_its_own_head_dim(invoke, tmp_pat
     assert memory["kv_cache_bytes"] == 2 * 28 * 8 * 128 * 2 * 1000  # 114,688 B a token
 
 
+def test_dynamic_rope_equals_transformers(invoke, tmp_path):
+    """Past max_position_embeddings (16) the base grows with the length."""
+    folder = tiny_models.write("qwen3", tmp_path / "q", max_position_embeddings=16,
+                               rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                "rope_theta": 1000.0})  # fmt: skip
+    assert_every_layer_matches(invoke, folder, [TEXT, tiny_models.LONG_TEXT])
+
+
 def test_refused_keys(invoke, tmp_path):
-    folder = tiny_models.write("qwen3", tmp_path / "q", rope_parameters={
-        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 1000.0})  # fmt: skip
-    assert "config.json: rope_parameters " in refused(invoke, folder, "shapes")
     keys = tiny_models.OPTIONS["qwen3"]["sliding"]
     sliding = tiny_models.write("qwen3", tmp_path / "s", is_causal=False, **keys)
     assert "config.json: is_causal " in refused(invoke, sliding, "shapes")

@@ -266,11 +266,13 @@ def test_memory_uses_the_models_own_config(invoke, models, family):
     stored = sum(t.count for t in spec.checkpoint.tensors.values())
     assert data["parameters"] == stored  # every tensor of the checkpoint, once
     assert data["parameters_bytes"] == stored * DTYPE_BYTES[spec.dtype]
-    kv = 2 * spec.layers * 40 * spec.kv_heads * spec.config.d_k * DTYPE_BYTES[spec.dtype]
+    kept = [min(40, window) if window else 40 for window in spec.layer_windows]  # per block
+    kv = 2 * sum(kept) * spec.kv_heads * spec.config.d_k * DTYPE_BYTES[spec.dtype]
     assert data["kv_cache_bytes"] == kv
     assert data["config"]["heads"] == spec.heads and data["config"]["kv_heads"] == spec.kv_heads
     shapes = json.loads(invoke("shapes", "--model", str(models[family]), "--json").stdout)
-    assert shapes["model"]["model_type"] == family == data["model"]["model_type"]
+    model_type = {"gemma3": "gemma3_text"}.get(family, family)  # the text model's type
+    assert shapes["model"]["model_type"] == model_type == data["model"]["model_type"]
     by_name = {s["name"]: s for s in shapes["stages"]}
     assert by_name["ffn_down"]["shape"] == [1, 16, spec.hidden]
     assert by_name["k_heads"]["shape"] == [1, spec.kv_heads, 16, spec.config.d_k]
@@ -445,12 +447,11 @@ BAD_FOLDERS = {
     ),
     "incomplete rope scaling": (
         lambda d: _rewrite_config(d, rope_parameters={"rope_type": "llama3", "factor": 8.0}),
-        "config.json: rope_parameters with rope_type 'llama3' needs low_freq_factor",
+        "config.json: rope_parameters.rope_type 'llama3' needs low_freq_factor",
     ),
-    "unsupported rope": (
-        lambda d: _rewrite_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0}),
-        "rope_parameters.rope_type is 'yarn'; attnctl supports RoPE unscaled or with linear "
-        "or llama3 scaling",
+    "unknown rope": (
+        lambda d: _rewrite_config(d, rope_parameters={"rope_type": "ntk", "factor": 4.0}),
+        "rope_parameters.rope_type",
     ),
     "garbled weights": (
         lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 64),

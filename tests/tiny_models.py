@@ -19,7 +19,6 @@ RMSNorm scales by (1 + weight). The specifications they are checked against
 (tests/test_hf_fixtures.py) were written to /work/notes/families/*.md.
 
     python tests/tiny_models.py DIR     # writes DIR/bert, DIR/gpt2, ... one folder a family
-    python tests/tiny_models.py DIR --all   # and DIR/qwen3, DIR/gemma2, ... too
 """
 
 from __future__ import annotations
@@ -28,14 +27,12 @@ import sys
 from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parent.parent / "scripts" / "corpus"
-FAMILIES = ("bert", "gpt2", "llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2")
+# what the model tests walk (Gemma 2 has its own tests: its soft-cap rules out SDPA)
+FAMILIES = ("bert", "gpt2", "llama", "mistral", "qwen2", "phi3", "qwen3", "olmo2", "gemma3")
 SLIDING_WINDOW = 48  # the tiny Mistral's: longer than the tests' texts
-# families whose tiny blocks slide over fewer tokens than the model tests' texts: kept out
-# of FAMILIES, which those tests walk; their own test files use shorter texts
-NEW_FAMILIES = ("gemma2", "gemma3")
 # the families of issue 11, written by their causal-LM class (NEW_CONFIGS below)
 RECENT_FAMILIES = ("qwen3", "gemma2", "gemma3", "phi3", "olmo2")
-ALL_FAMILIES = FAMILIES + NEW_FAMILIES
+
 SHORT_WINDOW = 6  # the new families' sliding layers: shorter than the tests' texts
 LONG_TEXT = "Are you OK? 猫吃鱼, the cat eats the fish. The dog sleeps in the sun."
 
@@ -325,10 +322,9 @@ def rewrite_config(directory: Path, remove: tuple[str, ...] = (), **values) -> P
     return directory
 
 
-if __name__ == "__main__":  # --all: the new families too (attnctl does not read them yet)
-    arguments = [a for a in sys.argv[1:] if a != "--all"]
-    root = Path(arguments[0] if arguments else "tiny-models")
-    for name in ALL_FAMILIES if "--all" in sys.argv[1:] else FAMILIES:
+if __name__ == "__main__":
+    root = Path(sys.argv[1] if sys.argv[1:] else "tiny-models")
+    for name in FAMILIES:
         print(write(name, root / name))
 
 

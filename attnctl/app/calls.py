@@ -31,11 +31,6 @@ def model_layer(model: ModelDescription, options: dict[str, Any]) -> LayerConfig
     return model.layer_config(**options)
 
 
-def check_model_run(model: ModelDescription, seq_len: int, blocks: int) -> None:
-    """Refuse a run past a sliding window, where attnctl's weights would differ."""
-    model.check_run_length(seq_len, blocks)
-
-
 def model_weight_bytes(model: ModelDescription, blocks: int, dtype: str) -> int:
     """The bytes of the weights a run up to ``blocks`` blocks loads."""
     return model.loaded_values(blocks) * DTYPE_BYTES[dtype]

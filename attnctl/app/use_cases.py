@@ -11,7 +11,6 @@ import dataclasses
 import functools
 
 from attnctl.app.calls import (
-    check_model_run,
     compare_implementations,
     device_of,
     estimate_of,
@@ -93,8 +92,6 @@ def run_use_case(request: RunRequest, hooks: Hooks | None = None) -> RunReport:
     batch, context_batch = both.split(len(texts))
     cross = context_batch if contexts else None
     seq_len = batch.seq_len
-    if model is not None and blocks:  # a sliding window past which attnctl's weights differ
-        check_model_run(model, seq_len, max(blocks) + 1)
     heads = choose_heads(request.heads, layer.heads)  # a range until the run is afforded
     every_block = blocks is not None and len(blocks) > 1  # --layer all: a summary of each
     if not request.heads and not request.every_weight and not every_block:

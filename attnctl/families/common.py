@@ -130,8 +130,8 @@ def rope_values(
     convention: str = "standard",
     layer_type: str | None = None,
 ) -> dict[str, Any]:
-    """RoPE read as the family's transformers config reads it (``attnctl.rope``), as the
-    LayerConfig values the attention runs with; what it cannot run yet is refused by name."""
+    """RoPE read as the family's transformers config reads it (``attnctl.rope``: every type
+    transformers has), as the LayerConfig values the attention runs with."""
     from attnctl.rope import rope_from_config
 
     rope = rope_from_config(
@@ -142,27 +142,37 @@ def rope_values(
         convention=convention,  # type: ignore[arg-type]
         layer_type=layer_type,
     )
-    key = "rope_scaling" if source.config.get("rope_scaling") else "rope_parameters"
-    source.fields.refuse_if(
-        key,
-        rope.rope_type not in ("default", "linear", "llama3"),
-        f"{rope.rope_type} RoPE scaling is not supported for {source.name} yet "
-        "(default, linear and llama3 are)",
-    )
     source.fields.refuse_if(
         "partial_rotary_factor",
         rope.partial_rotary_factor != 1.0,
         "attnctl rotates every dim of a head",
     )
     values: dict[str, Any] = {"rope_theta": rope.theta, "rope_type": rope.rope_type}
-    if rope.rope_type != "default":
-        values["rope_factor"] = rope.factor
+    if rope.rope_type == "default":
+        return values
+    # dynamic NTK grows the base past max_position_embeddings; the others scale from the
+    # original length: LayerConfig keeps either as rope_original_max_positions
+    trained = rope.max_positions if rope.rope_type == "dynamic" else rope.original_max_positions
+    values["rope_factor"] = rope.factor
+    if trained:  # linear reads no length
+        values["rope_original_max_positions"] = trained
     if rope.rope_type == "llama3":
         values |= {
             "rope_low_freq_factor": rope.low_freq_factor,
             "rope_high_freq_factor": rope.high_freq_factor,
-            "rope_original_max_positions": rope.original_max_positions,
         }
+    if rope.rope_type == "yarn":
+        values |= {
+            "rope_beta_fast": rope.beta_fast,
+            "rope_beta_slow": rope.beta_slow,
+            "rope_mscale": rope.mscale or 0.0,
+            "rope_mscale_all_dim": rope.mscale_all_dim or 0.0,
+            "rope_truncate": rope.truncate,
+        }
+    if rope.rope_type in ("yarn", "longrope"):
+        values["rope_attention_factor"] = rope.attention_factor or 0.0
+    if rope.rope_type == "longrope":
+        values |= {"rope_short_factor": rope.short_factor, "rope_long_factor": rope.long_factor}
     return values
 
 

@@ -8,6 +8,7 @@ and soft-capped (``cap·tanh(s/cap)``), and the even blocks slide over a window.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
@@ -100,7 +101,9 @@ def describe(source: Source) -> ModelDescription:
         output_norm=True,
     )
     blocks = tuple(
-        Block((Attention(config, window=window, output_norm=True), feed_forward))
+        Block(
+            (Attention(dataclasses.replace(config, window=window), output_norm=True), feed_forward)
+        )
         for window in windows
     )
     embeddings = Embeddings(

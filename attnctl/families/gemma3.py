@@ -9,6 +9,7 @@ block has its own RoPE (a local base for the sliding ones, scaling for the globa
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
@@ -101,9 +102,9 @@ def describe(source: Source) -> ModelDescription:
             query_scale=scalar**-0.5,
             **rope,
         )
-        attention[kind] = Attention(
-            config, window=window if kind == "sliding_attention" else 0, output_norm=True
-        )
+        if kind == "sliding_attention":
+            config = dataclasses.replace(config, window=window)
+        attention[kind] = Attention(config, output_norm=True)
     feed_forward = FeedForward(
         inner=inner,
         activation=activation,

@@ -7,10 +7,10 @@ pre-norm with RMSNorm: ``x + attention(RMS(x))``, then ``x + SwiGLU(RMS(x))``, w
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Any
 
-from attnctl.checkpoint import Fields, TensorEntry, _brief
+from attnctl.checkpoint import Fields, TensorEntry
 from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
 from attnctl.families.common import (
     Source,
@@ -22,6 +22,7 @@ from attnctl.families.common import (
     find_prefix,
     norm_entry,
     projection_table,
+    rope_values,
     stored_dtype,
 )
 
@@ -65,7 +66,7 @@ def describe(source: Source) -> ModelDescription:
     bias = fields.boolean("attention_bias", default=False) if llama else model_type == "qwen2"
     output_bias = model_type != "qwen2"  # Qwen2 biases W_q, W_k and W_v only
     mlp_bias = llama and fields.boolean("mlp_bias", default=False)
-    rope = _rope(fields, max_positions)
+    rope = rope_values(source, head_dim, max_positions)
     check_activation(source, "hidden_act", activation)
     prefix = find_prefix(source, EMBEDDING_KEY, vocab, hidden)
     check_block_count(source, BLOCK_PATTERN, prefix, layers, "num_hidden_layers")
@@ -98,7 +99,9 @@ def describe(source: Source) -> ModelDescription:
         norm_type="rms",
         norm_eps=eps,
     )
-    blocks = tuple(Block((Attention(config, window=w), feed_forward)) for w in windows)
+    blocks = tuple(
+        Block((Attention(dataclasses.replace(config, window=w)), feed_forward)) for w in windows
+    )
     embeddings = Embeddings(vocab_size=vocab, d_model=hidden, trained_by=source.name)
     return description(
         source,
@@ -172,67 +175,3 @@ def _layer_windows(fields: Fields, model_type: str, layers: int) -> tuple[int, .
             "sliding_window): transformers cannot build that model",
         )
     return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
-
-
-def _rope(fields: Fields, max_positions: int) -> dict[str, Any]:
-    """RoPE's base and scaling as transformers reads them, as LayerConfig's rope_* values.
-
-    transformers takes ``rope_scaling`` whole when it is set (``rope_parameters`` is then
-    unread), else ``rope_parameters``; the dict's rope_theta wins over the top-level one.
-    """
-    config = fields.config
-    for key in ("rope_scaling", "rope_parameters"):
-        if config.get(key) is not None and not isinstance(config[key], dict):
-            raise fields.error(key, f"must be an object, got {_brief(config[key])}")
-    key = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
-    rope: dict[str, Any] = config.get(key) or {}
-    nested = [k for k, v in rope.items() if isinstance(v, dict)]
-    if nested:
-        raise fields.error(f"{key}.{nested[0]}", "is a per-layer RoPE; attnctl reads one RoPE")
-
-    def number(name: str, above: float = 0.0, default: float | None = None) -> float:
-        if rope.get(name) is None:
-            if default is None:
-                raise fields.error(key, f"with rope_type {rope_type!r} needs {name}")
-            return default
-        return fields.check_number(f"{key}.{name}", rope[name], above)
-
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if not isinstance(rope_type, str):
-        raise fields.error(f"{key}.rope_type", f"must be a string, got {_brief(rope_type)}")
-    top_theta = fields.number("rope_theta", default=10000.0, above=1.0)
-    values: dict[str, Any] = {"rope_theta": number("rope_theta", 1.0, top_theta)}
-    if rope_type == "default":  # transformers' default RoPE reads nothing else
-        return values
-    if rope_type not in ("linear", "llama3"):
-        raise fields.error(
-            f"{key}.rope_type",
-            f"is {rope_type!r}; attnctl supports RoPE unscaled or with linear or llama3 scaling",
-        )
-    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
-    if partial is not None and partial != 1.0:
-        raise fields.error(
-            "partial_rotary_factor", f"is {_brief(partial)}: attnctl rotates every dim of a head"
-        )
-    values |= {"rope_type": rope_type, "rope_factor": number("factor")}
-    if rope_type == "llama3":
-        # transformers: a top-level original_max_position_embeddings wins, then the dict's,
-        # then max_position_embeddings
-        if config.get("original_max_position_embeddings") is not None:
-            original_key = "original_max_position_embeddings"
-            original = config[original_key]
-        elif rope.get("original_max_position_embeddings") is not None:
-            original_key = f"{key}.original_max_position_embeddings"
-            original = rope["original_max_position_embeddings"]
-        else:
-            original_key, original = "max_position_embeddings", max_positions
-        if type(original) is not int or original < 1:
-            raise fields.error(original_key, f"must be an integer >= 1, got {_brief(original)}")
-        values |= {
-            "rope_low_freq_factor": number("low_freq_factor"),
-            "rope_high_freq_factor": number("high_freq_factor"),
-            "rope_original_max_positions": original,
-        }
-        if not values["rope_low_freq_factor"] < values["rope_high_freq_factor"]:
-            raise fields.error(key, "needs low_freq_factor below high_freq_factor")
-    return values

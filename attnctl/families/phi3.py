@@ -8,6 +8,7 @@ every block.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
@@ -20,9 +21,9 @@ from attnctl.families.common import (
     decoder_mask,
     description,
     find_prefix,
+    rope_values,
     stored_dtype,
 )
-from attnctl.rope import rope_from_config
 
 MODEL_TYPES = {"phi3": "Phi-3"}
 KIND = "Phi-3"
@@ -47,24 +48,7 @@ def describe(source: Source) -> ModelDescription:
     inner, max_positions = size("intermediate_size"), size("max_position_embeddings")
     eps = fields.number("rms_norm_eps", default=1e-5)
     activation = check_activation(source, "hidden_act", fields.string("hidden_act", default="silu"))
-    rope = rope_from_config(
-        source.config,
-        str(source.path / "config.json"),
-        head_dim=head_dim,
-        max_positions=max_positions,
-        convention="phi3",
-    )
-    key = "rope_scaling" if source.config.get("rope_scaling") else "rope_parameters"
-    fields.refuse_if(
-        key,
-        rope.rope_type != "default",
-        f"{rope.rope_type} RoPE scaling is not supported for Phi-3 yet",
-    )
-    fields.refuse_if(
-        "partial_rotary_factor",
-        rope.partial_rotary_factor != 1.0,
-        "attnctl rotates every dim of a head",
-    )
+    rope = rope_values(source, head_dim, max_positions, "phi3")
     window = 0
     if source.config.get("sliding_window") is not None:  # every block slides
         window = fields.integer("sliding_window", default=None)
@@ -81,7 +65,7 @@ def describe(source: Source) -> ModelDescription:
         head_dim=head_dim if head_dim * heads != hidden else 0,
         bias=False,
         pos="rope",
-        rope_theta=rope.theta,
+        **rope,
         max_positions=max_positions,
         mask=mask,
         norm="pre",
@@ -97,7 +81,7 @@ def describe(source: Source) -> ModelDescription:
         norm_type="rms",
         norm_eps=eps,
     )
-    block = Block((Attention(config, window=window), feed_forward))
+    block = Block((Attention(dataclasses.replace(config, window=window)), feed_forward))
     return description(
         source,
         prefix,

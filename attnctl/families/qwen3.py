@@ -7,6 +7,7 @@ d_k, before RoPE. Qwen's sliding-window keys decide which blocks slide.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
@@ -81,7 +82,9 @@ def describe(source: Source) -> ModelDescription:
         norm_type="rms",
         norm_eps=eps,
     )
-    blocks = tuple(Block((Attention(config, window=w), feed_forward)) for w in windows)
+    blocks = tuple(
+        Block((Attention(dataclasses.replace(config, window=w)), feed_forward)) for w in windows
+    )
     table: list[TensorEntry] = [
         TensorEntry("embed_tokens.weight", (vocab, hidden), -1, ("embedding.weight",))
     ]

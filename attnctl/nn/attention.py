@@ -18,6 +18,7 @@ from attnctl.config import LayerConfig
 from attnctl.describe import Attention
 from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record, positions
+from attnctl.rope import attention_scaling
 
 
 @dataclass
@@ -33,6 +34,11 @@ def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch
     if config.norm_type == "layer":
         return F.layer_norm(x, (x.shape[-1],), weight, bias, config.norm_eps)
     return F.rms_norm(x, (x.shape[-1],), weight, config.norm_eps)
+
+
+def _scaled(table: torch.Tensor, scaling: float) -> torch.Tensor:
+    """A float32 cos or sin table times RoPE's attention scaling, in place (1: as it is)."""
+    return table if scaling == 1 else table.mul_(scaling)
 
 
 def scale_scores(config: LayerConfig, scores: torch.Tensor) -> torch.Tensor:
@@ -139,9 +145,10 @@ def attention(
     if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
         angles = positions.rotary_angles(seq_len, d_k, q.device, config)  # (L, d_k), float32
         record("rope_angles", angles, "L d_k")
-        cos = angles.cos().to(q.dtype)  # (L, d_k)
+        scaling = attention_scaling(config.rope)  # yarn, longrope: cos and sin times it
+        cos = _scaled(angles.cos(), scaling).to(q.dtype)  # (L, d_k)
         record("rope_cos", cos, "L d_k")
-        sin = angles.sin().to(q.dtype)  # (L, d_k)
+        sin = _scaled(angles.sin(), scaling).to(q.dtype)  # (L, d_k)
         del angles
         record("rope_sin", sin, "L d_k")
         q = positions.rotate(q, cos, sin)  # (B, H, L, d_k)
@@ -182,7 +189,8 @@ def attention(
             record("alibi", bias, "H L L")  # after use: the add belongs to this stage
             del bias
         if causal:
-            allowed = positions.causal_mask(seq_len, scores.device)  # (L, L), True = may attend
+            # (L, L), True = may attend; with a sliding window only the last `window` keys
+            allowed = positions.visible_keys(seq_len, config.window, scores.device)
             record("mask", allowed, "L L")
             scores.masked_fill_(allowed.logical_not(), float("-inf"))
             del allowed
@@ -210,8 +218,16 @@ def attention(
         attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
         is_causal = causal
         if config.pos == "alibi":  # the bias as a float mask, -inf where a key is blocked
-            attn_mask = _alibi_attn_mask(heads, seq_len, causal, attn_mask, q, record)
+            attn_mask = _alibi_attn_mask(
+                heads, seq_len, causal, attn_mask, q, record, config.window
+            )
             is_causal = False  # in the float mask already (SDPA takes one or the other)
+        elif config.window:  # sliding window: the (L, L) mask itself, True = may attend
+            allowed = positions.visible_keys(seq_len, config.window, q.device)
+            record("mask", allowed, "L L")
+            attn_mask = allowed if attn_mask is None else allowed & attn_mask  # (B, 1, L, L)
+            del allowed
+            is_causal = False  # in the mask already
         # scale None: the kernel's own 1/√d_k
         attended = F.scaled_dot_product_attention(
             q,
@@ -262,6 +278,7 @@ def _alibi_attn_mask(
     allowed: torch.Tensor | None,
     like: torch.Tensor,
     record: Record,
+    window: int = 0,
 ) -> torch.Tensor:
     """ALiBi for SDPA: the (H, L, L) bias with -inf where a key is blocked, as a float mask.
 
@@ -273,8 +290,9 @@ def _alibi_attn_mask(
     """
     bias = positions.alibi_bias(heads, seq_len, like.device, like.dtype)  # (H, L, L)
     record("alibi", bias, "H L L")
-    if causal:
-        bias.masked_fill_(positions.causal_mask(seq_len, bias.device).logical_not(), float("-inf"))
+    if causal:  # (and a sliding window's)
+        visible = positions.visible_keys(seq_len, window, bias.device)  # (L, L)
+        bias.masked_fill_(visible.logical_not(), float("-inf"))
     if allowed is not None:  # padded keys: -inf in every head and row of their text
         bias = bias.masked_fill(allowed.logical_not(), float("-inf"))  # (B, H, L, L)
     return bias
@@ -309,6 +327,8 @@ def window_weights(
         del bias
     if config.mask == "causal":
         allowed = keys.unsqueeze(0) <= rows_t.unsqueeze(1)  # (r, L), True = may attend
+        if config.window:  # and only the last `window` keys: j > i - window
+            allowed &= keys.unsqueeze(0) > rows_t.unsqueeze(1) - config.window
         scores.masked_fill_(allowed.logical_not(), float("-inf"))
     if padding is not None:  # (B, L), True = a real token
         scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))

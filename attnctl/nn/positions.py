@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from attnctl import rope
 from attnctl.config import LayerConfig
 
 
@@ -35,13 +36,19 @@ def rotary_angles(
 ) -> torch.Tensor:
     """RoPE angles pos·θ_i, θ_i = theta^(-2i/d_k), laid out for half-rotation: (L, d_k).
 
-    ``config`` gives the base (rope_theta) and any long-context scaling (rope_type).
+    ``config`` gives the base (rope_theta) and any long-context scaling (rope_type):
+    linear and llama3 here, dynamic, yarn and longrope from ``attnctl.rope`` (which depend
+    on the length: dynamic and longrope change past the original one).
     """
     theta = config.rope_theta if config is not None else 10000.0
-    inv_freq = torch.pow(
-        theta, torch.arange(0, d_k, 2, device=device, dtype=torch.float32).div_(-d_k)
-    )  # (d_k/2,)
-    if config is not None and config.rope_type != "default":
+    if config is not None and config.rope_type in ("dynamic", "yarn", "longrope"):
+        frequencies = rope.inverse_frequencies(config.rope, d_k, seq_len)  # float64
+        inv_freq = torch.tensor(frequencies, device=device, dtype=torch.float32)  # (d_k/2,)
+    else:
+        inv_freq = torch.pow(
+            theta, torch.arange(0, d_k, 2, device=device, dtype=torch.float32).div_(-d_k)
+        )  # (d_k/2,)
+    if config is not None and config.rope_type in ("linear", "llama3"):
         scaled = [scaled_frequency(f, config) for f in inv_freq.tolist()]
         inv_freq = torch.tensor(scaled, device=device, dtype=torch.float32)  # (d_k/2,)
     position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
@@ -100,3 +107,15 @@ def causal_mask(seq_len: int, device: torch.device | None = None) -> torch.Tenso
     ``nn.MultiheadAttention`` wants the opposite (True = blocked): pass ``~causal_mask(L)``.
     """
     return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril_()
+
+
+def visible_keys(seq_len: int, window: int, device: torch.device | None = None) -> torch.Tensor:
+    """The causal mask, or with ``window`` > 0 a sliding window: (L, L) bool, True = may attend.
+
+    Query i sees keys i - window < j <= i, itself and the window - 1 before it (as
+    transformers' ``sliding_window_causal_mask_function``), in place on the causal mask.
+    """
+    allowed = causal_mask(seq_len, device)  # (L, L)
+    if window:
+        allowed.triu_(1 - window)  # and j >= i - window + 1
+    return allowed

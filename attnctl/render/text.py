@@ -49,8 +49,19 @@ def config_line(config: LayerConfig) -> str:
         f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}{kv}) · "
         f"pos {config.pos} · mask {config.mask} · norm {config.norm}"
         f"{' (rms)' if config.norm_type == 'rms' and config.norm != 'none' else ''} · "
-        f"impl {config.impl} · bias {_bias_text(config)}"
+        f"impl {config.impl} · bias {_bias_text(config)}{_math_text(config)}"
     )
+
+
+def _math_text(config: LayerConfig) -> str:
+    """The attention math that is not the textbook's, when set (issue 11's options)."""
+    parts = [
+        f"window {config.window}" if config.window else "",
+        f"qk-norm {config.qk_norm}" if config.qk_norm != "none" else "",
+        f"query scale {config.query_scale:g}" if config.query_scale else "",
+        f"softcap {config.softcap:g}" if config.softcap else "",
+    ]
+    return "".join(f" · {part}" for part in parts if part)
 
 
 def _bias_text(config: LayerConfig) -> str:

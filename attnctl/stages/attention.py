@@ -5,7 +5,9 @@ The torch twin is ``attnctl/nn/attention.py``; both name every stage literally.
 
 from __future__ import annotations
 
+from attnctl.config import LayerConfig
 from attnctl.describe import NORM_NAMES, Attention
+from attnctl.rope import attention_scaling
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 
 
@@ -66,8 +68,14 @@ def plan_attention(
         )
         # cos() and sin() in float32, then .to() the dtype
         cast = seq_len * config.d_k * 4 if config.dtype != "float32" else 0
-        plan.add("rope_cos", "L d_k", ("rope_angles",), what="cos of the angles", scratch=cast)
-        plan.add("rope_sin", "L d_k", ("rope_angles",), what="sin of the angles", scratch=cast)
+        scaling = attention_scaling(config.rope)  # yarn, longrope: in place, in float32
+        times = "" if scaling == 1 else f" × {scaling:.6g} (attention scaling)"
+        plan.add(
+            "rope_cos", "L d_k", ("rope_angles",), what="cos of the angles" + times, scratch=cast
+        )
+        plan.add(
+            "rope_sin", "L d_k", ("rope_angles",), what="sin of the angles" + times, scratch=cast
+        )
         turn = "x·cos + rotate_half(x)·sin: RoPE turns each pair of dims"
         k_dims = f"B {kv_split} L d_k"
         # scratch: rotate_half(x) and its product with sin
@@ -129,7 +137,7 @@ def plan_attention(
                 "L L",
                 (scores,),
                 dtype="bool",
-                what=f"causal; {MASK_CONVENTION}; blocked scores set to -inf in place",
+                what=f"{_causal(config)}; {MASK_CONVENTION}; blocked scores set to -inf in place",
             )
         weights = plan.add(
             "weights", f"B H L {key_len}", (scores,), what="softmax over keys: rows sum to 1"
@@ -143,12 +151,23 @@ def plan_attention(
             )
         attended = plan.add("weighted_values", "B H L d_k", (weights, v), what="weights · V")
     else:
+        reads = (q, k, v)
+        if config.window:  # the kernel's is_causal has no window: a bool attn_mask
+            reads += (
+                plan.add(
+                    "mask",
+                    "L L",
+                    dtype="bool",
+                    what=f"{_causal(config)}; {MASK_CONVENTION}; SDPA's attn_mask",
+                ),
+            )
         attended = plan.add(
             "weighted_values",
             "B H L d_k",
-            (q, k, v),
+            reads,
             what="F.scaled_dot_product_attention"
-            + (" (is_causal)" if config.mask == "causal" else "")
+            + (" (is_causal)" if config.mask == "causal" and not config.window else "")
+            + (" (attn_mask)" if config.window else "")
             + (f" (scale {config.query_scale:g})" if config.query_scale else "")
             + ": weights never stored",
         )
@@ -180,3 +199,10 @@ def plan_attention(
     if config.norm == "post":
         plan.add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
     return plan.last
+
+
+def _causal(config: LayerConfig) -> str:
+    """The causal mask in words, with its sliding window."""
+    if not config.window:
+        return "causal"
+    return f"causal, sliding window {config.window}: query i sees keys i - {config.window} < j <= i"
