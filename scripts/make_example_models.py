@@ -1,14 +1,15 @@
 """Write the model folders that the README's and docs' `--model` examples read.
 
-    python scripts/make_example_models.py          # writes models/gpt2-tiny, models/llama-2-7b
-    python scripts/make_example_models.py DIR      # writes DIR/gpt2-tiny, DIR/llama-2-7b
+    python scripts/make_example_models.py      # models/gpt2-tiny, llama-2-7b, gemma-3-1b
+    python scripts/make_example_models.py DIR  # the same three in DIR
 
 - gpt2-tiny: a tiny random GPT-2 (3 blocks, D 32, 4 heads), its weights a seeded draw, with a
   small byte-level BPE tokenizer; its heads show no real language.
 - llama-2-7b: Llama-2-7B's config.json and a model.safetensors that holds only the header
   (tensor names, shapes, float16), all that `shapes` and `memory` read.
+- gemma-3-1b: the same for Gemma-3-1B (bfloat16): 22 of its 26 blocks slide over 512 keys.
 
-transformers writes both (as `save_pretrained` does), so this needs the test extra:
+transformers writes them (as `save_pretrained` does), so this needs the test extra:
 `python -m pip install -e ".[test]"`. Existing folders are rewritten.
 """
 
@@ -19,11 +20,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("gpt2-tiny", "llama-2-7b")
+FOLDERS = ("gpt2-tiny", "llama-2-7b", "gemma-3-1b")
 
 
 def write_example_models(directory: Path) -> list[Path]:
-    """Write DIR/gpt2-tiny and DIR/llama-2-7b (and nothing else); return them."""
+    """Write DIR/gpt2-tiny, DIR/llama-2-7b and DIR/gemma-3-1b (nothing else); return them."""
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -35,13 +36,14 @@ def write_example_models(directory: Path) -> list[Path]:
 
     gpt2 = tiny_models.write("gpt2", directory / "gpt2-tiny")
     llama = tiny_models.write_header_only("llama-2-7b", directory / "llama-2-7b")
-    return [gpt2, llama]
+    gemma = tiny_models.write_header_only("gemma-3-1b", directory / "gemma-3-1b", "bfloat16")
+    return [gpt2, llama, gemma]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", default="models", type=Path,
-                        help="where the two folders go (default: models)")  # fmt: skip
+                        help="where the folders go (default: models)")  # fmt: skip
     args = parser.parse_args()
     for folder in write_example_models(args.directory):
         print(folder)

@@ -48,6 +48,7 @@ EXAMPLES = {
     'attnctl run "the cat eats the fish, the cat eats" --model models/gpt2-tiny --layer all '
     "--device cpu": (100, "every block", "weights and stages of one block"),
     "attnctl memory --model models/llama-2-7b --seq-len 4096": (100, "one attention matrix", None),
+    "attnctl memory --model models/gemma-3-1b --seq-len 32768": (100, "peak", "<by dtype"),
 }  # fmt: skip
 
 BLOCK = re.compile(r"^```text\n\$ (attnctl[^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
