@@ -8,38 +8,134 @@ import json
 import pytest
 import torch
 
-from attnctl.config import build_config
+from attnctl.config import (
+    DTYPES,
+    MASKS,
+    NORM_TYPES,
+    NORMS,
+    POSITIONS,
+    LayerConfig,
+    build_config,
+    validate,
+)
+from attnctl.errors import AttnctlError
 from attnctl.layer import AttentionLayer
 from attnctl.measure import measure_training
 from attnctl.plan import build_plan
-from attnctl.training import estimate_training
+from attnctl.training import EXACT_LAYERS, _replay, estimate_training
 
-GRID = [
-    options
-    for options in (
-        dict(impl=impl, dtype=dtype, mask=mask, norm=norm, pos=pos, bias=bias, dropout=dropout)
-        for impl, dtype, mask, norm, pos, bias, dropout in itertools.product(
-            ["math", "sdpa"],
-            ["float32", "bfloat16"],
-            ["none", "causal"],
-            ["post", "none"],
-            ["sinusoidal", "none"],
-            [True, False],
-            [0.0, 0.1],
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: one thread is faster than waiting on a second on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+SMALL = {"d_model": 16, "heads": 4, "device": "cpu"}  # d_k 4: even, for RoPE
+
+
+def accepted_variants() -> list[dict]:
+    """Every layer validate accepts, over pos × mask × norm × norm type × kv-heads (H, 1,
+    H/2) × cross-attention × impl; the other options (dtype, biases, dropout, padding,
+    batch, lengths) take turns along the list, so each value meets many of the rest."""
+    turns = itertools.cycle(  # odd periods innermost: impl alternates, these do not
+        itertools.product(
+            [False, True],  # padded
+            [0.0, 0.1],  # dropout (math only)
+            DTYPES,  # 3
+            [(True, True), (True, False), (False, True)],  # bias, output_bias
+            [(1, 6), (2, 5), (3, 9), (2, 16), (1, 11)],  # batch, length
         )
     )
-    if not (options["dropout"] and options["impl"] == "sdpa")
-]
+    accepted = []
+    for pos, mask, norm, norm_type, kv_heads, cross, impl in itertools.product(
+        POSITIONS, MASKS, NORMS, NORM_TYPES, (4, 1, 2), (False, True), ("math", "sdpa")
+    ):
+        padded, dropout, dtype, (bias, output_bias), (batch, length) = next(turns)
+        options = dict(
+            pos=pos, mask=mask, norm=norm, norm_type=norm_type, kv_heads=kv_heads, impl=impl,
+            dtype=dtype, bias=bias, output_bias=output_bias,
+            dropout=dropout if impl == "math" else 0.0,
+        )  # fmt: skip
+        try:
+            validate(LayerConfig(**SMALL, **options, cross=cross))
+        except AttnctlError:  # no causal mask, rope or alibi with a context; no sdpa alibi
+            assert (cross and (mask == "causal" or pos in ("rope", "alibi"))) or (
+                impl == "sdpa" and pos == "alibi"
+            )
+            continue
+        sizes = dict(batch=batch, seq_len=length, context_len=length + 3 if cross else None)
+        accepted.append({"options": options, "padded": padded, **sizes})
+    return accepted
 
 
-@pytest.mark.parametrize("batch,seq_len", [(1, 24), (2, 40)])
-def test_training_estimate_matches_a_measured_step(batch, seq_len):
-    for options in GRID:
-        config = build_config(d_model=40, heads=5, device="cpu", **options)
-        plan = build_plan(config, seq_len, batch, vocab_size=7)
-        predicted = estimate_training(plan)
-        measured = measure_training(config, plan)
-        assert measured.peak_bytes == pytest.approx(predicted.peak_bytes, rel=0.02), options
+VARIANTS = accepted_variants()
+
+
+def _case_id(case: dict) -> str:
+    options = case["options"]
+    cross = "cross" if case["context_len"] else "self"
+    return "-".join(map(str, [*options.values(), cross, case["batch"], case["seq_len"]]))
+
+
+def test_the_grid_is_what_validate_accepts():
+    # math: 234 as in test_check (5 pos × 2 masks × 3 norms × 2 types × 3 kv-heads, and
+    # 3 pos × 3 × 2 × 3 with a context); sdpa: the same without alibi (-36)
+    assert len(VARIANTS) == 234 + 234 - 36
+    for key in ("dtype", "bias", "output_bias", "dropout"):  # every value comes round
+        assert len({str(case["options"][key]) for case in VARIANTS}) >= 2
+    assert {case["batch"] for case in VARIANTS} == {1, 2, 3} and any(
+        case["padded"] for case in VARIANTS
+    )
+
+
+def _estimate_and_measure(case: dict, layers: int = 1):
+    config = build_config(**SMALL, **case["options"])
+    plan = build_plan(
+        config,
+        case["seq_len"],
+        case["batch"],
+        vocab_size=7,
+        padded=case["padded"],
+        context_len=case["context_len"],
+    )
+    return estimate_training(plan, layers), measure_training(plan.config, plan, layers)
+
+
+@pytest.mark.parametrize("case", VARIANTS, ids=_case_id)
+def test_training_replay_equals_a_measured_step(case, one_thread):
+    """To the byte: the peak, and the peak of each phase (forward, backward, Adam)."""
+    predicted, measured = _estimate_and_measure(case)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+
+
+STACKS = [case for case in VARIANTS[::9]]  # every 9th variant, as stacks of 2 and 3
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize("case", STACKS, ids=_case_id)
+def test_a_stack_is_replayed_and_measured_alike(case, layers, one_thread):
+    predicted, measured = _estimate_and_measure(case, layers)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+    assert measured.parameter_bytes == predicted.parameter_bytes
+
+
+def test_a_tall_stack_carries_the_last_layers_on():
+    """Past EXACT_LAYERS each phase peak follows the line of the last two replayed
+    layers: the same as replaying every layer."""
+    for options in ({}, {"pos": "learned", "impl": "sdpa", "norm": "none"},
+                    {"kv_heads": 2, "pos": "rope", "dtype": "bfloat16"}):  # fmt: skip
+        plan = build_plan(build_config(**SMALL, **options), 64, 2, vocab_size=100)
+        for layers in (EXACT_LAYERS + 1, EXACT_LAYERS + 37):
+            carried = estimate_training(plan, layers)
+            replayed = _replay(plan, layers)
+            assert carried.phase_peak_bytes == replayed[0]
+            assert carried.saved_bytes == replayed[1]
 
 
 @pytest.mark.parametrize("impl", ["math", "sdpa"])
@@ -47,9 +143,9 @@ def test_training_estimate_at_a_real_size(impl):
     config = build_config(impl=impl, device="cpu", mask="causal")
     plan = build_plan(config, 512, 1, vocab_size=2214)
     predicted = estimate_training(plan)
-    assert measure_training(config, plan).peak_bytes == pytest.approx(
-        predicted.peak_bytes, rel=0.02
-    )
+    measured = measure_training(config, plan)
+    assert measured.peak_bytes == predicted.peak_bytes
+    assert measured.phase_peak_bytes == predicted.phase_peak_bytes
 
 
 def test_training_breakdown():
@@ -93,13 +189,38 @@ def test_memory_train_cli(invoke):
                "--json").stdout
     )  # fmt: skip
     assert data["measured_what"] == "training step"
-    assert data["measured_peak_bytes"] == pytest.approx(data["training_bytes"], rel=0.02)
+    assert data["measured_peak_bytes"] == data["training_bytes"]
     assert data["training"]["optimizer_bytes"] == 8 * data["parameters"]
     bf16 = json.loads(
         invoke("memory", "--seq-len", "128", "--train", "--dtype", "bfloat16", "--json").stdout
     )
     assert bf16["training"]["master_bytes"] == 4 * bf16["parameters"]
     assert "training_bytes" not in json.loads(invoke("memory", "--json").stdout)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--kv-heads", "2"],
+        ["--kv-heads", "1", "--impl", "sdpa"],
+        ["--norm", "pre"],
+        ["--norm-type", "rms", "--dtype", "bfloat16"],
+        ["--pos", "rope", "--norm", "pre", "--norm-type", "rms"],
+        ["--pos", "alibi", "--mask", "causal"],
+        ["--pos", "learned"],
+        ["--context-len", "24"],
+        ["--layers", "3", "--pos", "rope", "--kv-heads", "2"],
+    ],
+)
+def test_memory_train_measures_what_it_once_refused(invoke, options):
+    """--kv-heads, positions, pre-norm, RMSNorm, cross-attention and a --layers stack:
+    memory --train models them, and --measure equals the estimate to the byte."""
+    args = ["memory", "--seq-len", "32", "--d-model", "64", "--heads", "4", *options]
+    result = invoke(*args, "--train", "--measure", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 def test_budget_with_train_solves_the_training_peak(invoke):

@@ -182,10 +182,17 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
         training = training_estimate_of(plan, layers) if train else None
         measured = None
         if request.measure:
-            preflight(plan, peak_of(plan), request.force, hooks, passes=3 if train else 1)
+            preflight(
+                plan,
+                peak_of(plan),
+                request.force,
+                hooks,
+                blocks=layers if train else 1,  # a training step runs the whole stack
+                passes=3 if train else 1,
+            )
             what = "a training step" if train else "a forward pass"
             with hooks.progress(f"measuring {what} over {length} tokens"):
-                measured = measure_peak(plan, model, train)
+                measured = measure_peak(plan, model, train, layers)
         kv_bytes = kv_cache_of(plan, tokens, kv_layers)
         reports.append(length_report(plan, result, tokens, kv_bytes, measured, training))
     budget_bytes = _device_free_bytes(layer.device) if request.fit_device else None

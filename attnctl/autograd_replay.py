@@ -1,0 +1,198 @@
+"""A torch-free replay of autograd's memory: storages, saved tensors, the engine's order.
+
+``training_stages.py`` walks a plan's stages and, per stage, records what its forward
+allocates, which tensors autograd saves, and what its backward allocates; this module
+keeps the books. A storage lives while anything holds it: the Python code that computes
+the forward (released after the stage that reads it last, as the plan says), a node that
+saved it (released when the node's backward has run), or a gradient on its way. The
+bytes alive are read after every op, as the measurement (``measure.LiveStorages``) reads
+them: a tensor freed between two ops is gone when the next op's output is counted.
+
+The backward runs the nodes as torch's engine does on one device: of the nodes whose
+gradient is complete, the one created last first. A gradient that arrives for a tensor
+that already has one is summed out of place (``old + new``); so is a parameter's second
+gradient (its first is kept as it is).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A value of the forward: its storage and, when a gradient flows to it, the node
+    that made it (None: a leaf, or no gradient)."""
+
+    storage: int
+    nbytes: int  # of the storage
+    node: Node | None = None
+
+
+@dataclass(eq=False)
+class Node:
+    """One backward function: ``steps`` run in order when its gradient is complete."""
+
+    seq: int
+    inputs: tuple[Tensor | None, ...]  # where its gradients go (None: nowhere)
+    saved: tuple[int, ...]  # storages it holds until it has run
+    steps: tuple[tuple, ...]
+    pending: int = 0  # gradients still to arrive
+
+
+# The steps of a node's backward (each op's allocation is read once it is made):
+#   ("grad", i, nbytes)   a new gradient for input i
+#   ("pass", i)           input i gets the incoming gradient itself (a view, no bytes)
+#   ("param", name, nbytes)  a parameter's gradient
+#   ("temp", key, nbytes) a temporary of this backward, alive until ("free", key)
+#   ("free", key)
+#   ("drop_incoming",)    the incoming gradient is let go early (a copy replaced it)
+
+
+@dataclass
+class Replay:
+    live: dict[int, int] = field(default_factory=dict)  # storage -> bytes
+    holds: dict[int, int] = field(default_factory=dict)  # storage -> holders
+    current: int = 0
+    peak: int = 0
+    peak_phase: str = ""
+    phase: str = "forward"
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+    param_grads: dict[str, int] = field(default_factory=dict)  # name -> storage
+    nodes: list[Node] = field(default_factory=list)
+    timeline: list[tuple[str, int]] | None = None  # (phase, bytes) after each op, to debug
+    _ids: itertools.count = field(default_factory=itertools.count)
+    _seq: itertools.count = field(default_factory=itertools.count)
+
+    # ---------------------------------------------------------------- bytes alive
+    def read(self, transient: int = 0) -> None:
+        """One op has finished: its outputs (and ``transient`` bytes still alive in it)."""
+        alive = self.current + transient
+        if self.timeline is not None:
+            self.timeline.append((self.phase, alive))
+        if alive > self.phase_peaks.get(self.phase, -1):
+            self.phase_peaks[self.phase] = alive
+        if alive > self.peak:
+            self.peak, self.peak_phase = alive, self.phase
+
+    def new(self, nbytes: int, transient: int = 0, read: bool = True) -> Tensor:
+        """A new storage, held once (by the code that made it)."""
+        storage = next(self._ids)
+        self.live[storage] = nbytes
+        self.holds[storage] = 1
+        self.current += nbytes
+        if read:
+            self.read(transient)
+        return Tensor(storage, nbytes)
+
+    def view(self, tensor: Tensor) -> Tensor:
+        """Another tensor on the same storage (its own node, if one is attached)."""
+        return Tensor(tensor.storage, tensor.nbytes)
+
+    def hold(self, storage: int) -> None:
+        self.holds[storage] += 1
+
+    def drop(self, storage: int) -> None:
+        self.holds[storage] -= 1
+        if self.holds[storage] == 0:
+            del self.holds[storage]
+            self.current -= self.live.pop(storage)
+
+    # ---------------------------------------------------------------- the graph
+    def node(
+        self,
+        out: Tensor,
+        inputs: tuple[Tensor | None, ...],
+        saved: tuple[Tensor, ...],
+        steps: tuple[tuple, ...],
+    ) -> Tensor:
+        """Attach a backward node to ``out``; it holds the storages of ``saved``."""
+        inputs = tuple(t if t is not None and t.node is not None else None for t in inputs)
+        # a gradient is computed only for an input that needs one (needs_input_grad)
+        steps = tuple(s for s in steps if s[0] not in ("grad", "pass") or inputs[s[1]] is not None)
+        for tensor in saved:
+            self.hold(tensor.storage)
+        out.node = Node(next(self._seq), inputs, tuple(t.storage for t in saved), steps)
+        self.nodes.append(out.node)
+        return out
+
+    def leaf_node(self, out: Tensor, saved: tuple[Tensor, ...], steps: tuple[tuple, ...]):
+        """A node whose gradients go only to parameters (an embedding lookup)."""
+        return self.node(out, (), saved, steps)
+
+    # ---------------------------------------------------------------- backward
+    def backward(self, root: Tensor, seed: Tensor) -> None:
+        """Run every node that ``root`` depends on, from the gradient ``seed``."""
+        if root.node is None:
+            return
+        nodes: list[Node] = []
+        stack, seen = [root.node], {id(root.node)}
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            for tensor in node.inputs:
+                if tensor is None:
+                    continue
+                tensor.node.pending += 1
+                if id(tensor.node) not in seen:
+                    seen.add(id(tensor.node))
+                    stack.append(tensor.node)
+        buffers: dict[int, int] = {id(root.node): seed.storage}  # node -> gradient storage
+        grad_bytes: dict[int, int] = {seed.storage: seed.nbytes}
+        self.hold(seed.storage)
+        ready = [(-root.node.seq, root.node)]
+        while ready:
+            _, node = heapq.heappop(ready)
+            incoming = buffers.pop(id(node))
+            outgoing: dict[int, Tensor] = {}
+            temps: dict[str, int] = {}
+            held = True  # the incoming gradient, until the node lets it go
+            params: list[tuple[str, Tensor]] = []  # for AccumulateGrad, once this is done
+            for step in node.steps:
+                kind = step[0]
+                if kind == "grad":
+                    outgoing[step[1]] = self.new(step[2])
+                elif kind == "pass":
+                    self.hold(incoming)
+                    outgoing[step[1]] = Tensor(incoming, grad_bytes[incoming])
+                elif kind == "param":
+                    params.append((step[1], self.new(step[2])))
+                elif kind == "temp":
+                    temps[step[1]] = self.new(step[2]).storage
+                elif kind == "free":
+                    self.drop(temps.pop(step[1]))
+                elif kind == "drop_incoming":  # a copy of it is used from here on
+                    self.drop(incoming)
+                    held = False
+            for storage in node.saved:
+                self.drop(storage)
+            if held:
+                self.drop(incoming)
+            for index, tensor in enumerate(node.inputs):
+                if tensor is None or index not in outgoing:
+                    continue
+                grad = outgoing[index]
+                grad_bytes[grad.storage] = grad.nbytes
+                target = tensor.node
+                key = id(target)
+                if key in buffers:  # old + new, out of place
+                    total = self.new(grad.nbytes)
+                    grad_bytes[total.storage] = total.nbytes
+                    self.drop(buffers[key])
+                    self.drop(grad.storage)
+                    buffers[key] = total.storage
+                else:
+                    buffers[key] = grad.storage
+                target.pending -= 1
+                if target.pending == 0:
+                    heapq.heappush(ready, (-target.seq, target))
+            for name, grad in params:  # AccumulateGrad runs first among the ready nodes
+                if name in self.param_grads:  # a second gradient: old + new, out of place
+                    total = self.new(grad.nbytes)
+                    self.drop(self.param_grads[name])
+                    self.drop(grad.storage)
+                    grad = total
+                self.param_grads[name] = grad.storage
+        self.drop(seed.storage)

@@ -1,0 +1,395 @@
+"""What autograd does at each stage of a plan: one entry per stage name.
+
+``replay_step`` walks a plan's stages (and, for ``--layers N``, its block N times) in
+order. Each stage's entry below allocates what its torch code (``attnctl/nn/``)
+allocates when autograd records it, says which tensors the backward node keeps, and
+lists what that node's backward allocates, in the order the kernels make it. The
+Python code's own references end after the last stage that reads a tensor, as the plan
+says (``reads``, ``held_until``), so a new stage needs one entry here and nothing else.
+
+The entries were written against the measured timeline of ``memory --measure --train``
+(``measure.LiveStorages``: bytes alive after every aten op, on CPU, torch 2.13); the
+tests hold the replay equal to it to the byte over the accepted grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from attnctl.autograd_replay import Replay, Tensor
+from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.plan import Plan
+from attnctl.trace import Stage
+
+FP32 = 4
+INPUTS = ("token_ids", "context_ids", "padding_mask")  # made before the model runs
+EMBEDDING_STAGES = (
+    "embeddings",
+    "positions",
+    "x",
+    "embedding_norm",
+    "context_embeddings",
+    "context_positions",
+    "context_x",
+)
+
+
+@dataclass
+class Walk:
+    """The state of one replayed forward: tensors by (qualified) stage name."""
+
+    replay: Replay
+    plan: Plan
+    config: LayerConfig
+    block: int = 0
+    base: str = ""  # the stage being replayed, as the plan names it
+    stages: dict[str, Stage] = field(default_factory=dict)  # by qualified name
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # latest version per name
+    split: set[str] = field(default_factory=set)  # (B, H, L, d_k) views of (B, L, D)
+
+    @property
+    def e(self) -> int:
+        return DTYPE_BYTES[self.config.dtype]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self.plan.sizes
+
+    def qualified(self, base: str) -> str:
+        """A block stage's name in the walk ("blocks.2.scores"); embeddings keep theirs."""
+        return base if base in EMBEDDING_STAGES or base in INPUTS else f"blocks.{self.block}.{base}"
+
+    def stage(self, name: str) -> Stage:
+        return self.stages[name]
+
+    def param(self, name: str) -> str:
+        return f"blocks.{self.block}.{name}"
+
+    def merges_badly(self, stage: Stage) -> bool:
+        """Whether (B, H, ·, ·) of this (B, H, L, d_k) view cannot be merged without a copy:
+        only when B, H and L are all above 1 (size-1 dims merge freely)."""
+        batch, heads, length = stage.shape[0], stage.shape[1], stage.shape[2]
+        return batch > 1 and heads > 1 and length > 1
+
+
+Entry = Callable[[Walk, Stage, list[Tensor]], Tensor]
+ENTRIES: dict[str, Entry] = {}
+
+
+def entry(*names: str) -> Callable[[Entry], Entry]:
+    def register(function: Entry) -> Entry:
+        for name in names:
+            ENTRIES[name] = function
+        return function
+
+    return register
+
+
+# ------------------------------------------------------------------ embeddings
+
+
+@entry("embeddings", "context_embeddings")
+def _lookup(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    ids = walk.tensors["context_ids" if stage.name.startswith("context") else "token_ids"]
+    out = r.new(stage.bytes)  # F.embedding; its backward keeps the ids
+    weight = walk.plan.vocab_size * walk.sizes["D"] * walk.e
+    return r.leaf_node(out, (ids,), (("param", "embedding.weight", weight),))
+
+
+@entry("positions", "context_positions")
+def _positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    if walk.config.pos == "sinusoidal":  # a table, no gradient
+        return r.new(stage.bytes, transient=stage.scratch)
+    ids = r.new(stage.scratch)  # learned: torch.arange(L) int64, kept by the lookup
+    out = r.new(stage.bytes)
+    weight = walk.config.max_positions * walk.sizes["D"] * walk.e
+    r.leaf_node(out, (ids,), (("param", "positions.weight", weight),))
+    r.drop(ids.storage)
+    return out
+
+
+@entry("x", "context_x")
+def _add_positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    embeddings, positions = ins
+    out = r.new(stage.bytes)
+    # the positions' gradient: the batch summed away
+    return r.node(out, (embeddings, positions), (), (("pass", 0), ("grad", 1, positions.nbytes)))
+
+
+# ------------------------------------------------------------------ norms and linears
+
+
+@entry("norm")
+def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    (x,) = ins
+    r = walk.replay
+    rows = stage.bytes // (walk.sizes["D"] * walk.e)
+    d_bytes = walk.sizes["D"] * walk.e
+    if walk.config.norm_type == "layer":  # native_layer_norm: output, mean, rstd
+        out = r.new(stage.bytes, read=False)
+        mean = r.new(rows * walk.e, read=False)  # in the activation dtype on CPU
+        rstd = r.new(rows * walk.e)
+        r.node(
+            out,
+            (x,),
+            (x, mean, rstd),
+            (("grad", 0, x.nbytes), ("param", walk.param("norm.weight"), d_bytes),
+             ("param", walk.param("norm.bias"), d_bytes)),
+        )  # fmt: skip
+        r.drop(mean.storage)
+        r.drop(rstd.storage)
+        return out
+    return _rms_norm(walk, stage, x, rows)
+
+
+def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int) -> Tensor:
+    """F.rms_norm, which autograd records op by op: in float32 (a float32 copy of a half
+    input first), x · rsqrt(mean(x²) + eps) · weight, then cast back."""
+    r = walk.replay
+    wide = rows * walk.sizes["D"] * FP32  # (B, L, D) in float32
+    row = rows * FP32  # (B, L, 1) in float32
+    half = walk.e != FP32
+    upcast = r.node(r.new(wide), (x,), (), (("grad", 0, x.nbytes),)) if half else x
+    # x.pow(2): its backward is grad · 2 · x.pow(1), two temporaries on the way
+    twice = (("temp", "a", wide), ("temp", "b", wide), ("grad", 0, wide), ("free", "a"),
+             ("free", "b"))  # fmt: skip
+    squared = r.node(r.new(wide), (upcast,), (upcast,), twice)
+    mean = r.node(r.new(row), (squared,), (), (("grad", 0, wide),))  # expand, then / D
+    plus_eps = r.node(r.view(mean), (mean,), (), (("pass", 0),))  # .add_(eps)
+    cubed = (("temp", "a", row), ("temp", "b", row), ("grad", 0, row), ("free", "a"),
+             ("free", "b"))  # fmt: skip
+    rstd = r.new(row)
+    r.node(rstd, (plus_eps,), (rstd,), cubed)  # rsqrt keeps its result
+    r.drop(squared.storage)  # the expression's temporaries, freed when it ends
+    r.drop(mean.storage)
+    normed = r.new(wide)
+    r.node(normed, (upcast, rstd), (upcast, rstd),
+           (("grad", 0, wide), ("temp", "p", wide), ("grad", 1, row), ("free", "p")))  # fmt: skip
+    r.drop(rstd.storage)
+    weight = walk.param("norm.weight")
+    d_bytes = walk.sizes["D"]
+    if half:  # the weight's gradient is summed in float32, then cast to its dtype
+        to_weight = (("temp", "s", d_bytes * FP32), ("free", "p"),
+                     ("param", weight, d_bytes * walk.e), ("free", "s"))  # fmt: skip
+    else:
+        to_weight = (("param", weight, d_bytes * FP32), ("free", "p"))
+    scaled = r.new(wide)
+    r.node(scaled, (normed,), (normed,), (("grad", 0, wide), ("temp", "p", wide), *to_weight))
+    r.drop(normed.storage)
+    if half:
+        r.drop(upcast.storage)
+        out = r.node(r.new(stage.bytes), (scaled,), (), (("grad", 0, wide),))  # .type_as(x)
+        r.drop(scaled.storage)
+        return out
+    return scaled
+
+
+def _linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor:
+    """F.linear over (B, L, ·): addmm with a bias (input's gradient first), mm without
+    (the weight's first)."""
+    r = walk.replay
+    e = walk.e
+    rows = 1
+    for n in stage.shape[:-1]:
+        rows *= n
+    width_out = stage.shape[-1]
+    width_in = x.nbytes // (rows * e)
+    weight = (walk.param(f"{name}.weight"), width_in * width_out * e)
+    out = r.new(stage.bytes)
+    if bias:
+        steps = (("grad", 0, x.nbytes), ("param", *weight),
+                 ("param", walk.param(f"{name}.bias"), width_out * e))  # fmt: skip
+    else:
+        steps = (("param", *weight), ("grad", 0, x.nbytes))
+    return r.node(out, (x,), (x,), steps)
+
+
+@entry("q", "k", "v", "output_projection")
+def _projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    name = {"q": "W_q", "k": "W_k", "v": "W_v", "output_projection": "W_o"}[walk.base]
+    bias = walk.config.bias and (name != "W_o" or walk.config.output_bias)
+    return _linear(walk, stage, ins[0], name, bias)
+
+
+@entry("q_heads", "k_heads", "v_heads")
+def _split_heads(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """view(B, L, H, d_k).transpose(1, 2): no bytes. Its backward views the gradient back
+    as (B, L, D), which copies a gradient laid out (B, H, L, d_k)."""
+    (x,) = ins
+    r = walk.replay
+    out = r.view(x)
+    walk.split.add(stage.name)
+    heads, length = stage.shape[1], stage.shape[2]
+    config = walk.config
+    copies = heads > 1 and length > 1
+    direct = config.impl == "math" and config.pos != "rope" and config.kv_heads == config.heads
+    if walk.base == "k_heads" and direct and stage.shape[0] == 1:
+        copies = False  # bmm's gradient for a transposed K comes back in K's layout
+    if config.impl == "sdpa" and config.pos != "rope":
+        copies = False  # the fused backward returns each gradient in its input's layout
+    steps = (("grad", 0, x.nbytes),) if copies else (("pass", 0),)
+    return r.node(out, (x,), (), steps)
+
+
+# ------------------------------------------------------------------ positions in the heads
+
+
+@entry("rope_angles", "rope_cos", "rope_sin")
+def _rope_table(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    return walk.replay.new(stage.bytes, transient=stage.scratch)  # no gradient
+
+
+@entry("q_rotated", "k_rotated")
+def _rotate(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """positions.rotate: x·cos + cat(-x[..., d/2:], x[..., :d/2])·sin, every op a node."""
+    r = walk.replay
+    x, cos, sin = ins
+    full, half = stage.bytes, stage.bytes // 2
+    with_cos = r.node(r.new(full), (x,), (cos,), (("grad", 0, full),))  # x * cos
+    upper = r.node(r.view(x), (x,), (), (("grad", 0, full),))  # x[..., d/2:]: slice_backward
+    negated = r.node(r.new(half), (upper,), (), (("grad", 0, half),))
+    lower = r.node(r.view(x), (x,), (), (("grad", 0, full),))  # x[..., :d/2]
+    turned = r.node(r.new(full), (negated, lower), (), (("pass", 0), ("pass", 1)))  # cat
+    r.drop(negated.storage)
+    product = r.node(r.new(full), (turned,), (sin,), (("grad", 0, full),))  # turned * sin
+    out = r.node(r.view(with_cos), (with_cos, product), (), (("pass", 0), ("pass", 1)))  # +=
+    r.drop(product.storage)
+    r.drop(turned.storage)
+    walk.split.discard(stage.name)
+    return out
+
+
+@entry("k_repeated", "v_repeated")
+def _repeat(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """repeat_interleave: unsqueeze, expand, reshape (a copy); its backward sums the
+    groups back into the K/V heads."""
+    r = walk.replay
+    (x,) = ins
+    return r.node(r.new(stage.bytes), (x,), (), (("grad", 0, x.nbytes),))
+
+
+# ------------------------------------------------------------------ scores and weights
+
+
+def _operand(walk: Walk, name: str, tensor: Tensor, stage_of: Stage) -> Tensor:
+    """matmul's reshape of a (B, H, L, d_k) operand to (B·H, L, d_k): a copy when the
+    heads do not merge (the copy is what bmm keeps)."""
+    if name in walk.split and walk.merges_badly(stage_of):
+        r = walk.replay
+        copy = r.new(tensor.nbytes)
+        r.node(copy, (tensor,), (), (("pass", 0),))
+        return copy
+    return tensor
+
+
+@entry("scores")
+def _scores(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    q_name, k_name = stage.reads
+    q = _operand(walk, q_name, ins[0], walk.stage(q_name))
+    k = _operand(walk, k_name, ins[1], walk.stage(k_name))
+    out = r.new(stage.bytes)  # bmm keeps both operands
+    r.node(out, (q, k), (q, k), (("grad", 0, q.nbytes), ("grad", 1, k.nbytes)))
+    for operand, given in ((q, ins[0]), (k, ins[1])):
+        if operand is not given:
+            r.drop(operand.storage)  # matmul's temporary: only bmm holds it now
+    scaled = r.node(r.view(out), (out,), (), (("grad", 0, stage.bytes),))  # .div_(√d_k)
+    if "padding_mask" in walk.tensors:  # masked_fill_ keeps the negated mask
+        negated = r.new(walk.tensors["padding_mask"].nbytes)
+        scaled = r.node(r.view(out), (scaled,), (negated,), (("grad", 0, stage.bytes),))
+        r.drop(negated.storage)
+    return scaled
+
+
+@entry("alibi")
+def _alibi(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    bias = r.new(stage.bytes, transient=stage.scratch)
+    scores = walk.tensors[walk.qualified("scores")]
+    walk.tensors[walk.qualified("scores")] = r.node(r.view(scores), (scores,), (), (("pass", 0),))
+    return bias
+
+
+@entry("mask")
+def _causal(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (scores,) = ins
+    allowed = r.new(stage.bytes)
+    blocked = r.new(stage.bytes)  # logical_not(), kept by masked_fill_
+    filled = r.node(r.view(scores), (scores,), (blocked,), (("grad", 0, scores.nbytes),))
+    r.drop(blocked.storage)
+    walk.tensors[walk.qualified("scores")] = filled
+    return allowed
+
+
+@entry("weights")
+def _softmax(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    scores = walk.tensors[walk.qualified("scores")]  # the latest in-place version
+    out = r.new(stage.bytes)
+    return r.node(out, (scores,), (out,), (("grad", 0, stage.bytes),))
+
+
+@entry("dropout")
+def _dropout(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (weights,) = ins
+    mask = r.new(stage.bytes)  # in the activation dtype on CPU, kept by the product
+    out = r.new(stage.bytes)
+    r.node(out, (weights,), (mask,), (("grad", 0, stage.bytes),))
+    r.drop(mask.storage)
+    return out
+
+
+@entry("weighted_values")
+def _weighted_values(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    if walk.config.impl == "math":
+        v_name = stage.reads[1]
+        weights = ins[0]
+        v = _operand(walk, v_name, ins[1], walk.stage(v_name))
+        out = r.new(stage.bytes)
+        steps: tuple[tuple, ...] = (("grad", 1, v.nbytes), ("grad", 0, weights.nbytes))
+        if walk.merges_badly(stage):  # the incoming (B, H, L, d_k) gradient is a view of
+            steps = (("temp", "g", stage.bytes), ("drop_incoming",), *steps, ("free", "g"))
+        r.node(out, (weights, v), (weights, v), steps)
+        if v is not ins[1]:
+            r.drop(v.storage)
+        return out
+    q, k, v = ins
+    saved = [q, k, v]
+    if "padding_mask" in walk.tensors:  # the bool mask as an additive one: where(m, 0, -inf)
+        scalars = [r.new(walk.e), r.new(walk.e)]
+        keys = walk.sizes.get("Lc", walk.sizes["L"])
+        saved.append(r.new(walk.sizes["B"] * keys * walk.e))  # (B, 1, 1, Lk), kept
+        for scalar in scalars:
+            r.drop(scalar.storage)
+    out = r.new(stage.bytes, read=False)
+    logsumexp = r.new(walk.sizes["B"] * walk.sizes["H"] * walk.sizes["L"] * FP32)
+    r.node(
+        out, (q, k, v), (*saved, out, logsumexp),
+        (("grad", 0, q.nbytes), ("grad", 1, k.nbytes), ("grad", 2, v.nbytes)),
+    )  # fmt: skip
+    r.drop(logsumexp.storage)
+    for tensor in saved[3:]:
+        r.drop(tensor.storage)
+    return out
+
+
+@entry("concat")
+def _concat(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (attended,) = ins
+    out = r.view(attended) if stage.view_of else r.new(stage.bytes)  # .contiguous()
+    return r.node(out, (attended,), (), (("pass", 0),))
+
+
+@entry("residual")
+def _residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    out = r.new(stage.bytes)
+    return r.node(out, tuple(ins), (), (("pass", 0), ("pass", 1)))
