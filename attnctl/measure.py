@@ -205,29 +205,36 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
     the parameters in float32, or (float16/bfloat16) on float32 master weights whose
     gradients are copied from the model's just before the step. ``layers``: a stack of
     the plan's block over one shared embedding (block n's weights are block 0's values,
-    in tensors of their own). The inputs are the ones ``measure_forward`` makes: a
-    context for cross-attention, the last row half padding when the plan masks padding.
+    in tensors of their own). A checkpoint trains every block: the weights its family's
+    table maps are trained, the others (a final norm, a head) are loaded and left alone.
+    The inputs are the ones ``measure_forward`` makes: a context for cross-attention, the
+    last row half padding when the plan masks padding.
     """
     from attnctl.describe import ModelDescription
     from attnctl.nn.model import forward
-    from attnctl.nn.weights import seeded_layer
+    from attnctl.nn.weights import model_weights, seeded_layer
 
     device = resolve_device(config.device)
     description = plan.description
-    if description is None or description.checkpoint is not None:
-        raise AttnctlError("measure --train measures the seeded layer's stack")
-    layer = seeded_layer(config, plan.vocab_size, device).train()
-    named = layer.weights()
-    block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
-    shared = [v for k, v in named.items() if not k.startswith("blocks.")]
-    parameters = list(shared)
-    for n in range(layers):
-        for key, value in block.items():
-            tensor = value if n == 0 else value.detach().clone().requires_grad_()
-            named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = tensor
-            parameters.append(tensor)
-    stack = ModelDescription(description.embeddings, description.blocks * layers)
-    parameter_bytes = sum(p.numel() * p.element_size() for p in parameters)
+    if description is not None and description.checkpoint is not None:  # every block
+        stack = description
+        layers = description.layers
+        loaded = model_weights(description, config, device, blocks=None)
+        named = loaded.named
+        parameters = [t.requires_grad_() for t in loaded.trained]  # the table's, in order
+        parameter_bytes = loaded.parameter_bytes  # the weights it does not use too
+    else:
+        layer = seeded_layer(config, plan.vocab_size, device).train()
+        named = layer.weights()
+        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
+        parameters = [v for k, v in named.items() if not k.startswith("blocks.")]
+        for n in range(layers):
+            for key, value in block.items():
+                tensor = value if n == 0 else value.detach().clone().requires_grad_()
+                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = tensor
+                parameters.append(tensor)
+        stack = ModelDescription(description.embeddings, description.blocks * layers)
+        parameter_bytes = sum(p.numel() * p.element_size() for p in parameters)
     token_ids = torch.randint(0, plan.vocab_size, (plan.batch, plan.seq_len), device=device)
     context_ids = padding = None
     key_len = plan.sizes.get("Lc", plan.seq_len)

@@ -49,8 +49,11 @@ class TrainingEstimate:
 
 
 def parameter_sizes(plan: Plan, layers: int) -> list[int]:
-    """Every parameter's element count in the step's order: the shared ones, then each
-    layer's (``measure_training`` hands Adam the same order)."""
+    """Every trained parameter's element count in the step's order: the shared ones,
+    then each layer's; a checkpoint's in its table's order, which holds the weights its
+    blocks read (``measure_training`` hands Adam the same order)."""
+    if plan.model is not None:
+        return [_product(entry.shape) for entry in plan.model.source.table]
     shared = [p.count for p in plan.parameters if p.name.startswith(SHARED)]
     own = [p.count for p in plan.parameters if not p.name.startswith(SHARED)]
     return shared + own * layers
@@ -61,7 +64,13 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
     if plan.model is not None:
-        raise AttnctlError("memory --train does not model a checkpoint's blocks yet")
+        layers = plan.model.layers  # a checkpoint trains every one of its blocks
+        views = [e.key for e in plan.model.source.table if e.transposed or len(e.targets) > 1]
+        if views:
+            raise AttnctlError(
+                f"memory --train does not replay {plan.model.name}'s fused or transposed "
+                f"weights ({views[0]}) yet; memory without --train is exact for it"
+            )
     if layers < 1:
         raise AttnctlError(f"layers must be a positive integer, got {layers}")
     e = DTYPE_BYTES[config.dtype]
@@ -78,11 +87,11 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         peaks = tuple(b + more * (b - a) for a, b in zip(before, last, strict=True))
         saved = saved_last + more * (saved_last - saved_before)
     peak = max(peaks)
-    model_bytes = count * e
+    model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
     step = count * FP32
     return TrainingEstimate(
         parameter_bytes=model_bytes,
-        gradient_bytes=model_bytes,
+        gradient_bytes=count * e,
         master_bytes=step if mixed else 0,
         optimizer_bytes=2 * step,
         saved_bytes=saved,
@@ -141,6 +150,13 @@ def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int]:
     return tuple(r.phase_peaks[p] for p in PHASES), saved
 
 
+def _product(shape: tuple[int, ...]) -> int:
+    total = 1
+    for n in shape:
+        total *= n
+    return total
+
+
 def _stack(plan: Plan, layers: int) -> list[tuple[int, str, Stage]]:
     """(block, stage name in the plan, the stage named for the walk): the embeddings
     once, then the plan's block ``layers`` times, each reading the one before."""
@@ -182,21 +198,16 @@ def _python_lifetimes(stages: list[Stage], plan: Plan, layers: int) -> dict[int,
         for read in stage.reads:
             if read in owner and read not in INPUTS:
                 last[owner[read]] = max(last[owner[read]], i)
-    block_end = {}
-    for i, stage in enumerate(stages):
-        if stage.name.startswith("blocks."):
-            block_end[stage.name.split(".")[1]] = i
-    for held in plan.held_until:  # the attention's output, returned with the block's
+    final = len(stages) - 1
+    returned = {owner[stages[-1].name]}  # the model's output, and what it returns with it
+    for held, until in plan.held_until.items():  # the attention's output, till it returns
         if held in INPUTS:
             continue
         for n in range(layers):
-            name = f"blocks.{n}.{held}"
-            if name in owner:
-                last[owner[name]] = max(last[owner[name]], block_end[str(n)])
-    final = len(stages) - 1
-    returned = {owner[stages[-1].name]}  # the model's output, and the last block's held ones
-    returned |= {owner[f"blocks.{layers - 1}.{held}"] for held in plan.held_until
-                 if f"blocks.{layers - 1}.{held}" in owner}  # fmt: skip
+            name, end = f"blocks.{n}.{held}", index[f"blocks.{n}.{until}"]
+            last[owner[name]] = max(last[owner[name]], end)
+            if end == final:
+                returned.add(owner[name])
     ends: dict[int, list[str]] = {}
     for name, end in last.items():
         ends.setdefault(len(stages) if name in returned else end, []).append(name)

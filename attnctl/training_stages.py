@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from attnctl.autograd_replay import Replay, Tensor
 from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.describe import FeedForward
 from attnctl.plan import Plan
 from attnctl.trace import Stage
 
@@ -47,6 +48,11 @@ class Walk:
     stages: dict[str, Stage] = field(default_factory=dict)  # by qualified name
     tensors: dict[str, Tensor] = field(default_factory=dict)  # latest version per name
     split: set[str] = field(default_factory=set)  # (B, H, L, d_k) views of (B, L, D)
+
+    @property
+    def feed_forward(self) -> FeedForward:
+        description = self.plan.description
+        return next(s for s in description.blocks[0].sublayers if isinstance(s, FeedForward))
 
     @property
     def e(self) -> int:
@@ -105,7 +111,7 @@ def _positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         return r.new(stage.bytes, transient=stage.scratch)
     ids = r.new(stage.scratch)  # learned: torch.arange(L) int64, kept by the lookup
     out = r.new(stage.bytes)
-    weight = walk.config.max_positions * walk.sizes["D"] * walk.e
+    weight = walk.plan.description.embeddings.max_positions * walk.sizes["D"] * walk.e
     r.leaf_node(out, (ids,), (("param", "positions.weight", weight),))
     r.drop(ids.storage)
     return out
@@ -115,38 +121,59 @@ def _positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 def _add_positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     embeddings, positions = ins
-    out = r.new(stage.bytes)
-    # the positions' gradient: the batch summed away
-    return r.node(out, (embeddings, positions), (), (("pass", 0), ("grad", 1, positions.nbytes)))
+    added = (("pass", 0), ("grad", 1, positions.nbytes))  # positions: the batch summed away
+    description = walk.plan.description
+    if description.embeddings.segment and stage.name == "x":
+        # BERT: x + segment.weight[0] (a select of the weight), then += positions in place
+        table = description.source.table
+        types = next(e.shape[0] for e in table if e.targets == ("segment.weight",))
+        d_bytes = walk.sizes["D"] * walk.e
+        segment = Tensor(-1, d_bytes)
+        r.leaf_node(segment, (), (("param", "segment.weight", types * d_bytes),))
+        plus = r.node(r.new(stage.bytes), (embeddings, segment), (),
+                      (("pass", 0), ("grad", 1, d_bytes)))  # fmt: skip
+        return r.node(r.view(plus), (plus, positions), (), added)
+    return r.node(r.new(stage.bytes), (embeddings, positions), (), added)
 
 
 # ------------------------------------------------------------------ norms and linears
 
 
-@entry("norm")
+@entry("norm", "ffn_norm", "embedding_norm")
 def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     (x,) = ins
-    r = walk.replay
+    if walk.base == "ffn_norm":
+        norm_type, weight = walk.feed_forward.norm_type, walk.param("feed_forward.norm")
+    elif walk.base == "embedding_norm":  # BERT: a LayerNorm after the embeddings
+        norm_type, weight = "layer", "embedding_norm"
+    else:
+        norm_type, weight = walk.config.norm_type, walk.param("norm")
     rows = stage.bytes // (walk.sizes["D"] * walk.e)
+    if norm_type == "layer":
+        return _layer_norm(walk, stage, x, rows, weight)
+    return _rms_norm(walk, stage, x, rows, weight)
+
+
+def _layer_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight: str) -> Tensor:
+    """native_layer_norm: output, mean and rstd (the activation dtype on CPU), kept."""
+    r = walk.replay
     d_bytes = walk.sizes["D"] * walk.e
-    if walk.config.norm_type == "layer":  # native_layer_norm: output, mean, rstd
-        out = r.new(stage.bytes, read=False)
-        mean = r.new(rows * walk.e, read=False)  # in the activation dtype on CPU
-        rstd = r.new(rows * walk.e)
-        r.node(
-            out,
-            (x,),
-            (x, mean, rstd),
-            (("grad", 0, x.nbytes), ("param", walk.param("norm.weight"), d_bytes),
-             ("param", walk.param("norm.bias"), d_bytes)),
-        )  # fmt: skip
-        r.drop(mean.storage)
-        r.drop(rstd.storage)
-        return out
-    return _rms_norm(walk, stage, x, rows)
+    out = r.new(stage.bytes, read=False)
+    mean = r.new(rows * walk.e, read=False)
+    rstd = r.new(rows * walk.e)
+    r.node(
+        out,
+        (x,),
+        (x, mean, rstd),
+        (("grad", 0, x.nbytes), ("param", f"{weight}.weight", d_bytes),
+         ("param", f"{weight}.bias", d_bytes)),
+    )  # fmt: skip
+    r.drop(mean.storage)
+    r.drop(rstd.storage)
+    return out
 
 
-def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int) -> Tensor:
+def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) -> Tensor:
     """F.rms_norm, which autograd records op by op: in float32 (a float32 copy of a half
     input first), x · rsqrt(mean(x²) + eps) · weight, then cast back."""
     r = walk.replay
@@ -170,7 +197,7 @@ def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int) -> Tensor:
     r.node(normed, (upcast, rstd), (upcast, rstd),
            (("grad", 0, wide), ("temp", "p", wide), ("grad", 1, row), ("free", "p")))  # fmt: skip
     r.drop(rstd.storage)
-    weight = walk.param("norm.weight")
+    weight = f"{weight_name}.weight"
     d_bytes = walk.sizes["D"]
     if half:  # the weight's gradient is summed in float32, then cast to its dtype
         to_weight = (("temp", "s", d_bytes * FP32), ("free", "p"),
@@ -270,6 +297,45 @@ def _repeat(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     (x,) = ins
     return r.node(r.new(stage.bytes), (x,), (), (("grad", 0, x.nbytes),))
+
+
+# ------------------------------------------------------------------ the feed-forward
+
+
+@entry("ffn_up", "ffn_gate", "ffn_down")
+def _ffn_projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    name = "feed_forward." + walk.base.removeprefix("ffn_")
+    return _linear(walk, stage, ins[0], name, walk.feed_forward.bias)
+
+
+@entry("ffn_act")
+def _activation(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """gelu and silu keep their input for the backward, relu its output."""
+    r = walk.replay
+    (x,) = ins
+    out = r.new(stage.bytes)
+    kept = out if walk.feed_forward.activation == "relu" else x
+    return r.node(out, (x,), (kept,), (("grad", 0, stage.bytes),))
+
+
+@entry("ffn_product")
+def _gate_times_up(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """``act *= up`` in place: autograd keeps a copy of act as it was, and up."""
+    r = walk.replay
+    act, up = ins
+    original = r.new(act.nbytes)
+    out = r.node(r.view(act), (act, up), (original, up), (("grad", 0, act.nbytes),
+                                                          ("grad", 1, up.nbytes)))  # fmt: skip
+    r.drop(original.storage)
+    return out
+
+
+@entry("ffn_residual")
+def _ffn_residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """``out += x`` in place."""
+    r = walk.replay
+    down, x = ins
+    return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
 
 
 # ------------------------------------------------------------------ scores and weights

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
+import tiny_models
 import torch
 
 from attnctl.config import (
@@ -19,6 +21,7 @@ from attnctl.config import (
     validate,
 )
 from attnctl.errors import AttnctlError
+from attnctl.families import read_model
 from attnctl.layer import AttentionLayer
 from attnctl.measure import measure_training
 from attnctl.plan import build_plan
@@ -290,3 +293,52 @@ def test_dropout_matches_torch_dropout_on_the_weights():
     kept = dropped != 0
     assert torch.allclose(dropped[kept], weights[kept] / (1 - p))
     assert 0 < kept.float().mean() < 1
+
+
+# ---------------------------------------------------------------- checkpoints' blocks
+TRAINED_FAMILIES = [f for f in tiny_models.FAMILIES if f != "gpt2"]  # GPT-2: refused below
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("trained")
+    return {family: tiny_models.write(family, root / family) for family in tiny_models.FAMILIES}
+
+
+@pytest.mark.parametrize("family", TRAINED_FAMILIES)
+@pytest.mark.parametrize(
+    ("impl", "dtype", "batch", "seq_len", "padded"),
+    [("math", "float32", 1, 9, False), ("sdpa", "bfloat16", 3, 12, False),
+     ("math", "float16", 2, 7, True), ("sdpa", "float32", 2, 16, True)],
+)  # fmt: skip
+def test_a_checkpoints_blocks_train_as_replayed(
+    checkpoints, family, impl, dtype, batch, seq_len, padded, one_thread
+):
+    """Every block of the model (BERT post-norm with its segment and embedding norm,
+    Llama/Mistral/Qwen2 pre-norm RMSNorm, SwiGLU, GQA): to the byte, phase by phase."""
+    model = read_model(checkpoints[family])
+    config = model.layer_config(device="cpu", impl=impl, dtype=dtype)
+    padded = padded and config.mask != "causal"  # right padding needs no mask under causal
+    plan = build_plan(config, seq_len, batch, model.vocab_size, model=model, padded=padded)
+    predicted = estimate_training(plan)
+    measured = measure_training(plan.config, plan)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+    assert predicted.layers == model.layers > 1
+    assert predicted.parameter_bytes == plan.parameter_bytes  # every weight it loads
+
+
+def test_memory_train_of_a_model_measures_alike(invoke, checkpoints):
+    args = ["memory", "--model", str(checkpoints["llama"]), "--seq-len", "12", "--train"]
+    result = invoke(*args, "--measure", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_peak_bytes"] == data["training_bytes"]
+    assert data["training"]["optimizer_bytes"] < 8 * data["parameters"]  # not the final norm
+
+
+def test_memory_train_refuses_gpt2s_fused_weights_by_name(invoke, checkpoints):
+    result = invoke("memory", "--model", str(checkpoints["gpt2"]), "--train")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "does not replay GPT-2's fused or transposed weights" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -154,7 +154,7 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
     lengths = parse_lengths(seq_len)
     stack, kv_layers = layers, layers  # --layers: weights and K/V of a stack of this layer
     if model is not None:
-        clash = {"--layers": layers != 1, "--train": train, "--context-len": context_len}
+        clash = {"--layers": layers != 1, "--context-len": context_len}
         for option, given in clash.items():
             if given:
                 raise AttnctlError(f"{option} does not apply to --model (a whole model's memory)")
@@ -187,7 +187,7 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
                 peak_of(plan),
                 request.force,
                 hooks,
-                blocks=layers if train else 1,  # a training step runs the whole stack
+                blocks=(model.layers if model else layers) if train else 1,  # the whole stack
                 passes=3 if train else 1,
             )
             what = "a training step" if train else "a forward pass"

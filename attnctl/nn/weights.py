@@ -7,7 +7,7 @@ safetensors files through its family's tensor table, for the blocks that run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,7 @@ from attnctl.layer import TORCH_DTYPES, AttentionLayer
 class Weights:
     named: dict[str, torch.Tensor]  # by the layout's names: what nn/model.py reads
     stored: list[torch.Tensor]  # as held in memory (named ones may be views of these)
+    trained: list[torch.Tensor] = field(default_factory=list)  # the stored ones a run reads
 
     @property
     def parameter_bytes(self) -> int:
@@ -63,4 +64,7 @@ def model_weights(
             "checkpoint? run needs the trained weights (shapes and memory read only "
             "the headers)"
         )
-    return Weights(named, list(stored.values()))
+    read = [
+        stored[source.prefix + e.key] for e in source.table if blocks is None or e.block < blocks
+    ]
+    return Weights(named, list(stored.values()), list(dict.fromkeys(read)))
