@@ -29,6 +29,7 @@ class Tensor:
     storage: int
     nbytes: int  # of the storage
     node: Node | None = None
+    slot: int = 0  # which of the node's gradients it is (a split has one per part)
 
 
 @dataclass(eq=False)
@@ -45,7 +46,8 @@ class Node:
 # The steps of a node's backward (each op's allocation is read once it is made):
 #   ("grad", i, nbytes)   a new gradient for input i
 #   ("pass", i)           input i gets the incoming gradient itself (a view, no bytes)
-#   ("param", name, nbytes)  a parameter's gradient
+#   ("param", name, nbytes[, copied])  a parameter's gradient (copied: AccumulateGrad
+#                         clones it into the parameter's layout)
 #   ("temp", key, nbytes) a temporary of this backward, alive until ("free", key)
 #   ("free", key)
 #   ("drop_incoming",)    the incoming gradient is let go early (a copy replaced it)
@@ -118,6 +120,13 @@ class Replay:
         self.nodes.append(out.node)
         return out
 
+    def split_node(self, parts: int, steps: tuple[tuple, ...]) -> list[Tensor]:
+        """A node with one gradient per part, run once all have arrived (a weight split
+        into views): the views, as tensors with no storage of their own."""
+        node = Node(next(self._seq), (), (), steps)
+        self.nodes.append(node)
+        return [Tensor(-1, 0, node, slot) for slot in range(parts)]
+
     def leaf_node(self, out: Tensor, saved: tuple[Tensor, ...], steps: tuple[tuple, ...]):
         """A node whose gradients go only to parameters (an embedding lookup)."""
         return self.node(out, (), saved, steps)
@@ -139,44 +148,48 @@ class Replay:
                 if id(tensor.node) not in seen:
                     seen.add(id(tensor.node))
                     stack.append(tensor.node)
-        buffers: dict[int, int] = {id(root.node): seed.storage}  # node -> gradient storage
+        # (node, slot) -> the gradient storage arrived so far
+        buffers: dict[tuple[int, int], int] = {(id(root.node), 0): seed.storage}
         grad_bytes: dict[int, int] = {seed.storage: seed.nbytes}
         self.hold(seed.storage)
         ready = [(-root.node.seq, root.node)]
         while ready:
             _, node = heapq.heappop(ready)
-            incoming = buffers.pop(id(node))
+            slots = [key for key in buffers if key[0] == id(node)]
+            incoming = [buffers.pop(key) for key in sorted(slots)]
             outgoing: dict[int, Tensor] = {}
             temps: dict[str, int] = {}
-            held = True  # the incoming gradient, until the node lets it go
-            params: list[tuple[str, Tensor]] = []  # for AccumulateGrad, once this is done
+            held = True  # the incoming gradients, until the node lets them go
+            params: list[tuple[str, Tensor, bool]] = []  # for AccumulateGrad, once done
             for step in node.steps:
                 kind = step[0]
                 if kind == "grad":
                     outgoing[step[1]] = self.new(step[2])
                 elif kind == "pass":
-                    self.hold(incoming)
-                    outgoing[step[1]] = Tensor(incoming, grad_bytes[incoming])
-                elif kind == "param":
-                    params.append((step[1], self.new(step[2])))
+                    self.hold(incoming[0])
+                    outgoing[step[1]] = Tensor(incoming[0], grad_bytes[incoming[0]])
+                elif kind == "param":  # ("param", name, nbytes[, copied])
+                    params.append((step[1], self.new(step[2]), len(step) > 3 and step[3]))
                 elif kind == "temp":
                     temps[step[1]] = self.new(step[2]).storage
                 elif kind == "free":
                     self.drop(temps.pop(step[1]))
                 elif kind == "drop_incoming":  # a copy of it is used from here on
-                    self.drop(incoming)
+                    for storage in incoming:
+                        self.drop(storage)
                     held = False
             for storage in node.saved:
                 self.drop(storage)
             if held:
-                self.drop(incoming)
+                for storage in incoming:
+                    self.drop(storage)
             for index, tensor in enumerate(node.inputs):
                 if tensor is None or index not in outgoing:
                     continue
                 grad = outgoing[index]
                 grad_bytes[grad.storage] = grad.nbytes
                 target = tensor.node
-                key = id(target)
+                key = (id(target), tensor.slot)
                 if key in buffers:  # old + new, out of place
                     total = self.new(grad.nbytes)
                     grad_bytes[total.storage] = total.nbytes
@@ -188,7 +201,11 @@ class Replay:
                 target.pending -= 1
                 if target.pending == 0:
                     heapq.heappush(ready, (-target.seq, target))
-            for name, grad in params:  # AccumulateGrad runs first among the ready nodes
+            for name, grad, copied in params:  # AccumulateGrad runs first of the ready
+                if copied:  # not in the parameter's layout: cloned into it
+                    copy = self.new(grad.nbytes)
+                    self.drop(grad.storage)
+                    grad = copy
                 if name in self.param_grads:  # a second gradient: old + new, out of place
                     total = self.new(grad.nbytes)
                     self.drop(self.param_grads[name])

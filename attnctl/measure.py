@@ -212,16 +212,16 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
     """
     from attnctl.describe import ModelDescription
     from attnctl.nn.model import forward
-    from attnctl.nn.weights import model_weights, seeded_layer
+    from attnctl.nn.weights import seeded_layer, trainable_weights
 
     device = resolve_device(config.device)
     description = plan.description
     if description is not None and description.checkpoint is not None:  # every block
         stack = description
         layers = description.layers
-        loaded = model_weights(description, config, device, blocks=None)
+        loaded = trainable_weights(description, config, device)
         named = loaded.named
-        parameters = [t.requires_grad_() for t in loaded.trained]  # the table's, in order
+        parameters = loaded.trained  # the table's, in its order
         parameter_bytes = loaded.parameter_bytes  # the weights it does not use too
     else:
         layer = seeded_layer(config, plan.vocab_size, device).train()

@@ -24,7 +24,7 @@ from attnctl.config import DTYPE_BYTES
 from attnctl.errors import AttnctlError
 from attnctl.plan import Plan
 from attnctl.trace import Stage
-from attnctl.training_stages import EMBEDDING_STAGES, ENTRIES, INPUTS, Walk
+from attnctl.training_stages import EMBEDDING_STAGES, ENTRIES, INPUTS, Walk, weight_views
 
 FP32 = 4
 PHASES = ("forward", "backward", "optimizer step")
@@ -65,14 +65,14 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
     if plan.model is not None:
         layers = plan.model.layers  # a checkpoint trains every one of its blocks
-        views = [e.key for e in plan.model.source.table if e.transposed or len(e.targets) > 1]
-        if views:
-            raise AttnctlError(
-                f"memory --train does not replay {plan.model.name}'s fused or transposed "
-                f"weights ({views[0]}) yet; memory without --train is exact for it"
-            )
     if layers < 1:
         raise AttnctlError(f"layers must be a positive integer, got {layers}")
+    for stage in plan.stages:
+        if stage.name not in ENTRIES and stage.name not in INPUTS:
+            raise AttnctlError(
+                f"memory --train does not replay the stage {stage.name!r} yet "
+                "(memory without --train models it)"
+            )
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
     count = sum(parameter_sizes(plan, layers))
@@ -116,6 +116,7 @@ def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int]:
         r.new(count * FP32)
     stages = _stack(plan, layers)
     walk = Walk(r, plan, config, stages={s.name: s for _, _, s in stages})
+    weight_views(walk)  # made when the weights are loaded, before the forward
     last_use = _python_lifetimes([s for _, _, s in stages], plan, layers)
     inputs = set()
     for index, (block, base, stage) in enumerate(stages):

@@ -48,6 +48,8 @@ class Walk:
     stages: dict[str, Stage] = field(default_factory=dict)  # by qualified name
     tensors: dict[str, Tensor] = field(default_factory=dict)  # latest version per name
     split: set[str] = field(default_factory=set)  # (B, H, L, d_k) views of (B, L, D)
+    # a checkpoint's weights that are parts of one stored tensor (GPT-2's c_attn)
+    weight_views: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def feed_forward(self) -> FeedForward:
@@ -70,7 +72,10 @@ class Walk:
         return self.stages[name]
 
     def param(self, name: str) -> str:
-        return f"blocks.{self.block}.{name}"
+        """A block's weight by the layout's name ("blocks.2.attention.W_q.weight")."""
+        if name.startswith("feed_forward."):
+            return f"blocks.{self.block}.{name}"
+        return f"blocks.{self.block}.attention.{name}"
 
     def merges_badly(self, stage: Stage) -> bool:
         """Whether (B, H, ·, ·) of this (B, H, L, d_k) view cannot be merged without a copy:
@@ -225,14 +230,40 @@ def _linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tenso
         rows *= n
     width_out = stage.shape[-1]
     width_in = x.nbytes // (rows * e)
-    weight = (walk.param(f"{name}.weight"), width_in * width_out * e)
+    weight_name, bias_name = walk.param(f"{name}.weight"), walk.param(f"{name}.bias")
+    weight_view = walk.weight_views.get(weight_name)  # a part of a stored tensor, or None
+    bias_view = walk.weight_views.get(bias_name) if bias else None
+    to_weight = (
+        ("grad", 1, width_in * width_out * e)
+        if weight_view
+        else ("param", weight_name, width_in * width_out * e)
+    )
+    to_bias = ("grad", 2, width_out * e) if bias_view else ("param", bias_name, width_out * e)
     out = r.new(stage.bytes)
     if bias:
-        steps = (("grad", 0, x.nbytes), ("param", *weight),
-                 ("param", walk.param(f"{name}.bias"), width_out * e))  # fmt: skip
+        steps: tuple[tuple, ...] = (("grad", 0, x.nbytes), to_weight, to_bias)
     else:
-        steps = (("param", *weight), ("grad", 0, x.nbytes))
-    return r.node(out, (x,), (x,), steps)
+        steps = (to_weight, ("grad", 0, x.nbytes))
+    return r.node(out, (x, weight_view, bias_view), (x,), steps)
+
+
+def weight_views(walk: Walk) -> None:
+    """A checkpoint's tensors that several layout weights are views of (split rows): one
+    node each, made when the weights are loaded (before any of the forward's), that
+    concatenates their gradients once all have come, and hands them to the stored tensor
+    (cloned into its layout when it is stored transposed)."""
+    model = walk.plan.model
+    if model is None:
+        return
+    for entry in model.source.table:
+        if len(entry.targets) < 2:
+            continue
+        count = 1
+        for n in entry.shape:
+            count *= n
+        steps = (("param", entry.key, count * walk.e, entry.transposed),)
+        views = walk.replay.split_node(len(entry.targets), steps)
+        walk.weight_views.update(zip(entry.targets, views, strict=True))
 
 
 @entry("q", "k", "v", "output_projection")
@@ -332,10 +363,15 @@ def _gate_times_up(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 
 @entry("ffn_residual")
 def _ffn_residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
-    """``out += x`` in place."""
+    """``out += x`` in place. With a bias the linear's output is a view of its (B·L, D)
+    result, and an in-place op on a view is CopySlices in the backward: the gradient laid
+    into a tensor of the base's shape, and a copy of it for x."""
     r = walk.replay
     down, x = ins
-    return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
+    if not walk.feed_forward.bias:
+        return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
+    base = r.node(r.view(down), (down, x), (), (("grad", 0, down.nbytes), ("grad", 1, x.nbytes)))
+    return r.node(r.view(down), (base,), (), (("grad", 0, down.nbytes),))  # as_strided
 
 
 # ------------------------------------------------------------------ scores and weights

@@ -26,6 +26,7 @@ from attnctl.layer import AttentionLayer
 from attnctl.measure import measure_training
 from attnctl.plan import build_plan
 from attnctl.training import EXACT_LAYERS, _replay, estimate_training
+from attnctl.training_stages import ENTRIES
 
 
 @pytest.fixture
@@ -296,7 +297,6 @@ def test_dropout_matches_torch_dropout_on_the_weights():
 
 
 # ---------------------------------------------------------------- checkpoints' blocks
-TRAINED_FAMILIES = [f for f in tiny_models.FAMILIES if f != "gpt2"]  # GPT-2: refused below
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +305,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {family: tiny_models.write(family, root / family) for family in tiny_models.FAMILIES}
 
 
-@pytest.mark.parametrize("family", TRAINED_FAMILIES)
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
 @pytest.mark.parametrize(
     ("impl", "dtype", "batch", "seq_len", "padded"),
     [("math", "float32", 1, 9, False), ("sdpa", "bfloat16", 3, 12, False),
@@ -315,7 +315,8 @@ def test_a_checkpoints_blocks_train_as_replayed(
     checkpoints, family, impl, dtype, batch, seq_len, padded, one_thread
 ):
     """Every block of the model (BERT post-norm with its segment and embedding norm,
-    Llama/Mistral/Qwen2 pre-norm RMSNorm, SwiGLU, GQA): to the byte, phase by phase."""
+    GPT-2 pre-norm LayerNorm with its fused, transposed c_attn, Llama/Mistral/Qwen2
+    pre-norm RMSNorm, SwiGLU, GQA): to the byte, phase by phase."""
     model = read_model(checkpoints[family])
     config = model.layer_config(device="cpu", impl=impl, dtype=dtype)
     padded = padded and config.mask != "causal"  # right padding needs no mask under causal
@@ -337,8 +338,26 @@ def test_memory_train_of_a_model_measures_alike(invoke, checkpoints):
     assert data["training"]["optimizer_bytes"] < 8 * data["parameters"]  # not the final norm
 
 
-def test_memory_train_refuses_gpt2s_fused_weights_by_name(invoke, checkpoints):
-    result = invoke("memory", "--model", str(checkpoints["gpt2"]), "--train")
-    assert result.exit_code == 2 and result.stdout == ""
-    assert "does not replay GPT-2's fused or transposed weights" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+@pytest.mark.parametrize(
+    ("seq_len", "batch", "impl", "dtype"),
+    [(60, 3, "math", "float32"), (64, 2, "sdpa", "bfloat16")],
+)
+def test_long_inputs_move_the_peak_into_the_blocks(
+    checkpoints, seq_len, batch, impl, dtype, one_thread
+):
+    """Longer inputs: the attention's backward, not the embedding's, holds the peak."""
+    for family in ("bert", "gpt2", "qwen2"):
+        model = read_model(checkpoints[family])
+        config = model.layer_config(device="cpu", impl=impl, dtype=dtype)
+        plan = build_plan(config, seq_len, batch, model.vocab_size, model=model)
+        predicted = estimate_training(plan)
+        measured = measure_training(plan.config, plan)
+        assert predicted.phase_peak_bytes == measured.phase_peak_bytes, family
+        assert predicted.peak_bytes == measured.peak_bytes, family
+
+
+def test_an_unknown_stage_is_refused_by_name(monkeypatch):
+    plan = build_plan(build_config(**SMALL), 8, 1, vocab_size=7)
+    monkeypatch.delitem(ENTRIES, "weights")
+    with pytest.raises(AttnctlError, match="does not replay the stage 'weights' yet"):
+        estimate_training(plan)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnctl.checkpoint import load
+from attnctl.checkpoint import load, named_views
 from attnctl.config import LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
@@ -64,7 +64,24 @@ def model_weights(
             "checkpoint? run needs the trained weights (shapes and memory read only "
             "the headers)"
         )
-    read = [
-        stored[source.prefix + e.key] for e in source.table if blocks is None or e.block < blocks
-    ]
-    return Weights(named, list(stored.values()), list(dict.fromkeys(read)))
+    return Weights(named, list(stored.values()))
+
+
+def trainable_weights(model: ModelDescription, config: LayerConfig, device: torch.device):
+    """A checkpoint's every weight, those its blocks read requiring gradients: made so
+    before the layout's views of them, which autograd then follows back to them."""
+    source = model.source
+    stored, _ = load(
+        source.path,
+        source.prefix,
+        source.tensors,
+        source.table,
+        None,
+        device,
+        TORCH_DTYPES[config.dtype],
+    )
+    trained = list(dict.fromkeys(stored[source.prefix + e.key] for e in source.table))
+    for tensor in trained:
+        tensor.requires_grad_()
+    named = named_views(stored, source.prefix, source.table)
+    return Weights(named, list(stored.values()), trained)
