@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from attnctl import training_attention  # noqa: F401  (registers the attention's entries)
 from attnctl.autograd_replay import Replay
 from attnctl.config import DTYPE_BYTES
+from attnctl.describe import FeedForward
 from attnctl.errors import AttnctlError
 from attnctl.plan import Plan
 from attnctl.trace import Stage
@@ -67,6 +69,14 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         layers = plan.model.layers  # a checkpoint trains every one of its blocks
     if layers < 1:
         raise AttnctlError(f"layers must be a positive integer, got {layers}")
+    feed_forward = next(
+        (s for s in plan.description.blocks[0].sublayers if isinstance(s, FeedForward)), None
+    )
+    if feed_forward is not None and feed_forward.gated and feed_forward.activation == "relu":
+        raise AttnctlError(
+            "memory --train does not model a gated relu feed-forward: the in-place "
+            "act *= up overwrites the output relu's backward needs (inference is exact)"
+        )
     for stage in plan.stages:
         if stage.name not in ENTRIES and stage.name not in INPUTS:
             raise AttnctlError(

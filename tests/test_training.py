@@ -361,3 +361,24 @@ def test_an_unknown_stage_is_refused_by_name(monkeypatch):
     monkeypatch.delitem(ENTRIES, "weights")
     with pytest.raises(AttnctlError, match="does not replay the stage 'weights' yet"):
         estimate_training(plan)
+
+
+@pytest.mark.parametrize(
+    ("family", "config"),
+    [("bert", {"hidden_act": "relu"}), ("gpt2", {"activation_function": "relu"}),
+     ("llama", {"hidden_act": "gelu"})],
+)  # fmt: skip
+def test_other_activations_train_as_replayed(tmp_path, family, config, one_thread):
+    """relu keeps its output for the backward, gelu its input."""
+    model = read_model(tiny_models.write(family, tmp_path / family, **config))
+    plan = build_plan(model.layer_config(device="cpu"), 40, 3, model.vocab_size, model=model)
+    predicted, measured = estimate_training(plan), measure_training(plan.config, plan)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+
+
+def test_a_gated_relu_is_refused_in_one_line(invoke, tmp_path):
+    directory = tiny_models.write("llama", tmp_path / "relu", hidden_act="relu")
+    result = invoke("memory", "--model", str(directory), "--train", "--measure", "--device", "cpu")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "does not model a gated relu feed-forward" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
