@@ -48,6 +48,8 @@ class Node:
 #   ("pass", i)           input i gets the incoming gradient itself (a view, no bytes)
 #   ("param", name, nbytes[, copied])  a parameter's gradient (copied: AccumulateGrad
 #                         clones it into the parameter's layout)
+#   ("param_in", name[, copied])  the incoming gradient goes to the parameter (a view's
+#                         node in front of AccumulateGrad: W.t() in F.linear)
 #   ("temp", key, nbytes) a temporary of this backward, alive until ("free", key)
 #   ("free", key)
 #   ("drop_incoming",)    the incoming gradient is let go early (a copy replaced it)
@@ -65,13 +67,22 @@ class Replay:
     param_grads: dict[str, int] = field(default_factory=dict)  # name -> storage
     nodes: list[Node] = field(default_factory=list)
     timeline: list[tuple[str, int]] | None = None  # (phase, bytes) after each op, to debug
+    # the backward's peak up to each parameter's gradient (measure.py reads the same)
+    gradient_windows: list[int] = field(default_factory=list)
+    _window: int = -1  # the peak since the last gradient; -1: no op since
     _ids: itertools.count = field(default_factory=itertools.count)
     _seq: itertools.count = field(default_factory=itertools.count)
 
     # ---------------------------------------------------------------- bytes alive
+    def start(self, phase: str) -> None:
+        """The next phase of the step begins (its first gradient window with it)."""
+        self.phase = phase
+        self._window = -1
+
     def read(self, transient: int = 0) -> None:
         """One op has finished: its outputs (and ``transient`` bytes still alive in it)."""
         alive = self.current + transient
+        self._window = max(self._window, alive)
         if self.timeline is not None:
             self.timeline.append((self.phase, alive))
         if alive > self.phase_peaks.get(self.phase, -1):
@@ -120,10 +131,12 @@ class Replay:
         self.nodes.append(out.node)
         return out
 
-    def split_node(self, parts: int, steps: tuple[tuple, ...]) -> list[Tensor]:
+    def split_node(
+        self, parts: int, inputs: tuple[Tensor | None, ...], steps: tuple[tuple, ...]
+    ) -> list[Tensor]:
         """A node with one gradient per part, run once all have arrived (a weight split
         into views): the views, as tensors with no storage of their own."""
-        node = Node(next(self._seq), (), (), steps)
+        node = Node(next(self._seq), inputs, (), steps)
         self.nodes.append(node)
         return [Tensor(-1, 0, node, slot) for slot in range(parts)]
 
@@ -148,6 +161,11 @@ class Replay:
                 if id(tensor.node) not in seen:
                     seen.add(id(tensor.node))
                     stack.append(tensor.node)
+        arriving: dict[str, int] = {}  # parameter -> gradients still to come to it
+        for node in nodes:
+            for step in node.steps:
+                if step[0] in ("param", "param_in"):
+                    arriving[step[1]] = arriving.get(step[1], 0) + 1
         # (node, slot) -> the gradient storage arrived so far
         buffers: dict[tuple[int, int], int] = {(id(root.node), 0): seed.storage}
         grad_bytes: dict[int, int] = {seed.storage: seed.nbytes}
@@ -170,6 +188,10 @@ class Replay:
                     outgoing[step[1]] = Tensor(incoming[0], grad_bytes[incoming[0]])
                 elif kind == "param":  # ("param", name, nbytes[, copied])
                     params.append((step[1], self.new(step[2]), len(step) > 3 and step[3]))
+                elif kind == "param_in":  # the incoming gradient is the parameter's
+                    self.hold(incoming[0])
+                    grad = Tensor(incoming[0], grad_bytes[incoming[0]])
+                    params.append((step[1], grad, len(step) > 2 and step[2]))
                 elif kind == "temp":
                     temps[step[1]] = self.new(step[2]).storage
                 elif kind == "free":
@@ -201,15 +223,21 @@ class Replay:
                 target.pending -= 1
                 if target.pending == 0:
                     heapq.heappush(ready, (-target.seq, target))
-            for name, grad, copied in params:  # AccumulateGrad runs first of the ready
-                if copied:  # not in the parameter's layout: cloned into it
-                    copy = self.new(grad.nbytes)
-                    self.drop(grad.storage)
-                    grad = copy
-                if name in self.param_grads:  # a second gradient: old + new, out of place
-                    total = self.new(grad.nbytes)
+            for name, grad, copied in params:
+                if name in self.param_grads:  # another one: old + new in AccumulateGrad's
+                    total = self.new(grad.nbytes)  # buffer, out of place
                     self.drop(self.param_grads[name])
                     self.drop(grad.storage)
                     grad = total
                 self.param_grads[name] = grad.storage
+                arriving[name] -= 1
+                if arriving[name]:
+                    continue  # AccumulateGrad runs once every gradient has come
+                if copied:  # not in the parameter's layout: cloned into it
+                    copy = self.new(grad.nbytes)
+                    self.drop(grad.storage)
+                    self.param_grads[name] = copy.storage
+                # AccumulateGrad runs first of the ready nodes: a gradient window ends
+                self.gradient_windows.append(self.current if self._window < 0 else self._window)
+                self._window = -1
         self.drop(seed.storage)

@@ -33,6 +33,8 @@ class Measurement:
     method: str  # how it was measured, for the report
     # a training step's peak in each phase: forward, backward, optimizer step
     phase_peak_bytes: tuple[int, ...] = ()
+    # CPU, training: the backward's peak up to each parameter's gradient, in their order
+    gradient_window_bytes: tuple[int, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -259,6 +261,7 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
 
     mixed = config.dtype != "float32"
     phases: list[int] = []
+    windows: list[int] = []  # CPU: the peak between one parameter's gradient and the next
     try:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -285,15 +288,24 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
                 phases.append(tracker.peak)
                 tracker._forget_freed()
                 tracker.peak = 0
+                tracker.take_window_peak()  # the backward's first window starts here
 
+            def gradient_arrived(parameter: torch.Tensor) -> None:
+                windows.append(tracker.take_window_peak())
+
+            hooks = [p.register_post_accumulate_grad_hook(gradient_arrived) for p in parameters]
             with tracker:
                 _training_step(run, parameters, mixed, phase_ends)
+            for hook in hooks:
+                hook.remove()
             method = "live tensor storages"
     except torch.OutOfMemoryError as error:
         raise AttnctlError(
             f"out of memory on {device} while measuring", exit_code=RUNTIME
         ) from error
-    return Measurement(str(device), parameter_bytes, max(phases), (), method, tuple(phases))
+    return Measurement(
+        str(device), parameter_bytes, max(phases), (), method, tuple(phases), tuple(windows)
+    )
 
 
 def _training_step(

@@ -48,6 +48,8 @@ class TrainingEstimate:
     layers: int = 1
     # the most alive besides the parameters in each phase: forward, backward, optimizer step
     phase_peak_bytes: tuple[int, ...] = ()
+    # the backward's peak up to each parameter's gradient, in the order they arrive
+    gradient_window_bytes: tuple[int, ...] = ()
 
 
 def parameter_sizes(plan: Plan, layers: int) -> list[int]:
@@ -87,12 +89,13 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     mixed = config.dtype != "float32"
     count = sum(parameter_sizes(plan, layers))
     if layers <= EXACT_LAYERS:
-        peaks, saved = _replay(plan, layers)
+        peaks, saved, windows = _replay(plan, layers)
     else:
-        (before, saved_before), (last, saved_last) = (
+        (before, saved_before, _), (last, saved_last, _) = (
             _replay(plan, EXACT_LAYERS - 1),
             _replay(plan, EXACT_LAYERS),
         )
+        windows = ()  # not carried on: the replay's own, up to EXACT_LAYERS
         more = layers - EXACT_LAYERS
         peaks = tuple(b + more * (b - a) for a, b in zip(before, last, strict=True))
         saved = saved_last + more * (saved_last - saved_before)
@@ -109,12 +112,14 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         peak_phase=PHASES[peaks.index(peak)],
         layers=layers,
         phase_peak_bytes=peaks,
+        gradient_window_bytes=windows,
     )
 
 
-def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int]:
-    """The step replayed: the most alive (besides the parameters) in each phase, and
-    what the forward leaves for the backward."""
+def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    """The step replayed: the most alive (besides the parameters) in each phase, what
+    the forward leaves for the backward, and the backward's peak up to each parameter's
+    gradient."""
     config = plan.config
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
@@ -147,10 +152,10 @@ def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int]:
     for owner in last_use.get(len(stages), ()):  # `del result`: the returned tensors
         r.drop(walk.tensors[owner].storage)
 
-    r.phase = "backward"
+    r.start("backward")
     r.backward(loss, r.new(e))  # the engine's ones_like(loss) seed
 
-    r.phase = "optimizer step"
+    r.start("optimizer step")
     if mixed:  # float32 gradients for the masters, made from the model's
         r.new(count * FP32)
     r.new(2 * count * FP32 + len(sizes) * FP32)  # Adam's moments and step counts, made first
@@ -158,7 +163,7 @@ def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int]:
     # denom is freed only when the new one is assigned
     fp32 = [n * FP32 for n in sizes]
     r.read(max(2 * s + p for s, p in zip(fp32, [0, *fp32], strict=False)))
-    return tuple(r.phase_peaks[p] for p in PHASES), saved
+    return tuple(r.phase_peaks[p] for p in PHASES), saved, tuple(r.gradient_windows)
 
 
 def _product(shape: tuple[int, ...]) -> int:

@@ -233,36 +233,53 @@ def linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor
     weight_name, bias_name = walk.param(f"{name}.weight"), walk.param(f"{name}.bias")
     weight_view = walk.weight_views.get(weight_name)  # a part of a stored tensor, or None
     bias_view = walk.weight_views.get(bias_name) if bias else None
-    to_weight = (
-        ("grad", 1, width_in * width_out * e)
-        if weight_view
-        else ("param", weight_name, width_in * width_out * e)
-    )
-    to_bias = ("grad", 2, width_out * e) if bias_view else ("param", bias_name, width_out * e)
+
+    def flattened() -> Tensor:  # x.view(B·L, ·): its node hands the gradient back to x
+        return r.node(r.view(x), (x,), (), (("pass", 0),))
+
+    def transposed() -> Tensor:  # weight.t(): its node hands the gradient on to the weight
+        steps = (("pass", 0),) if weight_view else (("param_in", weight_name),)
+        return r.node(Tensor(-1, 0), (weight_view,), (), steps)  # no storage of its own
+
+    # the order F.linear makes them: the view before weight.t() with a bias, after without
+    x_2d, weight_t = (flattened(), transposed()) if bias else (None, transposed())
+    if x_2d is None:
+        x_2d = flattened()
     out = r.new(stage.bytes)
+    weight_grad = ("grad", 1, width_in * width_out * e)
+    to_bias = ("grad", 2, width_out * e) if bias_view else ("param", bias_name, width_out * e)
     if bias:
-        steps: tuple[tuple, ...] = (("grad", 0, x.nbytes), to_weight, to_bias)
+        steps: tuple[tuple, ...] = (("grad", 0, x.nbytes), weight_grad, to_bias)
     else:
-        steps = (to_weight, ("grad", 0, x.nbytes))
-    return r.node(out, (x, weight_view, bias_view), (x,), steps)
+        steps = (weight_grad, ("grad", 0, x.nbytes))
+    return r.node(out, (x_2d, weight_t, bias_view), (x,), steps)
 
 
 def weight_views(walk: Walk) -> None:
-    """A checkpoint's tensors that several layout weights are views of (split rows): one
-    node each, made when the weights are loaded (before any of the forward's), that
-    concatenates their gradients once all have come, and hands them to the stored tensor
-    (cloned into its layout when it is stored transposed)."""
+    """A checkpoint's weights that are views of what it stores (GPT-2's Conv1D weights,
+    transposed; its c_attn, split into W_q, W_k, W_v): their nodes, made in the table's
+    order when the weights load, before any of the forward's, so the backward runs them
+    last. A split concatenates its parts' gradients once all have come; a transposed
+    split's result is cloned into the stored tensor's layout by AccumulateGrad."""
     model = walk.plan.model
     if model is None:
         return
+    r = walk.replay
     for entry in model.source.table:
-        if len(entry.targets) < 2:
+        if not entry.transposed and len(entry.targets) < 2:
             continue
         count = 1
         for n in entry.shape:
             count *= n
-        steps = (("param", entry.key, count * walk.e, entry.transposed),)
-        views = walk.replay.split_node(len(entry.targets), steps)
+        split = len(entry.targets) > 1
+        views = [Tensor(-1, 0)]
+        if entry.transposed:  # .t(): the stored tensor's gradient, from the layout's
+            r.node(views[0], (), (), (("param_in", entry.key, split),))
+        if split:
+            steps = (("grad", 0, count * walk.e),) if entry.transposed else (
+                ("param", entry.key, count * walk.e),)  # fmt: skip
+            inputs = (views[0],) if entry.transposed else ()
+            views = r.split_node(len(entry.targets), inputs, steps)
         walk.weight_views.update(zip(entry.targets, views, strict=True))
 
 

@@ -111,9 +111,12 @@ def _estimate_and_measure(case: dict, layers: int = 1):
 
 @pytest.mark.parametrize("case", VARIANTS, ids=_case_id)
 def test_training_replay_equals_a_measured_step(case, one_thread):
-    """To the byte: the peak, and the peak of each phase (forward, backward, Adam)."""
+    """To the byte: the peak, the peak of each phase (forward, backward, Adam), and the
+    backward's peak between one parameter's gradient and the next."""
     predicted, measured = _estimate_and_measure(case)
     assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
+    assert len(measured.gradient_window_bytes) >= 5  # W_q, W_k, W_v, W_o, embedding
     assert predicted.peak_bytes == measured.peak_bytes
 
 
@@ -125,6 +128,7 @@ STACKS = [case for case in VARIANTS[::9]]  # every 9th variant, as stacks of 2 a
 def test_a_stack_is_replayed_and_measured_alike(case, layers, one_thread):
     predicted, measured = _estimate_and_measure(case, layers)
     assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
     assert predicted.peak_bytes == measured.peak_bytes
     assert measured.parameter_bytes == predicted.parameter_bytes
 
@@ -324,6 +328,7 @@ def test_a_checkpoints_blocks_train_as_replayed(
     predicted = estimate_training(plan)
     measured = measure_training(plan.config, plan)
     assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
     assert predicted.peak_bytes == measured.peak_bytes
     assert predicted.layers == model.layers > 1
     assert predicted.parameter_bytes == plan.parameter_bytes  # every weight it loads
@@ -353,6 +358,7 @@ def test_long_inputs_move_the_peak_into_the_blocks(
         predicted = estimate_training(plan)
         measured = measure_training(plan.config, plan)
         assert predicted.phase_peak_bytes == measured.phase_peak_bytes, family
+        assert predicted.gradient_window_bytes == measured.gradient_window_bytes, family
         assert predicted.peak_bytes == measured.peak_bytes, family
 
 
@@ -374,6 +380,7 @@ def test_other_activations_train_as_replayed(tmp_path, family, config, one_threa
     plan = build_plan(model.layer_config(device="cpu"), 40, 3, model.vocab_size, model=model)
     predicted, measured = estimate_training(plan), measure_training(plan.config, plan)
     assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
 
 
 def test_a_gated_relu_is_refused_in_one_line(invoke, tmp_path):
