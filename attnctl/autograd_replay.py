@@ -74,6 +74,12 @@ class Replay:
     _seq: itertools.count = field(default_factory=itertools.count)
 
     # ---------------------------------------------------------------- bytes alive
+    def close_window(self, windows: list[int]) -> None:
+        """The most alive since the last window closed (the bytes alive now if no op
+        allocated since), appended to ``windows``; the next window starts."""
+        windows.append(self.current if self._window < 0 else self._window)
+        self._window = -1
+
     def start(self, phase: str) -> None:
         """The next phase of the step begins (its first gradient window with it)."""
         self.phase = phase
@@ -238,6 +244,5 @@ class Replay:
                     self.drop(grad.storage)
                     self.param_grads[name] = copy.storage
                 # AccumulateGrad runs first of the ready nodes: a gradient window ends
-                self.gradient_windows.append(self.current if self._window < 0 else self._window)
-                self._window = -1
+                self.close_window(self.gradient_windows)
         self.drop(seed.storage)

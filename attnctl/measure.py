@@ -213,6 +213,7 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
     last row half padding when the plan masks padding.
     """
     from attnctl.describe import ModelDescription
+    from attnctl.nn import no_record
     from attnctl.nn.model import forward
     from attnctl.nn.weights import seeded_layer, trainable_weights
 
@@ -247,17 +248,20 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
         padding[-1, (key_len + 1) // 2 :] = False
     given = [t for t in (token_ids, context_ids, padding) if t is not None]
 
+    stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
+    recording: list[Callable] = []  # the record the run's stages go to, once there is one
+
     def run() -> torch.Tensor:
-        result = forward(
+        return forward(
             stack,
             named,
             token_ids,
             last=layers - 1,
+            record=recording[0] if recording else no_record,
             padding=padding,
             context_ids=context_ids,
             training=True,
         )
-        return result
 
     mixed = config.dtype != "float32"
     phases: list[int] = []
@@ -293,6 +297,10 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
             def gradient_arrived(parameter: torch.Tensor) -> None:
                 windows.append(tracker.take_window_peak())
 
+            def record(name: str, tensor: torch.Tensor, dims: str) -> None:
+                stage_windows.append(tracker.take_window_peak())
+
+            recording.append(record)
             hooks = [p.register_post_accumulate_grad_hook(gradient_arrived) for p in parameters]
             with tracker:
                 _training_step(run, parameters, mixed, phase_ends)
@@ -304,7 +312,13 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
             f"out of memory on {device} while measuring", exit_code=RUNTIME
         ) from error
     return Measurement(
-        str(device), parameter_bytes, max(phases), (), method, tuple(phases), tuple(windows)
+        str(device),
+        parameter_bytes,
+        max(phases),
+        tuple(stage_windows),
+        method,
+        tuple(phases),
+        tuple(windows),
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from attnctl import training_attention  # noqa: F401  (registers the attention's entries)
 from attnctl.autograd_replay import Replay
@@ -50,6 +51,9 @@ class TrainingEstimate:
     phase_peak_bytes: tuple[int, ...] = ()
     # the backward's peak up to each parameter's gradient, in the order they arrive
     gradient_window_bytes: tuple[int, ...] = ()
+    # the forward's peak up to the end of each of the first block's stages (and inputs,
+    # embeddings), as ``measure_training`` records them
+    stage_window_bytes: tuple[int, ...] = ()
 
 
 def parameter_sizes(plan: Plan, layers: int) -> list[int]:
@@ -89,16 +93,17 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     mixed = config.dtype != "float32"
     count = sum(parameter_sizes(plan, layers))
     if layers <= EXACT_LAYERS:
-        peaks, saved, windows = _replay(plan, layers)
-    else:
-        (before, saved_before, _), (last, saved_last, _) = (
-            _replay(plan, EXACT_LAYERS - 1),
-            _replay(plan, EXACT_LAYERS),
-        )
-        windows = ()  # not carried on: the replay's own, up to EXACT_LAYERS
+        replayed = _replay(plan, layers)
+        peaks, saved = replayed.phase_peaks, replayed.saved
+        windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
+    else:  # the windows are not carried on: the replay's own, up to EXACT_LAYERS
+        before, last = _replay(plan, EXACT_LAYERS - 1), _replay(plan, EXACT_LAYERS)
         more = layers - EXACT_LAYERS
-        peaks = tuple(b + more * (b - a) for a, b in zip(before, last, strict=True))
-        saved = saved_last + more * (saved_last - saved_before)
+        peaks = tuple(
+            b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
+        )
+        saved = last.saved + more * (last.saved - before.saved)
+        windows = stage_windows = ()
     peak = max(peaks)
     model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
     step = count * FP32
@@ -113,13 +118,19 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         layers=layers,
         phase_peak_bytes=peaks,
         gradient_window_bytes=windows,
+        stage_window_bytes=stage_windows,
     )
 
 
-def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
-    """The step replayed: the most alive (besides the parameters) in each phase, what
-    the forward leaves for the backward, and the backward's peak up to each parameter's
-    gradient."""
+class Replayed(NamedTuple):
+    phase_peaks: tuple[int, ...]  # the most alive (besides the parameters) in each phase
+    saved: int  # what the forward leaves for the backward
+    gradient_windows: tuple[int, ...]  # the backward's peak up to each parameter's gradient
+    stage_windows: tuple[int, ...]  # the forward's peak up to the end of each recorded stage
+
+
+def _replay(plan: Plan, layers: int) -> Replayed:
+    """The step replayed, a layer at a time."""
     config = plan.config
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
@@ -133,17 +144,28 @@ def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int, tuple[int, .
     walk = Walk(r, plan, config, stages={s.name: s for _, _, s in stages})
     weight_views(walk)  # made when the weights are loaded, before the forward
     last_use = _python_lifetimes([s for _, _, s in stages], plan, layers)
-    inputs = set()
-    for index, (block, base, stage) in enumerate(stages):
+    for _, base, stage in stages:
         if base in INPUTS:  # made before the model runs, held throughout
             walk.tensors[stage.name] = r.new(stage.bytes)
-            inputs.add(walk.tensors[stage.name].storage)
+    inputs = {walk.tensors[name].storage for name in INPUTS if name in walk.tensors}
+    stage_windows: list[int] = []
+    for index, (block, base, stage) in enumerate(stages):
+        if base in INPUTS:
+            r.close_window(stage_windows)
             continue
         walk.block, walk.base = block, base
         ins = [walk.tensors[name] for name in stage.reads]
         walk.tensors[stage.name] = ENTRIES[base](walk, stage, ins)
         for owner in last_use.get(index, ()):
             r.drop(walk.tensors[owner].storage)
+        for step in walk.then:
+            step()
+        if block == 0:
+            r.close_window(stage_windows)  # block 0's stages are recorded as they end
+        for step in walk.later:
+            step()
+        walk.then.clear()
+        walk.later.clear()
     output = walk.tensors[stages[-1][2].name]
     loss = r.new(e)  # output.sum()
     r.node(loss, (output,), (), (("pass", 0),))
@@ -163,7 +185,12 @@ def _replay(plan: Plan, layers: int) -> tuple[tuple[int, ...], int, tuple[int, .
     # denom is freed only when the new one is assigned
     fp32 = [n * FP32 for n in sizes]
     r.read(max(2 * s + p for s, p in zip(fp32, [0, *fp32], strict=False)))
-    return tuple(r.phase_peaks[p] for p in PHASES), saved, tuple(r.gradient_windows)
+    return Replayed(
+        tuple(r.phase_peaks[p] for p in PHASES),
+        saved,
+        tuple(r.gradient_windows),
+        tuple(stage_windows),
+    )
 
 
 def _product(shape: tuple[int, ...]) -> int:

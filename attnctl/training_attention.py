@@ -63,7 +63,7 @@ def _rotate(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     out = r.node(r.view(with_cos), (with_cos, product), (), (("pass", 0), ("pass", 1)))  # +=
     r.drop(product.storage)
     r.drop(turned.storage)
-    walk.split.discard(stage.name)
+    walk.split.add(stage.name)  # elementwise ops keep x's (B, L, H, d_k) memory order
     return out
 
 
@@ -102,10 +102,16 @@ def _scores(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         if operand is not given:
             r.drop(operand.storage)  # matmul's temporary: only bmm holds it now
     scaled = r.node(r.view(out), (out,), (), (("grad", 0, stage.bytes),))  # .div_(√d_k)
-    if "padding_mask" in walk.tensors:  # masked_fill_ keeps the negated mask
-        negated = r.new(walk.tensors["padding_mask"].nbytes)
-        scaled = r.node(r.view(out), (scaled,), (negated,), (("grad", 0, stage.bytes),))
-        r.drop(negated.storage)
+    if "padding_mask" in walk.tensors:
+        name = walk.qualified("scores")
+
+        def mask_padding() -> None:  # after `del q, k`: masked_fill_ keeps the negated mask
+            negated = r.new(walk.tensors["padding_mask"].nbytes)
+            masked = r.node(r.view(out), (scaled,), (negated,), (("grad", 0, stage.bytes),))
+            r.drop(negated.storage)
+            walk.tensors[name] = masked
+
+        walk.then.append(mask_padding)
     return scaled
 
 
@@ -123,10 +129,15 @@ def _causal(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     (scores,) = ins
     allowed = r.new(stage.bytes)
-    blocked = r.new(stage.bytes)  # logical_not(), kept by masked_fill_
-    filled = r.node(r.view(scores), (scores,), (blocked,), (("grad", 0, scores.nbytes),))
-    r.drop(blocked.storage)
-    walk.tensors[walk.qualified("scores")] = filled
+    name = walk.qualified("scores")
+
+    def fill() -> None:  # after the mask is recorded: masked_fill_(allowed.logical_not())
+        blocked = r.new(stage.bytes)  # kept by masked_fill_
+        filled = r.node(r.view(scores), (scores,), (blocked,), (("grad", 0, scores.nbytes),))
+        r.drop(blocked.storage)
+        walk.tensors[name] = filled
+
+    walk.later.append(fill)
     return allowed
 
 

@@ -51,6 +51,10 @@ class Walk:
     split: set[str] = field(default_factory=set)  # (B, H, L, d_k) views of (B, L, D)
     # a checkpoint's weights that are parts of one stored tensor (GPT-2's c_attn)
     weight_views: dict[str, Tensor] = field(default_factory=dict)
+    # what a stage's code does once the tensors it read last are freed, before it records
+    # the stage; and after it records it (once the stage's window has closed)
+    then: list[Callable[[], None]] = field(default_factory=list)
+    later: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def feed_forward(self) -> FeedForward:
@@ -321,6 +325,7 @@ def _ffn_residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     into a tensor of the base's shape, and a copy of it for x."""
     r = walk.replay
     down, x = ins
+    r.read()  # the add_ is an op: the bytes alive then, x among them, are read
     if not walk.feed_forward.bias:
         return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
     base = r.node(r.view(down), (down, x), (), (("grad", 0, down.nbytes), ("grad", 1, x.nbytes)))

@@ -111,10 +111,12 @@ def _estimate_and_measure(case: dict, layers: int = 1):
 
 @pytest.mark.parametrize("case", VARIANTS, ids=_case_id)
 def test_training_replay_equals_a_measured_step(case, one_thread):
-    """To the byte: the peak, the peak of each phase (forward, backward, Adam), and the
-    backward's peak between one parameter's gradient and the next."""
+    """To the byte: the peak, the peak of each phase (forward, backward, Adam), the
+    forward's peak within each stage of the layer, and the backward's between one
+    parameter's gradient and the next."""
     predicted, measured = _estimate_and_measure(case)
     assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_peak_bytes
     assert predicted.gradient_window_bytes == measured.gradient_window_bytes
     assert len(measured.gradient_window_bytes) >= 5  # W_q, W_k, W_v, W_o, embedding
     assert predicted.peak_bytes == measured.peak_bytes
@@ -128,6 +130,7 @@ STACKS = [case for case in VARIANTS[::9]]  # every 9th variant, as stacks of 2 a
 def test_a_stack_is_replayed_and_measured_alike(case, layers, one_thread):
     predicted, measured = _estimate_and_measure(case, layers)
     assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_peak_bytes  # block 0's
     assert predicted.gradient_window_bytes == measured.gradient_window_bytes
     assert predicted.peak_bytes == measured.peak_bytes
     assert measured.parameter_bytes == predicted.parameter_bytes
@@ -142,8 +145,8 @@ def test_a_tall_stack_carries_the_last_layers_on():
         for layers in (EXACT_LAYERS + 1, EXACT_LAYERS + 37):
             carried = estimate_training(plan, layers)
             replayed = _replay(plan, layers)
-            assert carried.phase_peak_bytes == replayed[0]
-            assert carried.saved_bytes == replayed[1]
+            assert carried.phase_peak_bytes == replayed.phase_peaks
+            assert carried.saved_bytes == replayed.saved
 
 
 @pytest.mark.parametrize("impl", ["math", "sdpa"])
@@ -328,6 +331,7 @@ def test_a_checkpoints_blocks_train_as_replayed(
     predicted = estimate_training(plan)
     measured = measure_training(plan.config, plan)
     assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_peak_bytes
     assert predicted.gradient_window_bytes == measured.gradient_window_bytes
     assert predicted.peak_bytes == measured.peak_bytes
     assert predicted.layers == model.layers > 1
@@ -359,6 +363,7 @@ def test_long_inputs_move_the_peak_into_the_blocks(
         measured = measure_training(plan.config, plan)
         assert predicted.phase_peak_bytes == measured.phase_peak_bytes, family
         assert predicted.gradient_window_bytes == measured.gradient_window_bytes, family
+        assert predicted.stage_window_bytes == measured.stage_peak_bytes, family
         assert predicted.peak_bytes == measured.peak_bytes, family
 
 
