@@ -9,9 +9,11 @@ bytes alive are read after every op, as the measurement (``measure.LiveStorages`
 them: a tensor freed between two ops is gone when the next op's output is counted.
 
 The backward runs the nodes as torch's engine does on one device: of the nodes whose
-gradient is complete, the one created last first. A gradient that arrives for a tensor
-that already has one is summed out of place (``old + new``); so is a parameter's second
-gradient (its first is kept as it is).
+gradient is complete, the one created last first (nodes made when the weights were
+loaded, views of what a checkpoint stores, run last). A gradient that arrives for a
+tensor that already has one is summed out of place (``old + new``); a parameter's are
+summed the same way in AccumulateGrad's buffer, which runs once all have come, before
+any other ready node, and keeps the sum as the parameter's gradient.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class Tensor:
     that made it (None: a leaf, or no gradient)."""
 
     storage: int
-    nbytes: int  # of the storage
+    nbytes: int  # its bytes (0: a view of a weight, with no storage of its own)
     node: Node | None = None
     slot: int = 0  # which of the node's gradients it is (a split has one per part)
 
@@ -66,7 +68,6 @@ class Replay:
     phase_peaks: dict[str, int] = field(default_factory=dict)
     param_grads: dict[str, int] = field(default_factory=dict)  # name -> storage
     nodes: list[Node] = field(default_factory=list)
-    timeline: list[tuple[str, int]] | None = None  # (phase, bytes) after each op, to debug
     # the backward's peak up to each parameter's gradient (measure.py reads the same)
     gradient_windows: list[int] = field(default_factory=list)
     _window: int = -1  # the peak since the last gradient; -1: no op since
@@ -89,8 +90,6 @@ class Replay:
         """One op has finished: its outputs (and ``transient`` bytes still alive in it)."""
         alive = self.current + transient
         self._window = max(self._window, alive)
-        if self.timeline is not None:
-            self.timeline.append((self.phase, alive))
         if alive > self.phase_peaks.get(self.phase, -1):
             self.phase_peaks[self.phase] = alive
         if alive > self.peak:

@@ -35,6 +35,9 @@ class Measurement:
     phase_peak_bytes: tuple[int, ...] = ()
     # CPU, training: the backward's peak up to each parameter's gradient, in their order
     gradient_window_bytes: tuple[int, ...] = ()
+    # CPU, training: the forward's peak within each of the first block's stages (what
+    # autograd keeps included, so not the forward pass's stage_peak_bytes)
+    stage_window_bytes: tuple[int, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -315,10 +318,11 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
         str(device),
         parameter_bytes,
         max(phases),
-        tuple(stage_windows),
+        (),  # a forward pass's per stage; the training step's forward is below
         method,
         tuple(phases),
         tuple(windows),
+        tuple(stage_windows),
     )
 
 

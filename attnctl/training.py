@@ -68,6 +68,8 @@ def parameter_sizes(plan: Plan, layers: int) -> list[int]:
 
 
 def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
+    """The memory of one training step of the plan's model: the seeded layer as a stack
+    of ``layers``, or every block of a checkpoint (``layers`` is then its own)."""
     config = plan.config
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
