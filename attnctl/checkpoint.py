@@ -350,6 +350,13 @@ def load(
         except Exception as error:  # safetensors raises its own error types
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise AttnctlError(f"cannot read {path / file}: {reason}") from error
+    return stored, named_views(stored, prefix, entries)
+
+
+def named_views(
+    stored: dict[str, Any], prefix: str, entries: list[TensorEntry] | tuple[TensorEntry, ...]
+) -> dict[str, Any]:
+    """The stored tensors by the layout's names: transposed and split views of them."""
     named: dict[str, Any] = {}
     for entry in entries:
         tensor = stored[prefix + entry.key]
@@ -362,7 +369,7 @@ def load(
         else:  # views, one per target
             for target, part in zip(entry.targets, tensor.split(list(entry.split)), strict=True):
                 named[target] = part
-    return stored, named
+    return named
 
 
 def _shape(shape: tuple[int, ...]) -> str:

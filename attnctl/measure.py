@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from attnctl.config import LayerConfig
 from attnctl.errors import RUNTIME, AttnctlError
-from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder, resolve_device
+from attnctl.layer import Recorder, resolve_device
 from attnctl.plan import Plan
 
 
@@ -32,6 +32,13 @@ class Measurement:
     peak_activation_bytes: int
     stage_peak_bytes: tuple[int, ...]  # activation bytes alive at the busiest moment of each stage
     method: str  # how it was measured, for the report
+    # a training step's peak in each phase: forward, backward, optimizer step
+    phase_peak_bytes: tuple[int, ...] = ()
+    # CPU, training: the backward's peak up to each parameter's gradient, in their order
+    gradient_window_bytes: tuple[int, ...] = ()
+    # CPU, training: the forward's peak within each of the first block's stages (what
+    # autograd keeps included, so not the forward pass's stage_peak_bytes)
+    stage_window_bytes: tuple[int, ...] = ()
     kv_cache_bytes: int | None = None  # K and V every block kept, from a run of all of them
 
     @property
@@ -212,52 +219,141 @@ def _measure_cuda(
     )
 
 
-def measure_training(config: LayerConfig, plan: Plan) -> Measurement:
+def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measurement:
     """One training step at the plan's size: forward, loss.backward(), Adam.step().
 
     The step ``training.py`` models: ``loss = output.sum()``; Adam with foreach=False on
     the parameters in float32, or (float16/bfloat16) on float32 master weights whose
-    gradients are copied from the model's just before the step.
+    gradients are copied from the model's just before the step. ``layers``: a stack of
+    the plan's block over one shared embedding (block n's weights are block 0's values,
+    in tensors of their own). A checkpoint trains every block: the weights its family's
+    table maps are trained, the others (a final norm, a head) are loaded and left alone.
+    The inputs are the ones ``measure_forward`` makes: a context for cross-attention, the
+    last row half padding when the plan masks padding.
     """
+    from attnctl.describe import ModelDescription
+    from attnctl.nn import no_record
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import seeded_layer, trainable_weights
+
     device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    layer = AttentionLayer(config, plan.vocab_size).to(device, TORCH_DTYPES[config.dtype]).train()
-    parameters = list(layer.parameters())
-    parameter_bytes = sum(p.numel() * p.element_size() for p in parameters)
+    description = plan.description
+    if description is not None and description.checkpoint is not None:  # every block
+        stack = description
+        layers = description.layers
+        loaded = trainable_weights(description, config, device)
+        named = loaded.named
+        parameters = loaded.trained  # the table's, in its order
+        parameter_bytes = loaded.parameter_bytes  # the weights it does not use too
+    else:
+        layer = seeded_layer(config, plan.vocab_size, device).train()
+        named = layer.weights()
+        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
+        parameters = [v for k, v in named.items() if not k.startswith("blocks.")]
+        for n in range(layers):
+            for key, value in block.items():
+                tensor = value if n == 0 else value.detach().clone().requires_grad_()
+                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = tensor
+                parameters.append(tensor)
+        stack = ModelDescription(description.embeddings, description.blocks * layers)
+        parameter_bytes = sum(p.numel() * p.element_size() for p in parameters)
     token_ids = torch.randint(0, plan.vocab_size, (plan.batch, plan.seq_len), device=device)
+    context_ids = padding = None
+    key_len = plan.sizes.get("Lc", plan.seq_len)
+    if "Lc" in plan.sizes:
+        context_ids = torch.randint(0, plan.vocab_size, (plan.batch, key_len), device=device)
+    if "padding_mask" in {s.name for s in plan.stages}:  # the last row: half of it padding
+        padding = torch.ones(plan.batch, key_len, dtype=torch.bool, device=device)
+        padding[-1, (key_len + 1) // 2 :] = False
+    given = [t for t in (token_ids, context_ids, padding) if t is not None]
+
+    stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
+    recording: list[Callable] = []  # the record the run's stages go to, once there is one
+
+    def run() -> torch.Tensor:
+        return forward(
+            stack,
+            named,
+            token_ids,
+            last=layers - 1,
+            record=recording[0] if recording else no_record,
+            padding=padding,
+            context_ids=context_ids,
+            training=True,
+        )
+
     mixed = config.dtype != "float32"
-    tracker = LiveStorages()
-    for parameter in parameters:
-        tracker.exclude(parameter)
-    tracker.add(token_ids)
+    phases: list[int] = []
+    windows: list[int] = []  # CPU: the peak between one parameter's gradient and the next
     try:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            base = torch.cuda.memory_allocated(device) - token_ids.untyped_storage().nbytes()
+            base = torch.cuda.memory_allocated(device) - sum(
+                t.untyped_storage().nbytes() for t in given
+            )
             torch.cuda.reset_peak_memory_stats(device)
-            _training_step(layer, parameters, token_ids, mixed)
-            torch.cuda.synchronize(device)
-            peak, method = torch.cuda.max_memory_allocated(device) - base, "max_memory_allocated"
+
+            def phase_ends() -> None:
+                torch.cuda.synchronize(device)
+                phases.append(torch.cuda.max_memory_allocated(device) - base)
+                torch.cuda.reset_peak_memory_stats(device)
+
+            _training_step(run, parameters, mixed, phase_ends)
+            method = "max_memory_allocated"
         else:
+            tracker = LiveStorages()
+            for parameter in parameters:
+                tracker.exclude(parameter)
+            for tensor in given:
+                tracker.add(tensor)
+
+            def phase_ends() -> None:
+                phases.append(tracker.peak)
+                tracker._forget_freed()
+                tracker.peak = 0
+                tracker.take_window_peak()  # the backward's first window starts here
+
+            def gradient_arrived(parameter: torch.Tensor) -> None:
+                windows.append(tracker.take_window_peak())
+
+            def record(name: str, tensor: torch.Tensor, dims: str) -> None:
+                stage_windows.append(tracker.take_window_peak())
+
+            recording.append(record)
+            hooks = [p.register_post_accumulate_grad_hook(gradient_arrived) for p in parameters]
             with tracker:
-                _training_step(layer, parameters, token_ids, mixed)
-            peak, method = tracker.peak, "live tensor storages"
+                _training_step(run, parameters, mixed, phase_ends)
+            for hook in hooks:
+                hook.remove()
+            method = "live tensor storages"
     except torch.OutOfMemoryError as error:
         raise AttnctlError(
             f"out of memory on {device} while measuring", exit_code=RUNTIME
         ) from error
-    return Measurement(str(device), parameter_bytes, peak, (), method)
+    return Measurement(
+        str(device),
+        parameter_bytes,
+        max(phases),
+        (),  # a forward pass's per stage; the training step's forward is below
+        method,
+        tuple(phases),
+        tuple(windows),
+        tuple(stage_windows),
+    )
 
 
 def _training_step(
-    layer: AttentionLayer, parameters: list[torch.Tensor], token_ids: torch.Tensor, mixed: bool
+    run: Callable, parameters: list[torch.Tensor], mixed: bool, phase_ends: Callable[[], None]
 ) -> None:
+    """The step, calling ``phase_ends`` after the forward, the backward and the update."""
     masters = [p.detach().float() for p in parameters] if mixed else parameters
     optimizer = torch.optim.Adam(masters, foreach=False)
-    result = layer(token_ids, keep_weights=False)
+    result = run()
     loss = result.output.sum()
     del result
+    phase_ends()
     loss.backward()
+    phase_ends()
     if mixed:
         for master, parameter in zip(masters, parameters, strict=True):
             master.grad = parameter.grad.float()
@@ -266,3 +362,4 @@ def _training_step(
         with torch.no_grad():
             for master, parameter in zip(masters, parameters, strict=True):
                 parameter.copy_(master)
+    phase_ends()

@@ -2,9 +2,10 @@
 
 Inference frees a tensor after its last use; training keeps what autograd saves for
 the backward pass, then allocates gradients in the order the autograd engine runs.
-The replay below follows the layer's code and that order op by op (the measured
-timeline of `memory --measure --train` is what it was written against), so its peak
-is the peak of the real step, not a sum of guesses.
+The replay walks the plan's stages (``training_stages.py``: what each stage's forward
+allocates and saves, and what its backward allocates) through a model of the engine
+(``autograd_replay.py``), so its peak is the peak of the real step, not a sum of
+guesses. A ``--layers N`` stack is the plan's block N times over one shared embedding.
 
 The step is: forward, ``loss = output.sum()``, ``loss.backward()``, ``Adam.step()``
 (foreach=False). In float32 Adam updates the parameters directly. In float16 and
@@ -15,13 +16,25 @@ and Adam's two moments are float32.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from attnctl import training_attention  # noqa: F401  (registers the attention's entries)
+from attnctl.autograd_replay import Replay
 from attnctl.config import DTYPE_BYTES
+from attnctl.describe import FeedForward
 from attnctl.errors import AttnctlError
 from attnctl.plan import Plan
+from attnctl.trace import Stage
+from attnctl.training_stages import EMBEDDING_STAGES, ENTRIES, INPUTS, Walk, weight_views
 
 FP32 = 4
+PHASES = ("forward", "backward", "optimizer step")
+SHARED = ("embedding.", "positions.")  # one copy for the whole stack
+# the replay walks every layer up to this many; a taller stack's phase peaks are carried
+# on along the straight line the last two make (every further block adds the same bytes)
+EXACT_LAYERS = 64
 
 
 @dataclass(frozen=True)
@@ -30,211 +43,229 @@ class TrainingEstimate:
     gradient_bytes: int  # their gradients, same dtype (stack)
     master_bytes: int  # float32 master weights (mixed precision only)
     optimizer_bytes: int  # Adam's two float32 moments
-    saved_bytes: int  # what one layer keeps for backward when its forward ends
+    saved_bytes: int  # what the forward leaves for the backward when it ends
     peak_bytes: int  # parameters + the most alive at once during the whole step
     peak_phase: str  # "forward", "backward" or "optimizer step"
     layers: int = 1
+    # the most alive besides the parameters in each phase: forward, backward, optimizer step
+    phase_peak_bytes: tuple[int, ...] = ()
+    # the backward's peak up to each parameter's gradient, in the order they arrive
+    gradient_window_bytes: tuple[int, ...] = ()
+    # the forward's peak up to the end of each of the first block's stages (and inputs,
+    # embeddings), as ``measure_training`` records them
+    stage_window_bytes: tuple[int, ...] = ()
 
 
-class _Replay:
-    """Alive tensors by name; an op frees first, then allocates, then the peak is read."""
-
-    def __init__(self) -> None:
-        self.live: dict[str, int] = {}
-        self.current = 0
-        self.peak = 0
-        self.peak_phase = ""
-        self.phase = "forward"
-
-    def op(self, *allocs: tuple[str, int], free: tuple[str, ...] = (), transient: int = 0) -> None:
-        for name in free:
-            self.current -= self.live.pop(name)
-        for name, nbytes in allocs:
-            assert name not in self.live, name
-            self.live[name] = nbytes
-            self.current += nbytes
-        if self.current + transient > self.peak:
-            self.peak, self.peak_phase = self.current + transient, self.phase
+def parameter_sizes(plan: Plan, layers: int) -> list[int]:
+    """Every trained parameter's element count in the step's order: the shared ones,
+    then each layer's; a checkpoint's in its table's order, which holds the weights its
+    blocks read (``measure_training`` hands Adam the same order)."""
+    if plan.model is not None:
+        return [_product(entry.shape) for entry in plan.model.source.table]
+    shared = [p.count for p in plan.parameters if p.name.startswith(SHARED)]
+    own = [p.count for p in plan.parameters if not p.name.startswith(SHARED)]
+    return shared + own * layers
 
 
 def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
-    config, sizes = plan.config, plan.sizes
+    """The memory of one training step of the plan's model: the seeded layer as a stack
+    of ``layers``, or every block of a checkpoint (``layers`` is then its own)."""
+    config = plan.config
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
-    if "Lc" in sizes:
-        raise AttnctlError("memory --train does not model cross-attention yet (inference does)")
-    for option, value, modelled in (
-        ("--kv-heads", config.kv_heads, config.heads),
+    # not yet measured in a training step: refused by the option's name rather than guessed
+    for option, value, off in (
+        ("--window", config.window, 0),
         ("--softcap", config.softcap, 0.0),
         ("--qk-norm", config.qk_norm, "none"),
-        ("--window", config.window, 0),
-        (
-            "--head-dim",
-            config.head_dim,
-            None if config.q_width != config.d_model else config.head_dim,
-        ),
-        ("--norm", config.norm, None if config.norm == "pre" else config.norm),
-        ("--norm-type", config.norm_type, "layer"),
-        ("--pos", config.pos, config.pos if config.pos in ("sinusoidal", "none") else None),
-        ("output_bias", config.output_bias, True),
+        ("--head-dim", config.head_dim if config.q_width != config.d_model else 0, 0),
     ):
-        if value != modelled:
+        if value != off:
             raise AttnctlError(
                 f"memory --train does not model {option} {value} yet (inference does)"
             )
+    if plan.model is not None:
+        layers = plan.model.layers  # a checkpoint trains every one of its blocks
+    if layers < 1:
+        raise AttnctlError(f"layers must be a positive integer, got {layers}")
+    feed_forward = next(
+        (s for s in plan.description.blocks[0].sublayers if isinstance(s, FeedForward)), None
+    )
+    if feed_forward is not None and feed_forward.gated and feed_forward.activation == "relu":
+        raise AttnctlError(
+            "memory --train does not model a gated relu feed-forward: the in-place "
+            "act *= up overwrites the output relu's backward needs (inference is exact)"
+        )
+    for stage in plan.stages:
+        if stage.name not in ENTRIES and stage.name not in INPUTS:
+            raise AttnctlError(
+                f"memory --train does not replay the stage {stage.name!r} yet "
+                "(memory without --train models it)"
+            )
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
-    b, length, d, h = sizes["B"], sizes["L"], sizes["D"], sizes["H"]
-    unit = b * length * d * e  # one (B, L, D) activation
-    matrix = b * h * length * length * e  # one (B, H, L, L) matrix
-    half = (d + 1) // 2
-    params = [(p.name, p.count) for p in plan.parameters]
-    shared = sum(n for name, n in params if name.startswith("embedding."))
-    per_layer = sum(n for _, n in params) - shared
-    stack_count = shared + layers * per_layer
-
-    r = _Replay()
-    if mixed:  # float32 master weights exist for the whole run
-        r.op(("masters", stack_count * FP32))
-    r.op(("ids", b * length * 8))
-
-    # ---- forward with autograd: tensors saved for backward stay alive
-    r.op(("emb", unit))
-    x = "emb"
-    if config.pos == "sinusoidal":
-        r.op(("table", length * d * e), transient=FP32 * (length + half + 2 * length * half))
-        r.op(("x", unit))
-        r.op(free=("emb", "table"))
-        x = "x"
-    r.op(("q", unit))  # each projection saves its input x
-    r.op(("k", unit))
-    r.op(("v", unit))
-    causal = config.mask == "causal"
-    if config.impl == "math":
-        r.op(("scores", matrix))  # bmm saves q and k
-        if causal:
-            r.op(("allowed", length * length))
-            r.op(("blocked", length * length))  # masked_fill_ saves it
-            r.op(("weights", matrix), free=("allowed",))
-        else:
-            r.op(("weights", matrix))  # softmax saves its output
-        r.op(free=("scores",))
-        dropout = config.dropout > 0
-        if dropout:  # the mask (activation dtype on CPU) and the dropped weights are saved
-            r.op(("dropout_mask", matrix))
-            r.op(("dropped", matrix))
-        r.op(("attended", unit))  # bmm saves the (dropped) weights and v
-        r.op(("concat", unit))  # W_o saves concat
-        r.op(free=("attended",))
-    else:
-        r.op(("attended", unit), ("logsumexp", b * h * length * FP32))  # all saved
-        r.live["concat"] = 0  # a view of attended: W_o saves it, no new bytes
-    r.op(("out", unit))
-    post = config.norm == "post"
-    if post:
-        r.op(("residual", unit))
-        r.op(("normed", unit), ("mean", b * length * FP32), ("rstd", b * length * FP32))
-    output = "normed" if post else "out"
-    r.op(("loss", e))
-    saved = r.current - r.live["ids"] - r.live.get("masters", 0) - unit * (2 if post else 1)
-
-    # ---- backward, in the order the autograd engine runs it
-    r.phase = "backward"
-    r.op(("seed", e), free=(output, "out") if post else (output,))
-    grads: list[str] = []
-
-    def param_grad(name: str, nbytes: int) -> None:
-        r.op((name, nbytes))
-        grads.append(name)
-
-    x_grad: str | None = None
-    if post:
-        r.op(("g_residual", unit), ("g_norm.weight", d * e), ("g_norm.bias", d * e))
-        grads += ["g_norm.weight", "g_norm.bias"]
-        r.op(free=("residual", "mean", "rstd"))
-        x_grad = "g_residual"  # the residual add sends the same gradient to x and to W_o
-    _linear_backward(r, "o", unit, d * d * e, d * e, config.bias, param_grad, "g_concat")
-    if config.impl == "math":
-        r.op(free=("concat",))
-        r.op(("g_v", unit))
-        if dropout:
-            r.op(("g_dropped", matrix))
-            r.op(free=("v", "g_concat", "dropped"))
-            r.op(("g_weights", matrix))
-            r.op(free=("dropout_mask", "g_dropped"))
-        else:
-            r.op(("g_weights", matrix))
-            r.op(free=("v", "g_concat"))
-        r.op(("g_scores", matrix))
-        if causal:
-            r.op(("g_masked", matrix), free=("weights", "g_weights"))
-            r.op(("g_scaled", matrix), free=("blocked", "g_scores"))
-            r.op(free=("g_masked",))
-        else:
-            r.op(("g_scaled", matrix), free=("weights", "g_weights"))
-            r.op(free=("g_scores",))
-        r.op(("g_q", unit))
-        r.op(("g_k", unit))
-        r.op(free=("q", "k", "g_scaled"))
-        for name in ("g_k", "g_q"):  # the head split's view needs contiguous gradients
-            r.op((name + "'", unit))
-            r.op(free=(name,))
-            r.live[name] = r.live.pop(name + "'")
-    else:
-        r.op(("g_q", unit), ("g_k", unit), ("g_v", unit))
-        r.op(free=("q", "k", "v", "attended", "logsumexp", "g_concat", "concat"))
-    pending: tuple[str, ...] = ()  # an accumulation's inputs, freed at the next op
-    for position, proj in enumerate(("v", "k", "q")):
-        if pending:
-            r.op(free=pending)
-            pending = ()
-        part = f"g_x_{proj}"
-        _linear_backward(r, proj, unit, d * d * e, d * e, config.bias, param_grad, part)
-        last = position == 2  # the last projection's backward releases the saved x
-        r.op(free=(f"g_{proj}", x) if last else (f"g_{proj}",))
-        if x_grad is None:
-            x_grad = part
-        else:  # x's gradient buffer: old + new, out of place
-            total = f"g_x_after_{proj}"
-            r.op((total, unit))
-            pending, x_grad = (x_grad, part), total
-    r.op(("g_embedding.weight", shared * e), free=pending)
-    grads.append("g_embedding.weight")
-    r.op(free=(x_grad, "seed"))
-
-    # ---- optimizer step
-    r.phase = "optimizer step"
-    step = stack_count * FP32
-    if mixed:  # float32 gradients for the masters, made from the model's
-        r.op(("master_grads", step))
-    r.op(("adam_moments", 2 * step), ("adam_steps", len(params) * FP32))
-    # per tensor, Adam makes sqrt(v) and the quotient `denom`; the previous tensor's
-    # denom is freed only when the new one is assigned
-    sizes_fp32 = [n * FP32 for _, n in params]
-    r.op(transient=max(2 * s + p for s, p in zip(sizes_fp32, [0, *sizes_fp32], strict=False)))
-
-    model_bytes = stack_count * e
-    stack_extra = (layers - 1) * (per_layer * e + saved)  # more weights' grads, more saved
+    count = sum(parameter_sizes(plan, layers))
+    if layers <= EXACT_LAYERS:
+        replayed = _replay(plan, layers)
+        peaks, saved = replayed.phase_peaks, replayed.saved
+        windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
+    else:  # the windows are not carried on: the replay's own, up to EXACT_LAYERS
+        before, last = _replay(plan, EXACT_LAYERS - 1), _replay(plan, EXACT_LAYERS)
+        more = layers - EXACT_LAYERS
+        peaks = tuple(
+            b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
+        )
+        saved = last.saved + more * (last.saved - before.saved)
+        windows = stage_windows = ()
+    peak = max(peaks)
+    model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
+    step = count * FP32
     return TrainingEstimate(
         parameter_bytes=model_bytes,
-        gradient_bytes=stack_count * e,
+        gradient_bytes=count * e,
         master_bytes=step if mixed else 0,
         optimizer_bytes=2 * step,
         saved_bytes=saved,
-        peak_bytes=model_bytes + r.peak + stack_extra,
-        peak_phase=r.peak_phase,
+        peak_bytes=model_bytes + peak,
+        peak_phase=PHASES[peaks.index(peak)],
         layers=layers,
+        phase_peak_bytes=peaks,
+        gradient_window_bytes=windows,
+        stage_window_bytes=stage_windows,
     )
 
 
-def _linear_backward(
-    r: _Replay, proj: str, unit: int, weight: int, bias: int, has_bias: bool, param_grad, out: str
-) -> None:
-    """A linear layer's backward: the input's gradient and the weight's (and bias's)."""
-    if has_bias:  # addmm: input grad first, then weight, then bias
-        r.op((out, unit))
-        param_grad(f"g_W_{proj}.weight", weight)
-        param_grad(f"g_W_{proj}.bias", bias)
-    else:  # mm: weight grad first
-        param_grad(f"g_W_{proj}.weight", weight)
-        r.op((out, unit))
+class Replayed(NamedTuple):
+    phase_peaks: tuple[int, ...]  # the most alive (besides the parameters) in each phase
+    saved: int  # what the forward leaves for the backward
+    gradient_windows: tuple[int, ...]  # the backward's peak up to each parameter's gradient
+    stage_windows: tuple[int, ...]  # the forward's peak up to the end of each recorded stage
+
+
+def _replay(plan: Plan, layers: int) -> Replayed:
+    """The step replayed, a layer at a time."""
+    config = plan.config
+    e = DTYPE_BYTES[config.dtype]
+    mixed = config.dtype != "float32"
+    sizes = parameter_sizes(plan, layers)
+    count = sum(sizes)
+
+    r = Replay()
+    if mixed:  # float32 master weights exist for the whole run
+        r.new(count * FP32)
+    stages = _stack(plan, layers)
+    walk = Walk(r, plan, config, stages={s.name: s for _, _, s in stages})
+    weight_views(walk)  # made when the weights are loaded, before the forward
+    last_use = _python_lifetimes([s for _, _, s in stages], plan, layers)
+    for _, base, stage in stages:
+        if base in INPUTS:  # made before the model runs, held throughout
+            walk.tensors[stage.name] = r.new(stage.bytes)
+    inputs = {walk.tensors[name].storage for name in INPUTS if name in walk.tensors}
+    stage_windows: list[int] = []
+    for index, (block, base, stage) in enumerate(stages):
+        if base in INPUTS:
+            r.close_window(stage_windows)
+            continue
+        walk.block, walk.base = block, base
+        ins = [walk.tensors[name] for name in stage.reads]
+        walk.tensors[stage.name] = ENTRIES[base](walk, stage, ins)
+        for owner in last_use.get(index, ()):
+            r.drop(walk.tensors[owner].storage)
+        for step in walk.then:
+            step()
+        if block == 0:
+            r.close_window(stage_windows)  # block 0's stages are recorded as they end
+        for step in walk.later:
+            step()
+        walk.then.clear()
+        walk.later.clear()
+    output = walk.tensors[stages[-1][2].name]
+    loss = r.new(e)  # output.sum()
+    r.node(loss, (output,), (), (("pass", 0),))
+    kept = {s for node in r.nodes for s in node.saved if s in r.live} - inputs
+    saved = loss.nbytes + sum(r.live[s] for s in kept)
+    for owner in last_use.get(len(stages), ()):  # `del result`: the returned tensors
+        r.drop(walk.tensors[owner].storage)
+
+    r.start("backward")
+    r.backward(loss, r.new(e))  # the engine's ones_like(loss) seed
+
+    r.start("optimizer step")
+    if mixed:  # float32 gradients for the masters, made from the model's
+        r.new(count * FP32)
+    r.new(2 * count * FP32 + len(sizes) * FP32)  # Adam's moments and step counts, made first
+    # per tensor, Adam makes sqrt(v) and the quotient `denom`; the previous tensor's
+    # denom is freed only when the new one is assigned
+    fp32 = [n * FP32 for n in sizes]
+    r.read(max(2 * s + p for s, p in zip(fp32, [0, *fp32], strict=False)))
+    return Replayed(
+        tuple(r.phase_peaks[p] for p in PHASES),
+        saved,
+        tuple(r.gradient_windows),
+        tuple(stage_windows),
+    )
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    total = 1
+    for n in shape:
+        total *= n
+    return total
+
+
+def _stack(plan: Plan, layers: int) -> list[tuple[int, str, Stage]]:
+    """(block, stage name in the plan, the stage named for the walk): the embeddings
+    once, then the plan's block ``layers`` times, each reading the one before."""
+    shared = [s for s in plan.stages if s.name in INPUTS or s.name in EMBEDDING_STAGES]
+    block = [s for s in plan.stages if s not in shared]
+    text = [s.name for s in shared if s.name not in INPUTS and not s.name.startswith("context")]
+    walked: list[tuple[int, str, Stage]] = [(0, s.name, s) for s in shared]
+    names = {s.name for s in shared}
+    for n in range(layers):
+        previous = text[-1] if n == 0 else f"blocks.{n - 1}.{block[-1].name}"
+
+        def rename(name: str, n: int = n, previous: str = previous) -> str:
+            if name == text[-1]:
+                return previous
+            return name if name in names else f"blocks.{n}.{name}"
+
+        for s in block:
+            renamed = dataclasses.replace(
+                s,
+                name=rename(s.name),
+                reads=tuple(rename(r) for r in s.reads),
+                view_of=rename(s.view_of) if s.view_of else None,
+            )
+            walked.append((n, s.name, renamed))
+    return walked
+
+
+def _python_lifetimes(stages: list[Stage], plan: Plan, layers: int) -> dict[int, list[str]]:
+    """Stage index -> the storages whose Python reference ends after it (as the plan's
+    liveness says); index len(stages): the model's returned tensors, dropped with
+    `del result` once the loss is computed."""
+    owner: dict[str, str] = {}
+    index = {}
+    for i, stage in enumerate(stages):
+        owner[stage.name] = owner[stage.view_of] if stage.view_of else stage.name
+        index[stage.name] = i
+    last = {owner[s.name]: index[s.name] for s in stages if s.name not in INPUTS}
+    for i, stage in enumerate(stages):
+        for read in stage.reads:
+            if read in owner and read not in INPUTS:
+                last[owner[read]] = max(last[owner[read]], i)
+    final = len(stages) - 1
+    returned = {owner[stages[-1].name]}  # the model's output, and what it returns with it
+    for held, until in plan.held_until.items():  # the attention's output, till it returns
+        if held in INPUTS:
+            continue
+        for n in range(layers):
+            name, end = f"blocks.{n}.{held}", index[f"blocks.{n}.{until}"]
+            last[owner[name]] = max(last[owner[name]], end)
+            if end == final:
+                returned.add(owner[name])
+    ends: dict[int, list[str]] = {}
+    for name, end in last.items():
+        ends.setdefault(len(stages) if name in returned else end, []).append(name)
+    assert all(end <= final for end in last.values())
+    return ends

@@ -508,7 +508,6 @@ def test_model_option_misuse_exits_2(invoke, models, args, message):
     ("args", "message"),
     [
         (["run", "hi", "--layer", "1"], "--layer picks a block of a pretrained model"),
-        (["memory", "--model", "{gpt2}", "--train"], "--train does not apply to --model"),
         (["memory", "--model", "{gpt2}", "--layers", "4"], "--layers does not apply to --model"),
         (["shapes", "--model", "{gpt2}", "-L", "65"], "65 tokens are more than the 64 positions"),
     ],

@@ -109,12 +109,14 @@ def run_traces(
         return run(batch, layer, model, blocks, heads, query_rows, context=cross)
 
 
-def measure_peak(plan: Plan, model: ModelDescription | None, train: bool) -> Any:
+def measure_peak(plan: Plan, model: ModelDescription | None, train: bool, layers: int = 1) -> Any:
+    """A forward pass of the plan's model, or (``train``) a training step of its stack
+    of ``layers`` blocks."""
     from attnctl.measure import measure_forward, measure_training
 
     with device_errors_of(plan.config.device):
         if train:
-            return measure_training(plan.config, plan)
+            return measure_training(plan.config, plan, layers)
         return measure_forward(plan)
 
 

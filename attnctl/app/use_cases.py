@@ -151,7 +151,7 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
     lengths = parse_lengths(seq_len)
     stack, kv_layers = layers, layers  # --layers: weights and K/V of a stack of this layer
     if model is not None:
-        clash = {"--layers": layers != 1, "--train": train, "--context-len": context_len}
+        clash = {"--layers": layers != 1, "--context-len": context_len}
         for option, given in clash.items():
             if given:
                 raise AttnctlError(f"{option} does not apply to --model (a whole model's memory)")
@@ -179,10 +179,17 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
         training = training_estimate_of(plan, layers) if train else None
         measured = None
         if request.measure:
-            preflight(plan, peak_of(plan), request.force, hooks, passes=3 if train else 1)
+            preflight(
+                plan,
+                peak_of(plan),
+                request.force,
+                hooks,
+                blocks=(model.layers if model else layers) if train else 1,  # the whole stack
+                passes=3 if train else 1,
+            )
             what = "a training step" if train else "a forward pass"
             with hooks.progress(f"measuring {what} over {length} tokens"):
-                measured = measure_peak(plan, model, train)
+                measured = measure_peak(plan, model, train, layers)
         kv_groups = kv_cache_of(plan, tokens, kv_layers)
         reports.append(length_report(plan, result, tokens, kv_groups, measured, training))
     budget_bytes = _device_free_bytes(layer.device) if request.fit_device else None

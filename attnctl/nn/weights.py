@@ -7,11 +7,11 @@ safetensors files through its family's tensor table, for the blocks that run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from attnctl.checkpoint import load
+from attnctl.checkpoint import load, named_views
 from attnctl.config import LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
@@ -22,6 +22,7 @@ from attnctl.layer import TORCH_DTYPES, AttentionLayer
 class Weights:
     named: dict[str, torch.Tensor]  # by the layout's names: what nn/model.py reads
     stored: list[torch.Tensor]  # as held in memory (named ones may be views of these)
+    trained: list[torch.Tensor] = field(default_factory=list)  # the stored ones a run reads
 
     @property
     def parameter_bytes(self) -> int:
@@ -64,3 +65,23 @@ def model_weights(
             "the headers)"
         )
     return Weights(named, list(stored.values()))
+
+
+def trainable_weights(model: ModelDescription, config: LayerConfig, device: torch.device):
+    """A checkpoint's every weight, those its blocks read requiring gradients: made so
+    before the layout's views of them, which autograd then follows back to them."""
+    source = model.source
+    stored, _ = load(
+        source.path,
+        source.prefix,
+        source.tensors,
+        source.table,
+        None,
+        device,
+        TORCH_DTYPES[config.dtype],
+    )
+    trained = list(dict.fromkeys(stored[source.prefix + e.key] for e in source.table))
+    for tensor in trained:
+        tensor.requires_grad_()
+    named = named_views(stored, source.prefix, source.table)
+    return Weights(named, list(stored.values()), trained)

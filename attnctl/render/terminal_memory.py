@@ -202,7 +202,7 @@ def _training_grid(training: TrainingEstimate, measured: Measured | None) -> Tab
     grid.add_row(
         "saved for backward",
         format_bytes(training.saved_bytes),
-        "what one layer keeps when its forward ends",
+        "what the forward leaves for the backward",
     )
     grid.add_row(
         "training peak",

@@ -1,0 +1,210 @@
+"""What autograd does at each stage of an attention sublayer: its entries in the table
+of ``training_stages.py`` (projections, heads, RoPE, K/V repeats, scores, masks,
+softmax, dropout, the weighted values, concat, residual).
+
+Written, like the others, against the measured timeline of ``memory --measure --train``.
+"""
+
+from __future__ import annotations
+
+from attnctl.autograd_replay import Tensor
+from attnctl.trace import Stage
+from attnctl.training_stages import FP32, Walk, entry, linear
+
+
+@entry("q", "k", "v", "output_projection")
+def _projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    name = {"q": "W_q", "k": "W_k", "v": "W_v", "output_projection": "W_o"}[walk.base]
+    bias = walk.config.bias and (name != "W_o" or walk.config.output_bias)
+    return linear(walk, stage, ins[0], name, bias)
+
+
+@entry("q_heads", "k_heads", "v_heads")
+def _split_heads(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """view(B, L, H, d_k).transpose(1, 2): no bytes. Its backward views the gradient back
+    as (B, L, D), which copies a gradient laid out (B, H, L, d_k)."""
+    (x,) = ins
+    r = walk.replay
+    out = r.view(x)
+    walk.split.add(stage.name)
+    heads, length = stage.shape[1], stage.shape[2]
+    config = walk.config
+    copies = heads > 1 and length > 1
+    direct = config.impl == "math" and config.pos != "rope" and config.kv_heads == config.heads
+    if walk.base == "k_heads" and direct and stage.shape[0] == 1:
+        copies = False  # bmm's gradient for a transposed K comes back in K's layout
+    if config.impl == "sdpa" and config.pos != "rope":
+        copies = False  # the fused backward returns each gradient in its input's layout
+    steps = (("grad", 0, x.nbytes),) if copies else (("pass", 0),)
+    return r.node(out, (x,), (), steps)
+
+
+# ------------------------------------------------------------------ positions in the heads
+
+
+@entry("rope_angles", "rope_cos", "rope_sin")
+def _rope_table(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    return walk.replay.new(stage.bytes, transient=stage.scratch)  # no gradient
+
+
+@entry("q_rotated", "k_rotated")
+def _rotate(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """positions.rotate: x·cos + cat(-x[..., d/2:], x[..., :d/2])·sin, every op a node."""
+    r = walk.replay
+    x, cos, sin = ins
+    full, half = stage.bytes, stage.bytes // 2
+    with_cos = r.node(r.new(full), (x,), (cos,), (("grad", 0, full),))  # x * cos
+    upper = r.node(r.view(x), (x,), (), (("grad", 0, full),))  # x[..., d/2:]: slice_backward
+    negated = r.node(r.new(half), (upper,), (), (("grad", 0, half),))
+    lower = r.node(r.view(x), (x,), (), (("grad", 0, full),))  # x[..., :d/2]
+    turned = r.node(r.new(full), (negated, lower), (), (("pass", 0), ("pass", 1)))  # cat
+    r.drop(negated.storage)
+    product = r.node(r.new(full), (turned,), (sin,), (("grad", 0, full),))  # turned * sin
+    out = r.node(r.view(with_cos), (with_cos, product), (), (("pass", 0), ("pass", 1)))  # +=
+    r.drop(product.storage)
+    r.drop(turned.storage)
+    walk.split.add(stage.name)  # elementwise ops keep x's (B, L, H, d_k) memory order
+    return out
+
+
+@entry("k_repeated", "v_repeated")
+def _repeat(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """repeat_interleave: unsqueeze, expand, reshape (a copy); its backward sums the
+    groups back into the K/V heads."""
+    r = walk.replay
+    (x,) = ins
+    return r.node(r.new(stage.bytes), (x,), (), (("grad", 0, x.nbytes),))
+
+
+# ------------------------------------------------------------------ scores and weights
+
+
+def _operand(walk: Walk, name: str, tensor: Tensor, stage_of: Stage) -> Tensor:
+    """matmul's reshape of a (B, H, L, d_k) operand to (B·H, L, d_k): a copy when the
+    heads do not merge (the copy is what bmm keeps)."""
+    if name in walk.split and walk.merges_badly(stage_of):
+        r = walk.replay
+        copy = r.new(tensor.nbytes)
+        r.node(copy, (tensor,), (), (("pass", 0),))
+        return copy
+    return tensor
+
+
+@entry("scores")
+def _scores(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    q_name, k_name = stage.reads
+    q = _operand(walk, q_name, ins[0], walk.stage(q_name))
+    k = _operand(walk, k_name, ins[1], walk.stage(k_name))
+    out = r.new(stage.bytes)  # bmm keeps both operands
+    r.node(out, (q, k), (q, k), (("grad", 0, q.nbytes), ("grad", 1, k.nbytes)))
+    for operand, given in ((q, ins[0]), (k, ins[1])):
+        if operand is not given:
+            r.drop(operand.storage)  # matmul's temporary: only bmm holds it now
+    scaled = r.node(r.view(out), (out,), (), (("grad", 0, stage.bytes),))  # .div_(√d_k)
+    if "padding_mask" in walk.tensors:
+        name = walk.qualified("scores")
+
+        def mask_padding() -> None:  # after `del q, k`: masked_fill_ keeps the negated mask
+            negated = r.new(walk.tensors["padding_mask"].nbytes)
+            masked = r.node(r.view(out), (scaled,), (negated,), (("grad", 0, stage.bytes),))
+            r.drop(negated.storage)
+            walk.tensors[name] = masked
+
+        walk.then.append(mask_padding)
+    return scaled
+
+
+@entry("alibi")
+def _alibi(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    bias = r.new(stage.bytes, transient=stage.scratch)
+    scores = walk.tensors[walk.qualified("scores")]
+    walk.tensors[walk.qualified("scores")] = r.node(r.view(scores), (scores,), (), (("pass", 0),))
+    return bias
+
+
+@entry("mask")
+def _causal(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (scores,) = ins
+    allowed = r.new(stage.bytes)
+    name = walk.qualified("scores")
+
+    def fill() -> None:  # after the mask is recorded: masked_fill_(allowed.logical_not())
+        blocked = r.new(stage.bytes)  # kept by masked_fill_
+        filled = r.node(r.view(scores), (scores,), (blocked,), (("grad", 0, scores.nbytes),))
+        r.drop(blocked.storage)
+        walk.tensors[name] = filled
+
+    walk.later.append(fill)
+    return allowed
+
+
+@entry("weights")
+def _softmax(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    scores = walk.tensors[walk.qualified("scores")]  # the latest in-place version
+    out = r.new(stage.bytes)
+    return r.node(out, (scores,), (out,), (("grad", 0, stage.bytes),))
+
+
+@entry("dropout")
+def _dropout(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (weights,) = ins
+    mask = r.new(stage.bytes)  # in the activation dtype on CPU, kept by the product
+    out = r.new(stage.bytes)
+    r.node(out, (weights,), (mask,), (("grad", 0, stage.bytes),))
+    r.drop(mask.storage)
+    return out
+
+
+@entry("weighted_values")
+def _weighted_values(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    if walk.config.impl == "math":
+        v_name = stage.reads[1]
+        weights = ins[0]
+        v = _operand(walk, v_name, ins[1], walk.stage(v_name))
+        out = r.new(stage.bytes)
+        steps: tuple[tuple, ...] = (("grad", 1, v.nbytes), ("grad", 0, weights.nbytes))
+        if walk.merges_badly(stage):  # the incoming (B, H, L, d_k) gradient is a view of
+            steps = (("temp", "g", stage.bytes), ("drop_incoming",), *steps, ("free", "g"))
+        r.node(out, (weights, v), (weights, v), steps)
+        if v is not ins[1]:
+            r.drop(v.storage)
+        return out
+    q, k, v = ins
+    saved = [q, k, v]
+    if "padding_mask" in walk.tensors:  # the bool mask as an additive one: where(m, 0, -inf)
+        scalars = [r.new(walk.e), r.new(walk.e)]
+        keys = walk.sizes.get("Lc", walk.sizes["L"])
+        saved.append(r.new(walk.sizes["B"] * keys * walk.e))  # (B, 1, 1, Lk), kept
+        for scalar in scalars:
+            r.drop(scalar.storage)
+    out = r.new(stage.bytes, read=False)
+    logsumexp = r.new(walk.sizes["B"] * walk.sizes["H"] * walk.sizes["L"] * FP32)
+    r.node(
+        out, (q, k, v), (*saved, out, logsumexp),
+        (("grad", 0, q.nbytes), ("grad", 1, k.nbytes), ("grad", 2, v.nbytes)),
+    )  # fmt: skip
+    r.drop(logsumexp.storage)
+    for tensor in saved[3:]:
+        r.drop(tensor.storage)
+    return out
+
+
+@entry("concat")
+def _concat(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (attended,) = ins
+    out = r.view(attended) if stage.view_of else r.new(stage.bytes)  # .contiguous()
+    return r.node(out, (attended,), (), (("pass", 0),))
+
+
+@entry("residual")
+def _residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    out = r.new(stage.bytes)
+    return r.node(out, tuple(ins), (), (("pass", 0), ("pass", 1)))

@@ -1,0 +1,332 @@
+"""What autograd does at each stage of a plan: one entry per stage name.
+
+``training._replay`` walks a plan's stages (and, for ``--layers N``, its block N times) in
+order. Each stage's entry below allocates what its torch code (``attnctl/nn/``)
+allocates when autograd records it, says which tensors the backward node keeps, and
+lists what that node's backward allocates, in the order the kernels make it. The
+Python code's own references end after the last stage that reads a tensor, as the plan
+says (``reads``, ``held_until``), so a new stage needs one entry here and nothing else.
+
+Those of an attention sublayer are in ``training_attention.py``. The entries were written
+against the measured timeline of ``memory --measure --train``
+(``measure.LiveStorages``: bytes alive after every aten op, on CPU, torch 2.13); the
+tests hold the replay equal to it to the byte over the accepted grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from attnctl.autograd_replay import Replay, Tensor
+from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.describe import FeedForward
+from attnctl.plan import Plan
+from attnctl.trace import Stage
+
+FP32 = 4
+INPUTS = ("token_ids", "context_ids", "padding_mask")  # made before the model runs
+EMBEDDING_STAGES = (
+    "embeddings",
+    "positions",
+    "x",
+    "embedding_norm",
+    "context_embeddings",
+    "context_positions",
+    "context_x",
+)
+
+
+@dataclass
+class Walk:
+    """The state of one replayed forward: tensors by (qualified) stage name."""
+
+    replay: Replay
+    plan: Plan
+    config: LayerConfig
+    block: int = 0
+    base: str = ""  # the stage being replayed, as the plan names it
+    stages: dict[str, Stage] = field(default_factory=dict)  # by qualified name
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # latest version per name
+    split: set[str] = field(default_factory=set)  # (B, H, L, d_k) views of (B, L, D)
+    # a checkpoint's weights that are parts of one stored tensor (GPT-2's c_attn)
+    weight_views: dict[str, Tensor] = field(default_factory=dict)
+    # what a stage's code does once the tensors it read last are freed, before it records
+    # the stage; and after it records it (once the stage's window has closed)
+    then: list[Callable[[], None]] = field(default_factory=list)
+    later: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def feed_forward(self) -> FeedForward:
+        description = self.plan.description
+        return next(s for s in description.blocks[0].sublayers if isinstance(s, FeedForward))
+
+    @property
+    def e(self) -> int:
+        return DTYPE_BYTES[self.config.dtype]
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return self.plan.sizes
+
+    def qualified(self, base: str) -> str:
+        """A block stage's name in the walk ("blocks.2.scores"); embeddings keep theirs."""
+        return base if base in EMBEDDING_STAGES or base in INPUTS else f"blocks.{self.block}.{base}"
+
+    def stage(self, name: str) -> Stage:
+        return self.stages[name]
+
+    def param(self, name: str) -> str:
+        """A block's weight by the layout's name ("blocks.2.attention.W_q.weight")."""
+        if name.startswith("feed_forward."):
+            return f"blocks.{self.block}.{name}"
+        return f"blocks.{self.block}.attention.{name}"
+
+    def merges_badly(self, stage: Stage) -> bool:
+        """Whether (B, H, ·, ·) of this (B, H, L, d_k) view cannot be merged without a copy:
+        only when B, H and L are all above 1 (size-1 dims merge freely)."""
+        batch, heads, length = stage.shape[0], stage.shape[1], stage.shape[2]
+        return batch > 1 and heads > 1 and length > 1
+
+
+Entry = Callable[[Walk, Stage, list[Tensor]], Tensor]
+ENTRIES: dict[str, Entry] = {}
+
+
+def entry(*names: str) -> Callable[[Entry], Entry]:
+    def register(function: Entry) -> Entry:
+        for name in names:
+            ENTRIES[name] = function
+        return function
+
+    return register
+
+
+# ------------------------------------------------------------------ embeddings
+
+
+@entry("embeddings", "context_embeddings")
+def _lookup(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    ids = walk.tensors["context_ids" if stage.name.startswith("context") else "token_ids"]
+    out = r.new(stage.bytes)  # F.embedding; its backward keeps the ids
+    weight = walk.plan.vocab_size * walk.sizes["D"] * walk.e
+    return r.leaf_node(out, (ids,), (("param", "embedding.weight", weight),))
+
+
+@entry("positions", "context_positions")
+def _positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    if walk.plan.description.embeddings.positions == "sinusoidal":  # a table, no gradient
+        return r.new(stage.bytes, transient=stage.scratch)
+    ids = r.new(stage.scratch)  # learned: torch.arange(L) int64, kept by the lookup
+    out = r.new(stage.bytes)
+    weight = walk.plan.description.embeddings.max_positions * walk.sizes["D"] * walk.e
+    r.leaf_node(out, (ids,), (("param", "positions.weight", weight),))
+    r.drop(ids.storage)
+    return out
+
+
+@entry("x", "context_x")
+def _add_positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    embeddings, positions = ins
+    added = (("pass", 0), ("grad", 1, positions.nbytes))  # positions: the batch summed away
+    description = walk.plan.description
+    if description.embeddings.segment and stage.name == "x":
+        # BERT: x + segment.weight[0] (a select of the weight), then += positions in place
+        table = description.source.table
+        types = next(e.shape[0] for e in table if e.targets == ("segment.weight",))
+        d_bytes = walk.sizes["D"] * walk.e
+        segment = Tensor(-1, d_bytes)  # a view of the weight: no storage of its own
+        r.leaf_node(segment, (), (("param", "segment.weight", types * d_bytes),))
+        plus = r.node(r.new(stage.bytes), (embeddings, segment), (),
+                      (("pass", 0), ("grad", 1, d_bytes)))  # fmt: skip
+        return r.node(r.view(plus), (plus, positions), (), added)
+    return r.node(r.new(stage.bytes), (embeddings, positions), (), added)
+
+
+# ------------------------------------------------------------------ norms and linears
+
+
+@entry("norm", "ffn_norm", "embedding_norm")
+def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    (x,) = ins
+    if walk.base == "ffn_norm":
+        norm_type, weight = walk.feed_forward.norm_type, walk.param("feed_forward.norm")
+    elif walk.base == "embedding_norm":  # BERT: a LayerNorm after the embeddings
+        norm_type, weight = "layer", "embedding_norm"
+    else:
+        norm_type, weight = walk.config.norm_type, walk.param("norm")
+    rows = stage.bytes // (walk.sizes["D"] * walk.e)
+    if norm_type == "layer":
+        return _layer_norm(walk, stage, x, rows, weight)
+    return _rms_norm(walk, stage, x, rows, weight)
+
+
+def _layer_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight: str) -> Tensor:
+    """native_layer_norm: output, mean and rstd (the activation dtype on CPU), kept."""
+    r = walk.replay
+    d_bytes = walk.sizes["D"] * walk.e
+    out = r.new(stage.bytes, read=False)
+    mean = r.new(rows * walk.e, read=False)
+    rstd = r.new(rows * walk.e)
+    r.node(
+        out,
+        (x,),
+        (x, mean, rstd),
+        (("grad", 0, x.nbytes), ("param", f"{weight}.weight", d_bytes),
+         ("param", f"{weight}.bias", d_bytes)),
+    )  # fmt: skip
+    r.drop(mean.storage)
+    r.drop(rstd.storage)
+    return out
+
+
+def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) -> Tensor:
+    """F.rms_norm, which autograd records op by op: in float32 (a float32 copy of a half
+    input first), x · rsqrt(mean(x²) + eps) · weight, then cast back."""
+    r = walk.replay
+    wide = rows * walk.sizes["D"] * FP32  # (B, L, D) in float32
+    row = rows * FP32  # (B, L, 1) in float32
+    half = walk.e != FP32
+    upcast = r.node(r.new(wide), (x,), (), (("grad", 0, x.nbytes),)) if half else x
+    # x.pow(2): its backward is grad · 2 · x.pow(1), two temporaries on the way
+    twice = (("temp", "a", wide), ("temp", "b", wide), ("grad", 0, wide), ("free", "a"),
+             ("free", "b"))  # fmt: skip
+    squared = r.node(r.new(wide), (upcast,), (upcast,), twice)
+    mean = r.node(r.new(row), (squared,), (), (("grad", 0, wide),))  # expand, then / D
+    plus_eps = r.node(r.view(mean), (mean,), (), (("pass", 0),))  # .add_(eps)
+    cubed = (("temp", "a", row), ("temp", "b", row), ("grad", 0, row), ("free", "a"),
+             ("free", "b"))  # fmt: skip
+    rstd = r.new(row)
+    r.node(rstd, (plus_eps,), (rstd,), cubed)  # rsqrt keeps its result
+    r.drop(squared.storage)  # the expression's temporaries, freed when it ends
+    r.drop(mean.storage)
+    normed = r.new(wide)
+    r.node(normed, (upcast, rstd), (upcast, rstd),
+           (("grad", 0, wide), ("temp", "p", wide), ("grad", 1, row), ("free", "p")))  # fmt: skip
+    r.drop(rstd.storage)
+    weight, width = f"{weight_name}.weight", walk.sizes["D"]
+    if half:  # the weight's gradient is summed in float32, then cast to its dtype
+        to_weight = (("temp", "s", width * FP32), ("free", "p"),
+                     ("param", weight, width * walk.e), ("free", "s"))  # fmt: skip
+    else:
+        to_weight = (("param", weight, width * FP32), ("free", "p"))
+    scaled = r.new(wide)
+    r.node(scaled, (normed,), (normed,), (("grad", 0, wide), ("temp", "p", wide), *to_weight))
+    r.drop(normed.storage)
+    if half:
+        r.drop(upcast.storage)
+        out = r.node(r.new(stage.bytes), (scaled,), (), (("grad", 0, wide),))  # .type_as(x)
+        r.drop(scaled.storage)
+        return out
+    return scaled
+
+
+def linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor:
+    """F.linear over (B, L, ·): addmm with a bias (input's gradient first), mm without
+    (the weight's first)."""
+    r = walk.replay
+    e = walk.e
+    rows = 1
+    for n in stage.shape[:-1]:
+        rows *= n
+    width_out = stage.shape[-1]
+    width_in = x.nbytes // (rows * e)
+    weight_name, bias_name = walk.param(f"{name}.weight"), walk.param(f"{name}.bias")
+    weight_view = walk.weight_views.get(weight_name)  # a part of a stored tensor, or None
+    bias_view = walk.weight_views.get(bias_name) if bias else None
+
+    def flattened() -> Tensor:  # x.view(B·L, ·): its node hands the gradient back to x
+        return r.node(r.view(x), (x,), (), (("pass", 0),))
+
+    def transposed() -> Tensor:  # weight.t(): its node hands the gradient on to the weight
+        steps = (("pass", 0),) if weight_view else (("param_in", weight_name),)
+        return r.node(Tensor(-1, 0), (weight_view,), (), steps)  # no storage of its own
+
+    # the order F.linear makes them: the view before weight.t() with a bias, after without
+    x_2d, weight_t = (flattened(), transposed()) if bias else (None, transposed())
+    if x_2d is None:
+        x_2d = flattened()
+    out = r.new(stage.bytes)
+    weight_grad = ("grad", 1, width_in * width_out * e)
+    to_bias = ("grad", 2, width_out * e) if bias_view else ("param", bias_name, width_out * e)
+    if bias:
+        steps: tuple[tuple, ...] = (("grad", 0, x.nbytes), weight_grad, to_bias)
+    else:
+        steps = (weight_grad, ("grad", 0, x.nbytes))
+    return r.node(out, (x_2d, weight_t, bias_view), (x,), steps)
+
+
+def weight_views(walk: Walk) -> None:
+    """A checkpoint's weights that are views of what it stores (GPT-2's Conv1D weights,
+    transposed; its c_attn, split into W_q, W_k, W_v): their nodes, made in the table's
+    order when the weights load, before any of the forward's, so the backward runs them
+    last. A split concatenates its parts' gradients once all have come; a transposed
+    split's result is cloned into the stored tensor's layout by AccumulateGrad."""
+    model = walk.plan.model
+    if model is None:
+        return
+    r = walk.replay
+    for entry in model.source.table:
+        if not entry.transposed and len(entry.targets) < 2:
+            continue
+        count = 1
+        for n in entry.shape:
+            count *= n
+        split = len(entry.targets) > 1
+        views = [Tensor(-1, 0)]
+        if entry.transposed:  # .t(): the stored tensor's gradient, from the layout's
+            r.node(views[0], (), (), (("param_in", entry.key, split),))
+        if split:
+            steps = (("grad", 0, count * walk.e),) if entry.transposed else (
+                ("param", entry.key, count * walk.e),)  # fmt: skip
+            inputs = (views[0],) if entry.transposed else ()
+            views = r.split_node(len(entry.targets), inputs, steps)
+        walk.weight_views.update(zip(entry.targets, views, strict=True))
+
+
+# ------------------------------------------------------------------ the feed-forward
+
+
+@entry("ffn_up", "ffn_gate", "ffn_down")
+def _ffn_projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    name = "feed_forward." + walk.base.removeprefix("ffn_")
+    return linear(walk, stage, ins[0], name, walk.feed_forward.bias)
+
+
+@entry("ffn_act")
+def _activation(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """gelu and silu keep their input for the backward, relu its output."""
+    r = walk.replay
+    (x,) = ins
+    out = r.new(stage.bytes)
+    kept = out if walk.feed_forward.activation == "relu" else x
+    return r.node(out, (x,), (kept,), (("grad", 0, stage.bytes),))
+
+
+@entry("ffn_product")
+def _gate_times_up(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """``act *= up`` in place: autograd keeps a copy of act as it was, and up."""
+    r = walk.replay
+    act, up = ins
+    original = r.new(act.nbytes)
+    out = r.node(r.view(act), (act, up), (original, up), (("grad", 0, act.nbytes),
+                                                          ("grad", 1, up.nbytes)))  # fmt: skip
+    r.drop(original.storage)
+    return out
+
+
+@entry("ffn_residual")
+def _ffn_residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """``out += x`` in place. With a bias the linear's output is a view of its (B·L, D)
+    result, and an in-place op on a view is CopySlices in the backward: the gradient laid
+    into a tensor of the base's shape, and a copy of it for x."""
+    r = walk.replay
+    down, x = ins
+    r.read()  # the add_ is an op: the bytes alive then, x among them, are read
+    if not walk.feed_forward.bias:
+        return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
+    base = r.node(r.view(down), (down, x), (), (("grad", 0, down.nbytes), ("grad", 1, x.nbytes)))
+    return r.node(r.view(down), (base,), (), (("grad", 0, down.nbytes),))  # as_strided
