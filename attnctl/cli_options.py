@@ -15,7 +15,16 @@ from typing import Annotated, Any
 import typer
 
 from attnctl.app import LayerRequest
-from attnctl.config import DTYPES, IMPLS, MASKS, NORM_TYPES, NORMS, POSITIONS, QK_NORMS
+from attnctl.config import (
+    DTYPES,
+    IMPLS,
+    MASKS,
+    NORM_TYPES,
+    NORMS,
+    POSITIONS,
+    QK_NORMS,
+    ROPE_TYPES,
+)
 from attnctl.families import supported_names
 
 # Choices come from config.py, the one place that lists them.
@@ -24,6 +33,7 @@ Mask = StrEnum("Mask", {value: value for value in MASKS})
 Norm = StrEnum("Norm", {value: value for value in NORMS})
 NormType = StrEnum("NormType", {value: value for value in NORM_TYPES})
 QkNorm = StrEnum("QkNorm", {value: value for value in QK_NORMS})
+RopeType = StrEnum("RopeType", {value: value for value in ROPE_TYPES})
 Impl = StrEnum("Impl", {value: value for value in IMPLS})
 DType = StrEnum("DType", {value: value for value in DTYPES})
 
@@ -68,6 +78,26 @@ LAYER_OPTIONS: dict[str, Any] = {
         "--window",
         help="Sliding window (with --mask causal): query i sees keys i-W < j <= i; "
         "0 = none. Default 0.",
+    ),
+    "rope_theta": _option(
+        float,
+        "--rope-theta",
+        help="RoPE's base: pair i turns at base to the power -2i/d_k. Default 10000.",
+    ),
+    "rope_type": _option(
+        RopeType,
+        "--rope-type",
+        help="RoPE's long-context scaling (with --pos rope; yarn's betas, longrope's factor "
+        "lists and the rest are preset keys). Default default.",
+    ),
+    "rope_factor": _option(
+        float, "--rope-factor", help="The scaling factor of --rope-type. Default 1."
+    ),
+    "rope_original_max_positions": _option(
+        int,
+        "--rope-length",
+        help="The length the scaling starts from (llama3, yarn, longrope; dynamic: the "
+        "trained length). Default 8192.",
     ),
     "norm": _option(
         Norm,

@@ -219,3 +219,21 @@ def test_rope_scaling_misuse_exits_2(tmp_path, invoke, keys, message):
     path.write_text("\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items()) + "\n")
     result = invoke("shapes", "-c", str(path))
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+def test_the_rope_flags_equal_the_preset_keys(invoke, tmp_path):
+    """--rope-theta, --rope-type, --rope-factor and --rope-length set what a preset does."""
+    preset = tmp_path / "yarn.toml"
+    preset.write_text('pos = "rope"\nrope_theta = 500.0\nrope_type = "yarn"\n'
+                      "rope_factor = 4.0\nrope_original_max_positions = 16\n")  # fmt: skip
+    flags = ["--pos", "rope", "--rope-theta", "500", "--rope-type", "yarn", "--rope-factor",
+             "4", "--rope-length", "16"]  # fmt: skip
+    common = ["run", "Are you OK? The cat eats the fish.", "--d-model", "32", "--heads", "4",
+              "--device", "cpu", "--json"]  # fmt: skip
+    by_flags = json.loads(invoke(*common, *flags).stdout)
+    by_preset = json.loads(invoke(*common, "--config", str(preset)).stdout)
+    assert by_flags["config"] == by_preset["config"]
+    assert by_flags["config"]["rope_type"] == "yarn"
+    assert by_flags["attention"] == by_preset["attention"]
+    plain = json.loads(invoke(*common, "--pos", "rope", "--rope-theta", "500").stdout)
+    assert plain["attention"] != by_flags["attention"]  # the scaling changes the weights
