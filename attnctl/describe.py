@@ -225,9 +225,15 @@ class ModelDescription:
 
     def summary(self) -> str:
         kv = f" (kv {self.kv_heads})" if self.kv_heads != self.heads else ""
+        attention = self.blocks[0].attention
+        norms = ""  # the layer line's "norm" says where the norm before a sublayer sits
+        if attention.output_norm:
+            where = "before and after" if attention.placement == "pre" else "after"
+            norms = f" · norms {where} each sublayer"
         return (
             f"{self.name} · {self.layers} layers · D {self.hidden} · heads {self.heads}{kv} · "
-            f"FFN {self.intermediate} {self.activation} · vocab {self.vocab_size:,} · {self.dtype}"
+            f"FFN {self.intermediate} {self.activation} · vocab {self.vocab_size:,} · "
+            f"{self.dtype}{norms}"
         )
 
     def weights(self) -> dict[str, Any]:

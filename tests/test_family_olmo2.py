@@ -59,3 +59,8 @@ def test_partial_rotation_is_refused(invoke, tmp_path):
     rope = {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}
     tiny_models.rewrite_config(folder, rope_parameters=rope)
     assert "partial_rotary_factor" in refused(invoke, folder, "shapes")
+
+
+def test_the_summary_says_where_the_norms_are(invoke, olmo2):
+    text = invoke("shapes", "--model", str(olmo2), "--device", "cpu").stdout
+    assert "norms after each sublayer" in " ".join(text.split())
