@@ -58,7 +58,9 @@ LAYER_OPTIONS: dict[str, Any] = {
         str, "--tokenizer", help="'bundled' (default), 'char', or a tokenizer.json path."
     ),
     "d_model": _option(int, "--d-model", help="Model width D. Default 512."),
-    "heads": _option(int, "--heads", help="Attention heads H (must divide D). Default 8."),
+    "heads": _option(
+        int, "--heads", help="Attention heads H (must divide D unless --head-dim). Default 8."
+    ),
     "kv_heads": _option(
         int,
         "--kv-heads",

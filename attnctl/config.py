@@ -266,8 +266,24 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(f"norm_eps must be positive, got {config.norm_eps}")
     if not config.rope_theta > 1:
         raise AttnctlError(f"rope_theta must be above 1, got {config.rope_theta}")
-    if not config.rope_factor > 0 or config.rope_original_max_positions <= 0:
-        raise AttnctlError("rope_factor and rope_original_max_positions must be positive")
+    if not config.rope_factor > 0:
+        raise AttnctlError(
+            f"rope_factor (--rope-factor) must be positive, got {config.rope_factor}"
+        )
+    if config.rope_original_max_positions <= 0:
+        raise AttnctlError(
+            "rope_original_max_positions (--rope-length) must be a positive integer, got "
+            f"{config.rope_original_max_positions}"
+        )
+    if config.pos != "rope" and config.rope_type != "default":
+        raise AttnctlError(
+            f"rope_type {config.rope_type} scales RoPE, and pos is {config.pos}: add --pos rope"
+        )
+    if config.rope_type == "default" and config.rope_factor != 1.0:
+        raise AttnctlError(
+            f"rope_factor {config.rope_factor:g} scales nothing without a rope_type "
+            "(--rope-type linear, llama3, dynamic, yarn or longrope)"
+        )
     if not 0 < config.rope_low_freq_factor < config.rope_high_freq_factor:
         raise AttnctlError("rope scaling needs 0 < rope_low_freq_factor < rope_high_freq_factor")
     _validate_rope_scaling(config)

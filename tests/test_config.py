@@ -60,8 +60,16 @@ def test_command_line_overrides_the_file():
         ("norm_eps = 0\n", "norm_eps must be positive"),
         ("rope_theta = 1\n", "rope_theta must be above 1"),
         ("rope_type = 'ntk'\n", "rope_type must be one of default, linear, llama3"),
-        ("rope_factor = -2\n", "rope_factor and rope_original_max_positions must be positive"),
-        ("rope_original_max_positions = 0\n", "rope_original_max_positions must be positive"),
+        ("rope_factor = -2\n", "rope_factor (--rope-factor) must be positive, got -2"),
+        (
+            "rope_original_max_positions = 0\n",
+            "rope_original_max_positions (--rope-length) must be a positive integer, got 0",
+        ),
+        (
+            'rope_type = "yarn"\n',
+            "rope_type yarn scales RoPE, and pos is sinusoidal: add --pos rope",
+        ),
+        ("rope_factor = 4.0\n", "rope_factor 4 scales nothing without a rope_type"),
         ("rope_low_freq_factor = 4.0\n", "0 < rope_low_freq_factor < rope_high_freq_factor"),
         ("output_bias = 0\n", "output_bias must be bool"),
     ],

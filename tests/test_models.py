@@ -418,8 +418,8 @@ BAD_FOLDERS = {
     ),
     "an encoder-decoder": (
         lambda d: _rewrite_config(d, model_type="t5"),
-        "has model_type 't5': it is an encoder–decoder, which attnctl does not run yet; "
-        f"it supports {supported()}",
+        "has model_type 't5': it is an encoder–decoder; attnctl does not run it yet, and "
+        f"supports {supported()}",
     ),
     "MoE blocks": (
         lambda d: _rewrite_config(d, model_type="mixtral"),

@@ -48,7 +48,7 @@ NOT_YET = {
     "bart": "it is an encoder–decoder",
     "mbart": "it is an encoder–decoder",
     "marian": "it is an encoder–decoder",
-    "gemma3": "it is the multimodal Gemma 3; its text model (gemma3_text) is supported",
+    "gemma3": "it is the multimodal Gemma 3 (its text model, gemma3_text, is supported)",
     "phi3small": "Phi-3-small's blocksparse attention is another architecture than phi3",
 }
 
@@ -64,7 +64,7 @@ def supported() -> str:
         types = list(family.MODEL_TYPES)
         listed = types[0] if len(types) == 1 else ", ".join(types[:-1]) + " and " + types[-1]
         parts.append(f"{listed} ({family.KIND})")
-    return ", ".join(parts)
+    return "; ".join(parts[:-1]) + "; and " + parts[-1]
 
 
 def supported_names() -> str:
@@ -84,8 +84,8 @@ def read_model(directory: str | Path) -> ModelDescription:
     model_type = config.get("model_type")
     if isinstance(model_type, str) and model_type in NOT_YET:
         raise AttnctlError(
-            f"{path / 'config.json'} has model_type {model_type!r}: {NOT_YET[model_type]}, "
-            f"which attnctl does not run yet; it supports {supported()}"
+            f"{path / 'config.json'} has model_type {model_type!r}: {NOT_YET[model_type]}; "
+            f"attnctl does not run it yet, and supports {supported()}"
         )
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         found = f"model_type {_brief(model_type)}" if model_type is not None else "no model_type"

@@ -55,7 +55,9 @@ def config_line(config: LayerConfig) -> str:
 
 def _math_text(config: LayerConfig) -> str:
     """The attention math that is not the textbook's, when set (issue 11's options)."""
+    scaled = config.pos == "rope" and config.rope_type != "default"
     parts = [
+        f"rope {config.rope_type} ×{config.rope_factor:g}" if scaled else "",
         f"window {config.window}" if config.window else "",
         f"qk-norm {config.qk_norm}" if config.qk_norm != "none" else "",
         f"query scale {config.query_scale:g}" if config.query_scale else "",
