@@ -78,7 +78,6 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         ("--window", config.window, 0),
         ("--softcap", config.softcap, 0.0),
         ("--qk-norm", config.qk_norm, "none"),
-        ("--head-dim", config.head_dim if config.q_width != config.d_model else 0, 0),
     ):
         if value != off:
             raise AttnctlError(

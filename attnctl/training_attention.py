@@ -16,7 +16,20 @@ from attnctl.training_stages import FP32, Walk, entry, linear
 def _projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     name = {"q": "W_q", "k": "W_k", "v": "W_v", "output_projection": "W_o"}[walk.base]
     bias = walk.config.bias and (name != "W_o" or walk.config.output_bias)
-    return linear(walk, stage, ins[0], name, bias)
+    strided = walk.base == "k" and _key_gradient_is_strided(walk)
+    return linear(walk, stage, ins[0], name, bias, strided_gradient=strided)
+
+
+def _key_gradient_is_strided(walk: Walk) -> bool:
+    """Whether K's gradient comes back from Q·Kᵀ's bmm laid out (B, H, d_k, L): its view
+    as (B, L, H·d_k) needs no copy in the heads' backward, but it is not contiguous, so
+    the projection's backward copies it when it flattens it to (B·L, H·d_k) (B > 1)."""
+    config = walk.config
+    if config.impl != "math" or config.pos == "rope" or config.kv_heads != config.heads:
+        return False
+    k_heads = walk.stage(walk.qualified("k_heads"))
+    batch, heads, length = k_heads.shape[0], k_heads.shape[1], k_heads.shape[2]
+    return batch > 1 and heads > 1 and length > 1
 
 
 @entry("q_heads", "k_heads", "v_heads")
@@ -31,8 +44,10 @@ def _split_heads(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     config = walk.config
     copies = heads > 1 and length > 1
     direct = config.impl == "math" and config.pos != "rope" and config.kv_heads == config.heads
-    if walk.base == "k_heads" and direct and stage.shape[0] == 1:
-        copies = False  # bmm's gradient for a transposed K comes back in K's layout
+    if walk.base == "k_heads" and direct:
+        # bmm's gradient for a transposed K views back as (B, L, H·d_k) without a copy;
+        # with B > 1 the projection's backward copies it (``_key_gradient_is_strided``)
+        copies = False
     if config.impl == "sdpa" and config.pos != "rope":
         copies = False  # the fused backward returns each gradient in its input's layout
     steps = (("grad", 0, x.nbytes),) if copies else (("pass", 0),)

@@ -158,7 +158,12 @@ def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         norm_type, weight = "layer", "embedding_norm"
     else:
         norm_type, weight = walk.config.norm_type, walk.param("norm")
-    rows = stage.bytes // (walk.sizes["D"] * walk.e)
+    return norm_over_last(walk, stage, x, norm_type, weight)
+
+
+def norm_over_last(walk: Walk, stage: Stage, x: Tensor, norm_type: str, weight: str) -> Tensor:
+    """LayerNorm or RMSNorm over the stage's last dim (D, H·d_k or d_k)."""
+    rows = stage.bytes // (stage.shape[-1] * walk.e)
     if norm_type == "layer":
         return _layer_norm(walk, stage, x, rows, weight)
     return _rms_norm(walk, stage, x, rows, weight)
@@ -167,7 +172,7 @@ def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 def _layer_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight: str) -> Tensor:
     """native_layer_norm: output, mean and rstd (the activation dtype on CPU), kept."""
     r = walk.replay
-    d_bytes = walk.sizes["D"] * walk.e
+    d_bytes = stage.shape[-1] * walk.e
     out = r.new(stage.bytes, read=False)
     mean = r.new(rows * walk.e, read=False)
     rstd = r.new(rows * walk.e)
@@ -187,7 +192,7 @@ def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) 
     """F.rms_norm, which autograd records op by op: in float32 (a float32 copy of a half
     input first), x · rsqrt(mean(x²) + eps) · weight, then cast back."""
     r = walk.replay
-    wide = rows * walk.sizes["D"] * FP32  # (B, L, D) in float32
+    wide = rows * stage.shape[-1] * FP32  # (B, L, D) in float32
     row = rows * FP32  # (B, L, 1) in float32
     half = walk.e != FP32
     upcast = r.node(r.new(wide), (x,), (), (("grad", 0, x.nbytes),)) if half else x
@@ -207,7 +212,7 @@ def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) 
     r.node(normed, (upcast, rstd), (upcast, rstd),
            (("grad", 0, wide), ("temp", "p", wide), ("grad", 1, row), ("free", "p")))  # fmt: skip
     r.drop(rstd.storage)
-    weight, width = f"{weight_name}.weight", walk.sizes["D"]
+    weight, width = f"{weight_name}.weight", stage.shape[-1]
     if half:  # the weight's gradient is summed in float32, then cast to its dtype
         to_weight = (("temp", "s", width * FP32), ("free", "p"),
                      ("param", weight, width * walk.e), ("free", "s"))  # fmt: skip
@@ -224,9 +229,12 @@ def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) 
     return scaled
 
 
-def linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor:
+def linear(
+    walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool, strided_gradient: bool = False
+) -> Tensor:
     """F.linear over (B, L, ·): addmm with a bias (input's gradient first), mm without
-    (the weight's first)."""
+    (the weight's first). ``strided_gradient``: the incoming gradient is not contiguous,
+    so the backward first copies it (and lets the original go)."""
     r = walk.replay
     e = walk.e
     rows = 1
@@ -256,6 +264,8 @@ def linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor
         steps: tuple[tuple, ...] = (("grad", 0, x.nbytes), weight_grad, to_bias)
     else:
         steps = (weight_grad, ("grad", 0, x.nbytes))
+    if strided_gradient:
+        steps = (("temp", "g", stage.bytes), ("drop_incoming",), *steps, ("free", "g"))
     return r.node(out, (x_2d, weight_t, bias_view), (x,), steps)
 
 

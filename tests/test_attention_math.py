@@ -195,9 +195,14 @@ def test_head_dim_misuse_exits_2(invoke, args, message):
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
 
 
-def test_head_dim_training_is_refused_by_name(invoke):
-    result = invoke("memory", "--train", "--head-dim", "32")
-    assert result.exit_code == 2 and "does not model --head-dim 32 yet" in result.stderr
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_head_dim_training_is_measured_as_estimated(invoke, impl):
+    args = ("memory", "--train", "--head-dim", "32", "--seq-len", "24", "--batch", "2")
+    result = invoke(*args, "--impl", impl, "--measure", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 def test_a_layer_scaling_by_d_over_h_is_caught_with_a_head_dim(monkeypatch):

@@ -122,6 +122,45 @@ def test_training_replay_equals_a_measured_step(case, one_thread):
     assert predicted.peak_bytes == measured.peak_bytes
 
 
+def _with(options: dict, cases: list[dict]) -> list[dict]:
+    """The cases with ``options`` added, where validate accepts them (sdpa: no dropout)."""
+    chosen = []
+    for case in cases:
+        merged = {**case["options"], **options}
+        try:
+            validate(LayerConfig(**SMALL, **merged, cross=bool(case["context_len"])))
+        except AttnctlError:
+            continue
+        chosen.append({**case, "options": merged})
+    return chosen
+
+
+# options the grid above leaves at their default, each over every 5th variant (both
+# impls, every dtype, padding, cross-attention, GQA and positions among them)
+EXTRA_OPTIONS = [
+    {"head_dim": 12},  # H·d_k = 48, wider than D = 16
+    {"head_dim": 6},
+    {"head_dim": 2},  # narrower than D
+]
+EXTRA = [(options, case) for options in EXTRA_OPTIONS for case in _with(options, VARIANTS[::5])]
+
+
+@pytest.mark.parametrize(("options", "case"), EXTRA, ids=[f"{o}-{_case_id(c)}" for o, c in EXTRA])
+def test_more_options_train_as_replayed(options, case, one_thread):
+    predicted, measured = _estimate_and_measure(case)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_window_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+
+
+def test_the_more_options_meet_both_impls_and_every_dtype():
+    for options in EXTRA_OPTIONS:
+        cases = [c for o, c in EXTRA if o == options]
+        assert {c["options"]["impl"] for c in cases} == {"math", "sdpa"}, options
+        assert {c["options"]["dtype"] for c in cases} == set(DTYPES), options
+
+
 STACKS = [case for case in VARIANTS[::9]]  # every 9th variant, as stacks of 2 and 3
 
 
