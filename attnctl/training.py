@@ -77,7 +77,6 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     for option, value, off in (
         ("--window", config.window, 0),
         ("--softcap", config.softcap, 0.0),
-        ("--qk-norm", config.qk_norm, "none"),
     ):
         if value != off:
             raise AttnctlError(

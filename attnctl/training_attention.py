@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from attnctl.autograd_replay import Tensor
 from attnctl.trace import Stage
-from attnctl.training_stages import FP32, Walk, entry, linear
+from attnctl.training_stages import FP32, Walk, entry, linear, norm_over_last
 
 
 @entry("q", "k", "v", "output_projection")
@@ -26,6 +26,10 @@ def _key_gradient_is_strided(walk: Walk) -> bool:
     the projection's backward copies it when it flattens it to (B·L, H·d_k) (B > 1)."""
     config = walk.config
     if config.impl != "math" or config.pos == "rope" or config.kv_heads != config.heads:
+        return False
+    # a norm over every head gets it; a LayerNorm of each head's d_k returns a contiguous
+    # one, an RMSNorm's elementwise ops one laid out as it came
+    if config.qk_norm == "all" or (config.qk_norm == "head" and config.norm_type == "layer"):
         return False
     k_heads = walk.stage(walk.qualified("k_heads"))
     batch, heads, length = k_heads.shape[0], k_heads.shape[1], k_heads.shape[2]
@@ -52,6 +56,17 @@ def _split_heads(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         copies = False  # the fused backward returns each gradient in its input's layout
     steps = (("grad", 0, x.nbytes),) if copies else (("pass", 0),)
     return r.node(out, (x,), (), steps)
+
+
+@entry("q_norm", "k_norm")
+def _qk_norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """Q or K normalised: over every head at once (B, L, H·d_k), or over each head's d_k
+    on the view (B, L, H, d_k), whose node hands the gradient back to the projection."""
+    r = walk.replay
+    (x,) = ins
+    if walk.config.qk_norm == "head":  # q.view(B, L, H, d_k)
+        x = r.node(r.view(x), (x,), (), (("pass", 0),))
+    return norm_over_last(walk, stage, x, walk.config.norm_type, walk.param(walk.base))
 
 
 # ------------------------------------------------------------------ positions in the heads

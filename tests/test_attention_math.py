@@ -452,11 +452,22 @@ def test_qk_norm_in_check_and_its_break(monkeypatch, invoke):
 @pytest.mark.parametrize(
     "args,message",
     [(["shapes", "--qk-norm", "both"], "'both' is not one of"),
-     (["memory", "--qk-norm", "head", "--train"], "does not model --qk-norm head yet")],
+    ],
 )  # fmt: skip
 def test_qk_norm_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("qk_norm", ["head", "all"])
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_qk_norm_training_is_measured_as_estimated(invoke, impl, qk_norm):
+    args = ("memory", "--train", "--qk-norm", qk_norm, "--norm-type", "rms", "--seq-len", "24")
+    result = invoke(*args, "--batch", "2", "--impl", impl, "--measure", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 # ---------------------------------------------------------------- preset keys
