@@ -74,10 +74,7 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
     # not yet measured in a training step: refused by the option's name rather than guessed
-    for option, value, off in (
-        ("--window", config.window, 0),
-        ("--softcap", config.softcap, 0.0),
-    ):
+    for option, value, off in (("--softcap", config.softcap, 0.0),):
         if value != off:
             raise AttnctlError(
                 f"memory --train does not model {option} {value} yet (inference does)"

@@ -157,6 +157,8 @@ def _alibi(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 @entry("mask")
 def _causal(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
+    if walk.config.impl != "math":  # SDPA's (L, L) attn_mask for a sliding window
+        return r.new(stage.bytes)
     (scores,) = ins
     allowed = r.new(stage.bytes)
     name = walk.qualified("scores")
@@ -205,12 +207,18 @@ def _weighted_values(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         if v is not ins[1]:
             r.drop(v.storage)
         return out
-    q, k, v = ins
+    q, k, v = ins[:3]
     saved = [q, k, v]
-    if "padding_mask" in walk.tensors:  # the bool mask as an additive one: where(m, 0, -inf)
+    padded = "padding_mask" in walk.tensors
+    keys = walk.sizes.get("Lc", walk.sizes["L"])
+    mask_bytes = walk.sizes["B"] * keys  # (B, 1, 1, Lk) bool
+    windowed = len(ins) > 3  # a sliding window's (L, L) bool mask; causal: no padding mask
+    assert not (windowed and padded)
+    if windowed:
+        mask_bytes = ins[3].nbytes
+    if padded or windowed:  # the bool mask as an additive one: where(m, 0, -inf)
         scalars = [r.new(walk.e), r.new(walk.e)]
-        keys = walk.sizes.get("Lc", walk.sizes["L"])
-        saved.append(r.new(walk.sizes["B"] * keys * walk.e))  # (B, 1, 1, Lk), kept
+        saved.append(r.new(mask_bytes * walk.e))  # kept
         for scalar in scalars:
             r.drop(scalar.storage)
     out = r.new(stage.bytes, read=False)

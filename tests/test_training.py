@@ -145,6 +145,9 @@ EXTRA_OPTIONS = [
     {"qk_norm": "head", "head_dim": 12},
     {"qk_norm": "all"},  # OLMo 2: every head at once
     {"qk_norm": "all", "head_dim": 6},
+    {"mask": "causal", "window": 3},  # Mistral, Gemma: a sliding window (sdpa: attn_mask)
+    {"mask": "causal", "window": 1, "head_dim": 12},
+    {"mask": "causal", "window": 4, "qk_norm": "head"},
 ]
 EXTRA = [(options, case) for options in EXTRA_OPTIONS for case in _with(options, VARIANTS[::5])]
 
@@ -357,13 +360,12 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {family: tiny_models.write(family, root / family) for family in tiny_models.FAMILIES}
 
 
-# the families whose blocks train as replayed; the others' attention math (a window, an
-# output norm) is not replayed yet and is refused by name, tested below
-TRAINED = ("bert", "gpt2", "llama", "qwen2", "phi3", "qwen3")
-NOT_YET = {"mistral": "does not model --window 48",
-           "olmo2": "does not replay the stage 'post_norm'",
-           "gemma2": "does not model --window 6",
-           "gemma3": "does not model --window 6"}  # fmt: skip
+# the families whose blocks train as replayed; the others' (a softcap, output norms,
+# scaled embeddings) are not replayed yet and are refused by name, tested below
+TRAINED = ("bert", "gpt2", "llama", "qwen2", "phi3", "qwen3", "mistral")
+NOT_YET = {"olmo2": "does not replay the stage 'post_norm'",
+           "gemma2": "does not model --softcap 4.0",
+           "gemma3": "does not replay the stage 'scaled_embeddings'"}  # fmt: skip
 
 
 def test_every_family_is_trained_or_refused_by_name(invoke, checkpoints, tmp_path):
@@ -388,7 +390,7 @@ def test_a_checkpoints_blocks_train_as_replayed(
     """Every block of the model (BERT post-norm with its segment and embedding norm,
     GPT-2 pre-norm LayerNorm with its fused, transposed c_attn, Llama/Qwen2 pre-norm
     RMSNorm, SwiGLU, GQA, Phi-3's fused qkv_proj and gate_up_proj, Qwen3's q/k norms of
-    each head and head_dim): to the byte, phase by phase."""
+    each head and head_dim, Mistral's sliding window): to the byte, phase by phase."""
     model = read_model(checkpoints[family])
     config = model.layer_config(device="cpu", impl=impl, dtype=dtype)
     padded = padded and config.mask != "causal"  # right padding needs no mask under causal
