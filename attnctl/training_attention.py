@@ -1,6 +1,6 @@
 """What autograd does at each stage of an attention sublayer: its entries in the table
-of ``training_stages.py`` (projections, heads, RoPE, K/V repeats, scores, masks,
-softmax, dropout, the weighted values, concat, residual).
+of ``training_stages.py`` (projections, q/k norms, heads, RoPE, K/V repeats, scores, the
+softcap, masks, softmax, dropout, the weighted values, concat, residual).
 
 Written, like the others, against the measured timeline of ``memory --measure --train``.
 """
@@ -8,6 +8,7 @@ Written, like the others, against the measured timeline of ``memory --measure --
 from __future__ import annotations
 
 from attnctl.autograd_replay import Tensor
+from attnctl.describe import Attention
 from attnctl.trace import Stage
 from attnctl.training_stages import FP32, Walk, entry, linear, norm_over_last
 
@@ -34,6 +35,13 @@ def _key_gradient_is_strided(walk: Walk) -> bool:
     k_heads = walk.stage(walk.qualified("k_heads"))
     batch, heads, length = k_heads.shape[0], k_heads.shape[1], k_heads.shape[2]
     return batch > 1 and heads > 1 and length > 1
+
+
+def block_window(walk: Walk) -> int:
+    """The sliding window of the block being replayed (Gemma's alternate: 0 = global)."""
+    blocks = walk.plan.description.blocks  # a checkpoint's every one; a stack's one
+    block = blocks[walk.block] if walk.plan.model is not None else blocks[0]
+    return next(s.config.window for s in block.sublayers if isinstance(s, Attention))
 
 
 @entry("q_heads", "k_heads", "v_heads")
@@ -132,7 +140,7 @@ def _scores(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         if operand is not given:
             r.drop(operand.storage)  # matmul's temporary: only bmm holds it now
     scaled = r.node(r.view(out), (out,), (), (("grad", 0, stage.bytes),))  # .div_(√d_k)
-    if "padding_mask" in walk.tensors:
+    if "padding_mask" in walk.tensors and not walk.config.softcap:  # else after the cap
         name = walk.qualified("scores")
 
         def mask_padding() -> None:  # after `del q, k`: masked_fill_ keeps the negated mask
@@ -143,6 +151,27 @@ def _scores(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 
         walk.then.append(mask_padding)
     return scaled
+
+
+@entry("softcap")
+def _softcap(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """Gemma 2: tanh(scores / cap) * cap, out of place under autograd (tanh keeps its
+    output); the capped scores replace the scores, which are freed; then padded keys."""
+    r = walk.replay
+    (scores,) = ins
+    divided = r.node(r.new(stage.bytes), (scores,), (), (("grad", 0, stage.bytes),))
+    tanh = r.new(stage.bytes)
+    r.node(tanh, (divided,), (tanh,), (("grad", 0, stage.bytes),))
+    r.drop(divided.storage)
+    capped = r.node(r.new(stage.bytes), (tanh,), (), (("grad", 0, stage.bytes),))
+    r.drop(tanh.storage)
+    r.drop(scores.storage)  # `scores = soft_cap(scores)`: the uncapped ones go
+    if "padding_mask" in walk.tensors:  # masked_fill_ keeps the negated mask
+        negated = r.new(walk.tensors["padding_mask"].nbytes)
+        capped = r.node(r.view(capped), (capped,), (negated,), (("grad", 0, stage.bytes),))
+        r.drop(negated.storage)
+    walk.tensors[walk.qualified("scores")] = capped
+    return capped
 
 
 @entry("alibi")
@@ -158,6 +187,8 @@ def _alibi(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 def _causal(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     if walk.config.impl != "math":  # SDPA's (L, L) attn_mask for a sliding window
+        if not block_window(walk):  # a block without one (Gemma's global layers): is_causal
+            return r.new(0, read=False)
         return r.new(stage.bytes)
     (scores,) = ins
     allowed = r.new(stage.bytes)
@@ -212,7 +243,8 @@ def _weighted_values(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     padded = "padding_mask" in walk.tensors
     keys = walk.sizes.get("Lc", walk.sizes["L"])
     mask_bytes = walk.sizes["B"] * keys  # (B, 1, 1, Lk) bool
-    windowed = len(ins) > 3  # a sliding window's (L, L) bool mask; causal: no padding mask
+    # a sliding window's (L, L) bool mask (causal: no padding mask)
+    windowed = len(ins) > 3 and block_window(walk) > 0
     assert not (windowed and padded)
     if windowed:
         mask_bytes = ins[3].nbytes

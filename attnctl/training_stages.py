@@ -28,6 +28,7 @@ FP32 = 4
 INPUTS = ("token_ids", "context_ids", "padding_mask")  # made before the model runs
 EMBEDDING_STAGES = (
     "embeddings",
+    "scaled_embeddings",
     "positions",
     "x",
     "embedding_norm",
@@ -114,6 +115,14 @@ def _lookup(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     return r.leaf_node(out, (ids,), (("param", "embedding.weight", weight),))
 
 
+@entry("scaled_embeddings")
+def _scale_embeddings(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """Gemma: x * √D (a Python number), out of place; its backward scales the gradient."""
+    r = walk.replay
+    (x,) = ins
+    return r.node(r.new(stage.bytes), (x,), (), (("grad", 0, stage.bytes),))
+
+
 @entry("positions", "context_positions")
 def _positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
@@ -149,11 +158,15 @@ def _add_positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 # ------------------------------------------------------------------ norms and linears
 
 
-@entry("norm", "ffn_norm", "embedding_norm")
+@entry("norm", "ffn_norm", "embedding_norm", "post_norm", "ffn_post_norm")
 def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     (x,) = ins
     if walk.base == "ffn_norm":
         norm_type, weight = walk.feed_forward.norm_type, walk.param("feed_forward.norm")
+    elif walk.base == "ffn_post_norm":  # Gemma, OLMo 2: the FFN's output normalised
+        norm_type, weight = walk.feed_forward.norm_type, walk.param("feed_forward.post_norm")
+    elif walk.base == "post_norm":  # the attention's output normalised
+        norm_type, weight = walk.config.norm_type, walk.param("post_norm")
     elif walk.base == "embedding_norm":  # BERT: a LayerNorm after the embeddings
         norm_type, weight = "layer", "embedding_norm"
     else:
@@ -336,7 +349,7 @@ def _ffn_residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     down, x = ins
     r.read()  # the add_ is an op: the bytes alive then, x among them, are read
-    if not walk.feed_forward.bias:
+    if not walk.feed_forward.bias or walk.feed_forward.output_norm:  # not a linear's view
         return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
     base = r.node(r.view(down), (down, x), (), (("grad", 0, down.nbytes), ("grad", 1, x.nbytes)))
     return r.node(r.view(down), (base,), (), (("grad", 0, down.nbytes),))  # as_strided

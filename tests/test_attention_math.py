@@ -360,12 +360,21 @@ def test_softcap_in_check_and_its_break(monkeypatch, invoke):
 @pytest.mark.parametrize(
     "args,message",
     [(["shapes", "--softcap", "-1"], "softcap must be positive (0 = off), got -1.0"),
-     (["shapes", "--softcap", "inf"], "softcap must be a finite number"),
-     (["memory", "--softcap", "50", "--train"], "does not model --softcap 50.0 yet")],
+     (["shapes", "--softcap", "inf"], "softcap must be a finite number")],
 )  # fmt: skip
 def test_softcap_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_softcap_training_is_measured_as_estimated(invoke, dtype):
+    args = ("memory", "--train", "--softcap", "5", "--impl", "math", "--seq-len", "24")
+    result = invoke(*args, "--batch", "2", "--dtype", dtype, "--measure", *CPU, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 # ---------------------------------------------------------------- q/k norms
