@@ -171,6 +171,21 @@ def test_the_more_options_meet_both_impls_and_every_dtype():
         assert {c["options"]["dtype"] for c in cases} == set(DTYPES), options
 
 
+EXTRA_STACKS = EXTRA[::14]
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize(
+    ("options", "case"), EXTRA_STACKS, ids=[f"{o}-{_case_id(c)}" for o, c in EXTRA_STACKS]
+)
+def test_more_options_stack_as_replayed(options, case, layers, one_thread):
+    predicted, measured = _estimate_and_measure(case, layers)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_window_bytes  # block 0's
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+
+
 STACKS = [case for case in VARIANTS[::9]]  # every 9th variant, as stacks of 2 and 3
 
 
