@@ -471,7 +471,7 @@ def test_long_inputs_move_the_peak_into_the_blocks(
     checkpoints, seq_len, batch, impl, dtype, one_thread
 ):
     """Longer inputs: the attention's backward, not the embedding's, holds the peak."""
-    for family in ("bert", "gpt2", "qwen2"):
+    for family in ("bert", "gpt2", "qwen2", "mistral", "qwen3", "olmo2", "gemma3"):
         model = read_model(checkpoints[family])
         config = model.layer_config(device="cpu", impl=impl, dtype=dtype)
         plan = build_plan(config, seq_len, batch, model.vocab_size, model=model)
