@@ -23,7 +23,7 @@ from typing import NamedTuple
 from attnctl import training_attention  # noqa: F401  (registers the attention's entries)
 from attnctl.autograd_replay import Replay
 from attnctl.config import DTYPE_BYTES
-from attnctl.describe import FeedForward
+from attnctl.describe import Attention, FeedForward
 from attnctl.errors import AttnctlError
 from attnctl.plan import Plan
 from attnctl.trace import Stage
@@ -73,17 +73,6 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     config = plan.config
     if config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {config.impl!r}")
-    # not yet measured in a training step: refused by the option's name rather than guessed
-    for option, value, off in (
-        ("--window", config.window, 0),
-        ("--softcap", config.softcap, 0.0),
-        ("--qk-norm", config.qk_norm, "none"),
-        ("--head-dim", config.head_dim if config.q_width != config.d_model else 0, 0),
-    ):
-        if value != off:
-            raise AttnctlError(
-                f"memory --train does not model {option} {value} yet (inference does)"
-            )
     if plan.model is not None:
         layers = plan.model.layers  # a checkpoint trains every one of its blocks
     if layers < 1:
@@ -95,6 +84,17 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         raise AttnctlError(
             "memory --train does not model a gated relu feed-forward: the in-place "
             "act *= up overwrites the output relu's backward needs (inference is exact)"
+        )
+    windows = [
+        s.config.window
+        for block in plan.description.blocks
+        for s in block.sublayers
+        if isinstance(s, Attention)
+    ]
+    if config.impl == "sdpa" and not windows[0] and any(windows):
+        raise AttnctlError(
+            "memory --train does not model --impl sdpa with a sliding-window block after "
+            "one without a window yet (--impl math does)"
         )
     for stage in plan.stages:
         if stage.name not in ENTRIES and stage.name not in INPUTS:

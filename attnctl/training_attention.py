@@ -1,6 +1,6 @@
 """What autograd does at each stage of an attention sublayer: its entries in the table
-of ``training_stages.py`` (projections, heads, RoPE, K/V repeats, scores, masks,
-softmax, dropout, the weighted values, concat, residual).
+of ``training_stages.py`` (projections, q/k norms, heads, RoPE, K/V repeats, scores, the
+softcap, masks, softmax, dropout, the weighted values, concat, residual).
 
 Written, like the others, against the measured timeline of ``memory --measure --train``.
 """
@@ -8,15 +8,40 @@ Written, like the others, against the measured timeline of ``memory --measure --
 from __future__ import annotations
 
 from attnctl.autograd_replay import Tensor
+from attnctl.describe import Attention
 from attnctl.trace import Stage
-from attnctl.training_stages import FP32, Walk, entry, linear
+from attnctl.training_stages import FP32, Walk, entry, linear, norm_over_last
 
 
 @entry("q", "k", "v", "output_projection")
 def _projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     name = {"q": "W_q", "k": "W_k", "v": "W_v", "output_projection": "W_o"}[walk.base]
     bias = walk.config.bias and (name != "W_o" or walk.config.output_bias)
-    return linear(walk, stage, ins[0], name, bias)
+    strided = walk.base == "k" and _key_gradient_is_strided(walk)
+    return linear(walk, stage, ins[0], name, bias, strided_gradient=strided)
+
+
+def _key_gradient_is_strided(walk: Walk) -> bool:
+    """Whether K's gradient comes back from Q·Kᵀ's bmm laid out (B, H, d_k, L): its view
+    as (B, L, H·d_k) needs no copy in the heads' backward, but it is not contiguous, so
+    the projection's backward copies it when it flattens it to (B·L, H·d_k) (B > 1)."""
+    config = walk.config
+    if config.impl != "math" or config.pos == "rope" or config.kv_heads != config.heads:
+        return False
+    # a norm over every head gets it; a LayerNorm of each head's d_k returns a contiguous
+    # one, an RMSNorm's elementwise ops one laid out as it came
+    if config.qk_norm == "all" or (config.qk_norm == "head" and config.norm_type == "layer"):
+        return False
+    k_heads = walk.stage(walk.qualified("k_heads"))
+    batch, heads, length = k_heads.shape[0], k_heads.shape[1], k_heads.shape[2]
+    return batch > 1 and heads > 1 and length > 1
+
+
+def block_window(walk: Walk) -> int:
+    """The sliding window of the block being replayed (Gemma's alternate: 0 = global)."""
+    blocks = walk.plan.description.blocks  # a checkpoint's every one; a stack's one
+    block = blocks[walk.block] if walk.plan.model is not None else blocks[0]
+    return next(s.config.window for s in block.sublayers if isinstance(s, Attention))
 
 
 @entry("q_heads", "k_heads", "v_heads")
@@ -31,12 +56,25 @@ def _split_heads(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     config = walk.config
     copies = heads > 1 and length > 1
     direct = config.impl == "math" and config.pos != "rope" and config.kv_heads == config.heads
-    if walk.base == "k_heads" and direct and stage.shape[0] == 1:
-        copies = False  # bmm's gradient for a transposed K comes back in K's layout
+    if walk.base == "k_heads" and direct:
+        # bmm's gradient for a transposed K views back as (B, L, H·d_k) without a copy;
+        # with B > 1 the projection's backward copies it (``_key_gradient_is_strided``)
+        copies = False
     if config.impl == "sdpa" and config.pos != "rope":
         copies = False  # the fused backward returns each gradient in its input's layout
     steps = (("grad", 0, x.nbytes),) if copies else (("pass", 0),)
     return r.node(out, (x,), (), steps)
+
+
+@entry("q_norm", "k_norm")
+def _qk_norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """Q or K normalised: over every head at once (B, L, H·d_k), or over each head's d_k
+    on the view (B, L, H, d_k), whose node hands the gradient back to the projection."""
+    r = walk.replay
+    (x,) = ins
+    if walk.config.qk_norm == "head":  # q.view(B, L, H, d_k)
+        x = r.node(r.view(x), (x,), (), (("pass", 0),))
+    return norm_over_last(walk, stage, x, walk.config.norm_type, walk.param(walk.base))
 
 
 # ------------------------------------------------------------------ positions in the heads
@@ -102,7 +140,7 @@ def _scores(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         if operand is not given:
             r.drop(operand.storage)  # matmul's temporary: only bmm holds it now
     scaled = r.node(r.view(out), (out,), (), (("grad", 0, stage.bytes),))  # .div_(√d_k)
-    if "padding_mask" in walk.tensors:
+    if "padding_mask" in walk.tensors and not walk.config.softcap:  # else after the cap
         name = walk.qualified("scores")
 
         def mask_padding() -> None:  # after `del q, k`: masked_fill_ keeps the negated mask
@@ -113,6 +151,27 @@ def _scores(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 
         walk.then.append(mask_padding)
     return scaled
+
+
+@entry("softcap")
+def _softcap(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """Gemma 2: tanh(scores / cap) * cap, out of place under autograd (tanh keeps its
+    output); the capped scores replace the scores, which are freed; then padded keys."""
+    r = walk.replay
+    (scores,) = ins
+    divided = r.node(r.new(stage.bytes), (scores,), (), (("grad", 0, stage.bytes),))
+    tanh = r.new(stage.bytes)
+    r.node(tanh, (divided,), (tanh,), (("grad", 0, stage.bytes),))
+    r.drop(divided.storage)
+    capped = r.node(r.new(stage.bytes), (tanh,), (), (("grad", 0, stage.bytes),))
+    r.drop(tanh.storage)
+    r.drop(scores.storage)  # `scores = soft_cap(scores)`: the uncapped ones go
+    if "padding_mask" in walk.tensors:  # masked_fill_ keeps the negated mask
+        negated = r.new(walk.tensors["padding_mask"].nbytes)
+        capped = r.node(r.view(capped), (capped,), (negated,), (("grad", 0, stage.bytes),))
+        r.drop(negated.storage)
+    walk.tensors[walk.qualified("scores")] = capped
+    return capped
 
 
 @entry("alibi")
@@ -127,6 +186,10 @@ def _alibi(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 @entry("mask")
 def _causal(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
+    if walk.config.impl != "math":  # SDPA's (L, L) attn_mask for a sliding window
+        if not block_window(walk):  # a block without one (Gemma's global layers): is_causal
+            return r.new(0, read=False)
+        return r.new(stage.bytes)
     (scores,) = ins
     allowed = r.new(stage.bytes)
     name = walk.qualified("scores")
@@ -175,12 +238,19 @@ def _weighted_values(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
         if v is not ins[1]:
             r.drop(v.storage)
         return out
-    q, k, v = ins
+    q, k, v = ins[:3]
     saved = [q, k, v]
-    if "padding_mask" in walk.tensors:  # the bool mask as an additive one: where(m, 0, -inf)
+    padded = "padding_mask" in walk.tensors
+    keys = walk.sizes.get("Lc", walk.sizes["L"])
+    mask_bytes = walk.sizes["B"] * keys  # (B, 1, 1, Lk) bool
+    # a sliding window's (L, L) bool mask (causal: no padding mask)
+    windowed = len(ins) > 3 and block_window(walk) > 0
+    assert not (windowed and padded)
+    if windowed:
+        mask_bytes = ins[3].nbytes
+    if padded or windowed:  # the bool mask as an additive one: where(m, 0, -inf)
         scalars = [r.new(walk.e), r.new(walk.e)]
-        keys = walk.sizes.get("Lc", walk.sizes["L"])
-        saved.append(r.new(walk.sizes["B"] * keys * walk.e))  # (B, 1, 1, Lk), kept
+        saved.append(r.new(mask_bytes * walk.e))  # kept
         for scalar in scalars:
             r.drop(scalar.storage)
     out = r.new(stage.bytes, read=False)

@@ -28,6 +28,7 @@ FP32 = 4
 INPUTS = ("token_ids", "context_ids", "padding_mask")  # made before the model runs
 EMBEDDING_STAGES = (
     "embeddings",
+    "scaled_embeddings",
     "positions",
     "x",
     "embedding_norm",
@@ -114,6 +115,14 @@ def _lookup(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     return r.leaf_node(out, (ids,), (("param", "embedding.weight", weight),))
 
 
+@entry("scaled_embeddings")
+def _scale_embeddings(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """Gemma: x * √D (a Python number), out of place; its backward scales the gradient."""
+    r = walk.replay
+    (x,) = ins
+    return r.node(r.new(stage.bytes), (x,), (), (("grad", 0, stage.bytes),))
+
+
 @entry("positions", "context_positions")
 def _positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
@@ -149,16 +158,25 @@ def _add_positions(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 # ------------------------------------------------------------------ norms and linears
 
 
-@entry("norm", "ffn_norm", "embedding_norm")
+@entry("norm", "ffn_norm", "embedding_norm", "post_norm", "ffn_post_norm")
 def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     (x,) = ins
     if walk.base == "ffn_norm":
         norm_type, weight = walk.feed_forward.norm_type, walk.param("feed_forward.norm")
+    elif walk.base == "ffn_post_norm":  # Gemma, OLMo 2: the FFN's output normalised
+        norm_type, weight = walk.feed_forward.norm_type, walk.param("feed_forward.post_norm")
+    elif walk.base == "post_norm":  # the attention's output normalised
+        norm_type, weight = walk.config.norm_type, walk.param("post_norm")
     elif walk.base == "embedding_norm":  # BERT: a LayerNorm after the embeddings
         norm_type, weight = "layer", "embedding_norm"
     else:
         norm_type, weight = walk.config.norm_type, walk.param("norm")
-    rows = stage.bytes // (walk.sizes["D"] * walk.e)
+    return norm_over_last(walk, stage, x, norm_type, weight)
+
+
+def norm_over_last(walk: Walk, stage: Stage, x: Tensor, norm_type: str, weight: str) -> Tensor:
+    """LayerNorm or RMSNorm over the stage's last dim (D, H·d_k or d_k)."""
+    rows = stage.bytes // (stage.shape[-1] * walk.e)
     if norm_type == "layer":
         return _layer_norm(walk, stage, x, rows, weight)
     return _rms_norm(walk, stage, x, rows, weight)
@@ -167,7 +185,7 @@ def _norm(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 def _layer_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight: str) -> Tensor:
     """native_layer_norm: output, mean and rstd (the activation dtype on CPU), kept."""
     r = walk.replay
-    d_bytes = walk.sizes["D"] * walk.e
+    d_bytes = stage.shape[-1] * walk.e
     out = r.new(stage.bytes, read=False)
     mean = r.new(rows * walk.e, read=False)
     rstd = r.new(rows * walk.e)
@@ -187,7 +205,7 @@ def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) 
     """F.rms_norm, which autograd records op by op: in float32 (a float32 copy of a half
     input first), x · rsqrt(mean(x²) + eps) · weight, then cast back."""
     r = walk.replay
-    wide = rows * walk.sizes["D"] * FP32  # (B, L, D) in float32
+    wide = rows * stage.shape[-1] * FP32  # (B, L, D) in float32
     row = rows * FP32  # (B, L, 1) in float32
     half = walk.e != FP32
     upcast = r.node(r.new(wide), (x,), (), (("grad", 0, x.nbytes),)) if half else x
@@ -207,7 +225,7 @@ def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) 
     r.node(normed, (upcast, rstd), (upcast, rstd),
            (("grad", 0, wide), ("temp", "p", wide), ("grad", 1, row), ("free", "p")))  # fmt: skip
     r.drop(rstd.storage)
-    weight, width = f"{weight_name}.weight", walk.sizes["D"]
+    weight, width = f"{weight_name}.weight", stage.shape[-1]
     if half:  # the weight's gradient is summed in float32, then cast to its dtype
         to_weight = (("temp", "s", width * FP32), ("free", "p"),
                      ("param", weight, width * walk.e), ("free", "s"))  # fmt: skip
@@ -224,9 +242,12 @@ def _rms_norm(walk: Walk, stage: Stage, x: Tensor, rows: int, weight_name: str) 
     return scaled
 
 
-def linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor:
+def linear(
+    walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool, strided_gradient: bool = False
+) -> Tensor:
     """F.linear over (B, L, ·): addmm with a bias (input's gradient first), mm without
-    (the weight's first)."""
+    (the weight's first). ``strided_gradient``: the incoming gradient is not contiguous,
+    so the backward first copies it (and lets the original go)."""
     r = walk.replay
     e = walk.e
     rows = 1
@@ -256,6 +277,8 @@ def linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor
         steps: tuple[tuple, ...] = (("grad", 0, x.nbytes), weight_grad, to_bias)
     else:
         steps = (weight_grad, ("grad", 0, x.nbytes))
+    if strided_gradient:
+        steps = (("temp", "g", stage.bytes), ("drop_incoming",), *steps, ("free", "g"))
     return r.node(out, (x_2d, weight_t, bias_view), (x,), steps)
 
 
@@ -326,7 +349,7 @@ def _ffn_residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     down, x = ins
     r.read()  # the add_ is an op: the bytes alive then, x among them, are read
-    if not walk.feed_forward.bias:
+    if not walk.feed_forward.bias or walk.feed_forward.output_norm:  # not a linear's view
         return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
     base = r.node(r.view(down), (down, x), (), (("grad", 0, down.nbytes), ("grad", 1, x.nbytes)))
     return r.node(r.view(down), (base,), (), (("grad", 0, down.nbytes),))  # as_strided

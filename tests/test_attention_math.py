@@ -195,9 +195,14 @@ def test_head_dim_misuse_exits_2(invoke, args, message):
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
 
 
-def test_head_dim_training_is_refused_by_name(invoke):
-    result = invoke("memory", "--train", "--head-dim", "32")
-    assert result.exit_code == 2 and "does not model --head-dim 32 yet" in result.stderr
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_head_dim_training_is_measured_as_estimated(invoke, impl):
+    args = ("memory", "--train", "--head-dim", "32", "--seq-len", "24", "--batch", "2")
+    result = invoke(*args, "--impl", impl, "--measure", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 def test_a_layer_scaling_by_d_over_h_is_caught_with_a_head_dim(monkeypatch):
@@ -355,12 +360,21 @@ def test_softcap_in_check_and_its_break(monkeypatch, invoke):
 @pytest.mark.parametrize(
     "args,message",
     [(["shapes", "--softcap", "-1"], "softcap must be positive (0 = off), got -1.0"),
-     (["shapes", "--softcap", "inf"], "softcap must be a finite number"),
-     (["memory", "--softcap", "50", "--train"], "does not model --softcap 50.0 yet")],
+     (["shapes", "--softcap", "inf"], "softcap must be a finite number")],
 )  # fmt: skip
 def test_softcap_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_softcap_training_is_measured_as_estimated(invoke, dtype):
+    args = ("memory", "--train", "--softcap", "5", "--impl", "math", "--seq-len", "24")
+    result = invoke(*args, "--batch", "2", "--dtype", dtype, "--measure", *CPU, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 # ---------------------------------------------------------------- q/k norms
@@ -447,11 +461,22 @@ def test_qk_norm_in_check_and_its_break(monkeypatch, invoke):
 @pytest.mark.parametrize(
     "args,message",
     [(["shapes", "--qk-norm", "both"], "'both' is not one of"),
-     (["memory", "--qk-norm", "head", "--train"], "does not model --qk-norm head yet")],
+    ],
 )  # fmt: skip
 def test_qk_norm_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("qk_norm", ["head", "all"])
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_qk_norm_training_is_measured_as_estimated(invoke, impl, qk_norm):
+    args = ("memory", "--train", "--qk-norm", qk_norm, "--norm-type", "rms", "--seq-len", "24")
+    result = invoke(*args, "--batch", "2", "--impl", impl, "--measure", "--device", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 # ---------------------------------------------------------------- preset keys

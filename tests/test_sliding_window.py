@@ -98,12 +98,24 @@ def test_a_layer_without_its_window_is_caught(monkeypatch):
 @pytest.mark.parametrize(
     "args,message",
     [(["shapes", "--window", "4"], "it needs --mask causal"),
-     (["shapes", "--window", "-1", "--mask", "causal"], "window must be 0 (none) or a positive"),
-     (["memory", "--window", "4", "--mask", "causal", "--train"], "does not model --window 4 yet")],
+     (["shapes", "--window", "-1", "--mask", "causal"], "window must be 0 (none) or a positive")],
 )  # fmt: skip
 def test_window_misuse_exits_2(invoke, args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("impl", ["math", "sdpa"])
+def test_window_training_is_measured_as_estimated(invoke, impl, dtype):
+    """The math path masks the scores with the windowed mask; SDPA gets it as attn_mask."""
+    args = ("memory", "--train", "--window", "4", "--mask", "causal", "--seq-len", "24")
+    result = invoke(*args, "--batch", "2", "--impl", impl, "--dtype", dtype, "--measure", *CPU,
+                    "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["measured_what"] == "training step"
+    assert data["measured_peak_bytes"] == data["training_bytes"]
 
 
 # ------------------------------------- every combination of the new options, in check

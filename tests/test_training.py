@@ -122,6 +122,70 @@ def test_training_replay_equals_a_measured_step(case, one_thread):
     assert predicted.peak_bytes == measured.peak_bytes
 
 
+def _with(options: dict, cases: list[dict]) -> list[dict]:
+    """The cases with ``options`` added, where validate accepts them (sdpa: no dropout)."""
+    chosen = []
+    for case in cases:
+        merged = {**case["options"], **options}
+        try:
+            validate(LayerConfig(**SMALL, **merged, cross=bool(case["context_len"])))
+        except AttnctlError:
+            continue
+        chosen.append({**case, "options": merged})
+    return chosen
+
+
+# options the grid above leaves at their default, each over every 5th variant (both
+# impls, every dtype, padding, cross-attention, GQA and positions among them)
+EXTRA_OPTIONS = [
+    {"head_dim": 12},  # H·d_k = 48, wider than D = 16
+    {"head_dim": 6},
+    {"head_dim": 2},  # narrower than D
+    {"qk_norm": "head"},  # Qwen3, Gemma 3: each head over its d_k
+    {"qk_norm": "head", "head_dim": 12},
+    {"qk_norm": "all"},  # OLMo 2: every head at once
+    {"qk_norm": "all", "head_dim": 6},
+    {"mask": "causal", "window": 3},  # Mistral, Gemma: a sliding window (sdpa: attn_mask)
+    {"mask": "causal", "window": 1, "head_dim": 12},
+    {"mask": "causal", "window": 4, "qk_norm": "head"},
+    {"softcap": 5.0},  # Gemma 2 (math only: SDPA cannot cap the scores)
+    {"softcap": 2.0, "mask": "causal", "window": 3, "head_dim": 6},
+]
+EXTRA = [(options, case) for options in EXTRA_OPTIONS for case in _with(options, VARIANTS[::5])]
+
+
+@pytest.mark.parametrize(("options", "case"), EXTRA, ids=[f"{o}-{_case_id(c)}" for o, c in EXTRA])
+def test_more_options_train_as_replayed(options, case, one_thread):
+    predicted, measured = _estimate_and_measure(case)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_window_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+
+
+def test_the_more_options_meet_both_impls_and_every_dtype():
+    for options in EXTRA_OPTIONS:
+        cases = [c for o, c in EXTRA if o == options]
+        impls = {"math"} if "softcap" in options else {"math", "sdpa"}
+        assert {c["options"]["impl"] for c in cases} == impls, options
+        assert {c["options"]["dtype"] for c in cases} == set(DTYPES), options
+
+
+EXTRA_STACKS = EXTRA[::14]
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+@pytest.mark.parametrize(
+    ("options", "case"), EXTRA_STACKS, ids=[f"{o}-{_case_id(c)}" for o, c in EXTRA_STACKS]
+)
+def test_more_options_stack_as_replayed(options, case, layers, one_thread):
+    predicted, measured = _estimate_and_measure(case, layers)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_window_bytes  # block 0's
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+
+
 STACKS = [case for case in VARIANTS[::9]]  # every 9th variant, as stacks of 2 and 3
 
 
@@ -314,21 +378,51 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {family: tiny_models.write(family, root / family) for family in tiny_models.FAMILIES}
 
 
-# the families whose blocks train as replayed; the others' attention math (a window, q/k
-# norms) is not replayed yet and is refused by name, tested below
-TRAINED = ("bert", "gpt2", "llama", "qwen2", "phi3")
-NOT_YET = {"mistral": "--window 48", "qwen3": "--qk-norm head", "olmo2": "--qk-norm all",
-           "gemma2": "--window 6", "gemma3": "--window 6"}  # fmt: skip
+# every family's blocks train as replayed (Gemma 2, whose scores are soft-capped, on the
+# math path only: tested below)
+TRAINED = ("bert", "gpt2", "llama", "qwen2", "phi3", "qwen3", "mistral", "olmo2", "gemma3")
 
 
-def test_every_family_is_trained_or_refused_by_name(invoke, checkpoints, tmp_path):
-    assert set(TRAINED) | set(NOT_YET) >= set(tiny_models.FAMILIES)
-    folders = dict(checkpoints)
-    folders["gemma2"] = tiny_models.write("gemma2", tmp_path / "gemma2")
-    for family, option in NOT_YET.items():
-        result = invoke("memory", "--model", str(folders[family]), "--train", "--device", "cpu")
-        assert result.exit_code == 2 and result.stdout == "", family
-        assert f"memory --train does not model {option}" in result.stderr, family
+def test_every_family_is_trained():
+    assert set(TRAINED) == set(tiny_models.FAMILIES)
+
+
+def test_a_window_after_a_global_block_is_refused_on_sdpa_by_name(invoke, tmp_path, one_thread):
+    """Qwen3 with sliding layers after a full one: the SDPA replay takes its attn_mask
+    from the first block, so it refuses; the math path trains as measured."""
+    folder = tiny_models.write(
+        "qwen3", tmp_path / "qwen3", **tiny_models.OPTIONS["qwen3"]["sliding"]
+    )
+    args = ("memory", "--model", str(folder), "--train", "--seq-len", "12", "--device", "cpu")
+    result = invoke(*args, "--impl", "sdpa")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "does not model --impl sdpa with a sliding-window block after one" in result.stderr
+    model = read_model(folder)
+    plan = build_plan(model.layer_config(device="cpu", impl="math"), 12, 2, model.vocab_size,
+                      model=model)  # fmt: skip
+    predicted, measured = estimate_training(plan), measure_training(plan.config, plan)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
+    assert predicted.stage_window_bytes == measured.stage_window_bytes
+
+
+@pytest.mark.parametrize(
+    ("dtype", "batch", "seq_len", "padded"),
+    [("float32", 1, 9, False), ("bfloat16", 3, 12, False), ("float16", 2, 7, True)],
+)
+def test_gemma2_trains_as_replayed(tmp_path, dtype, batch, seq_len, padded, one_thread):
+    """Gemma 2: soft-capped scores, sliding and global layers, norms after each sublayer,
+    embeddings scaled by √D, norm weights stored minus one."""
+    model = read_model(tiny_models.write("gemma2", tmp_path / "gemma2"))
+    config = model.layer_config(device="cpu", impl="math", dtype=dtype)
+    padded = padded and config.mask != "causal"
+    plan = build_plan(config, seq_len, batch, model.vocab_size, model=model, padded=padded)
+    predicted, measured = estimate_training(plan), measure_training(plan.config, plan)
+    assert predicted.phase_peak_bytes == measured.phase_peak_bytes
+    assert predicted.stage_window_bytes == measured.stage_window_bytes
+    assert predicted.gradient_window_bytes == measured.gradient_window_bytes
+    assert predicted.peak_bytes == measured.peak_bytes
+    assert predicted.layers == model.layers > 1
 
 
 @pytest.mark.parametrize("family", TRAINED)
@@ -342,8 +436,10 @@ def test_a_checkpoints_blocks_train_as_replayed(
 ):
     """Every block of the model (BERT post-norm with its segment and embedding norm,
     GPT-2 pre-norm LayerNorm with its fused, transposed c_attn, Llama/Qwen2 pre-norm
-    RMSNorm, SwiGLU, GQA, Phi-3's fused qkv_proj and gate_up_proj): to the byte, phase by
-    phase."""
+    RMSNorm, SwiGLU, GQA, Phi-3's fused qkv_proj and gate_up_proj, Qwen3's q/k norms of
+    each head and head_dim, Mistral's sliding window, OLMo 2's q/k norms over all heads
+    and output norms, Gemma 3's sliding and global layers, scaled embeddings and norm
+    weights stored minus one): to the byte, phase by phase."""
     model = read_model(checkpoints[family])
     config = model.layer_config(device="cpu", impl=impl, dtype=dtype)
     padded = padded and config.mask != "causal"  # right padding needs no mask under causal
@@ -375,7 +471,7 @@ def test_long_inputs_move_the_peak_into_the_blocks(
     checkpoints, seq_len, batch, impl, dtype, one_thread
 ):
     """Longer inputs: the attention's backward, not the embedding's, holds the peak."""
-    for family in ("bert", "gpt2", "qwen2"):
+    for family in ("bert", "gpt2", "qwen2", "mistral", "qwen3", "olmo2", "gemma3"):
         model = read_model(checkpoints[family])
         config = model.layer_config(device="cpu", impl=impl, dtype=dtype)
         plan = build_plan(config, seq_len, batch, model.vocab_size, model=model)

@@ -7,6 +7,7 @@ safetensors files through its family's tensor table, for the blocks that run.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -80,8 +81,14 @@ def trainable_weights(model: ModelDescription, config: LayerConfig, device: torc
         device,
         TORCH_DTYPES[config.dtype],
     )
-    trained = list(dict.fromkeys(stored[source.prefix + e.key] for e in source.table))
+    # Gemma's norms weigh by (1 + w): the offset added before autograd tracks the tensor
+    # (an in-place add on a leaf that requires grad is refused), then trained as it is
+    table = tuple(dataclasses.replace(e, offset=0) for e in source.table)
+    offsets = {source.prefix + e.key: e.offset for e in source.table if e.offset}
+    for key, offset in offsets.items():
+        stored[key].add_(offset)
+    trained = list(dict.fromkeys(stored[source.prefix + e.key] for e in table))
     for tensor in trained:
         tensor.requires_grad_()
-    named = named_views(stored, source.prefix, source.table)
+    named = named_views(stored, source.prefix, table)
     return Weights(named, list(stored.values()), trained)
