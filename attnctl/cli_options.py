@@ -81,6 +81,12 @@ LAYER_OPTIONS: dict[str, Any] = {
         help="Sliding window (with --mask causal): query i sees keys i-W < j <= i; "
         "0 = none. Default 0.",
     ),
+    "window_pattern": _option(
+        str,
+        "--sliding",
+        help="Which layers of a stack slide, repeated: s slides, f sees every earlier key "
+        "(Gemma 3: sssssf). Default: every layer.",
+    ),
     "rope_theta": _option(
         float,
         "--rope-theta",

@@ -53,6 +53,10 @@ class LayerConfig:
     # sliding window (with the causal mask): query i sees keys j with i - window < j <= i,
     # its own and the window - 1 before it (transformers' sliding_window); 0 = no window
     window: int = 0
+    # which layers of a stack (memory --layers N) slide over `window`, repeated over them:
+    # "s" slides, "f" sees every earlier key (Gemma 3: "sssssf", Gemma 2: "sf"); "" = all.
+    # run, shapes and check show layer 0 of the pattern
+    window_pattern: str = ""
     cross: bool = False  # cross-attention: keys and values from a second text, the context
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
@@ -244,6 +248,14 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(
             f"window must be 0 (none) or a positive integer below 2^63, got {config.window}"
         )
+    if config.window_pattern:
+        if len(config.window_pattern) > 4096 or set(config.window_pattern) - {"s", "f"}:
+            raise AttnctlError(
+                "window_pattern must be up to 4096 letters s (a layer slides) and f (a full "
+                f"layer), e.g. sssssf, got {config.window_pattern[:40]!r}"
+            )
+        if not config.window:
+            raise AttnctlError("window_pattern says which layers slide: give --window W too")
     if config.window and config.mask != "causal":
         raise AttnctlError(
             f"a sliding window (window={config.window}) slides over earlier keys: "

@@ -147,6 +147,16 @@ class ModelDescription:
     embeddings: Embeddings
     blocks: tuple[Block, ...]
     checkpoint: Checkpoint | None = None
+    stack: LayerConfig | None = None  # the seeded layer as given: a stack of it (--layers)
+
+    def stack_windows(self, layers: int) -> tuple[int, ...]:
+        """The window of each layer of a stack of the seeded layer (0: full attention)."""
+        config = self.stack or self.config
+        pattern = config.window_pattern
+        return tuple(
+            config.window if not pattern or pattern[n % len(pattern)] == "s" else 0
+            for n in range(layers)
+        )
 
     @property
     def config(self) -> LayerConfig:
@@ -302,5 +312,8 @@ def seeded_model(config: LayerConfig, vocab_size: int) -> ModelDescription:
         max_positions=config.max_positions,
     )
     kind = CROSS_ATTENTION if config.cross else SELF_ATTENTION
+    given = config
+    if config.window_pattern and config.window_pattern[0] == "f":  # layer 0 sees every key
+        config = dataclasses.replace(config, window=0, window_pattern="")
     attention = Attention(config, kind)
-    return ModelDescription(embeddings, (Block((attention,)),))
+    return ModelDescription(embeddings, (Block((attention,)),), stack=given)

@@ -124,9 +124,9 @@ def kv_cache_groups(plan: Plan, tokens: int | None = None, layers: int = 1) -> l
     count = plan.seq_len if tokens is None else tokens
     element = DTYPE_BYTES[plan.config.dtype]
     description = plan.description
-    if description is None or plan.model is None:
+    if description is None or plan.model is None:  # a stack of the seeded layer
         attentions = [plan.config] * layers
-        windows = [0] * layers
+        windows = list(description.stack_windows(layers)) if description else [0] * layers
     else:
         attentions = [block.attention.config for block in description.blocks]
         windows = [block.attention.window for block in description.blocks]

@@ -180,7 +180,8 @@ def length_report(
     measured_kv = None
     key_len = plan.sizes.get("Lc", plan.seq_len)
     measured_kv_run = getattr(measured, "kv_cache_bytes", None)
-    if measured_kv_run is not None and kv_cache_tokens == key_len:  # the run's own length
+    alike = plan.model is not None or len(kv_cache) == 1  # a seeded stack of one kind
+    if measured_kv_run is not None and kv_cache_tokens == key_len and alike:
         copies = 1 if plan.model is not None else kv_cache[0].layers  # a seeded stack
         measured_kv = measured_kv_run * copies
     return LengthReport(

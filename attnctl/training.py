@@ -77,6 +77,15 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         layers = plan.model.layers  # a checkpoint trains every one of its blocks
     if layers < 1:
         raise AttnctlError(f"layers must be a positive integer, got {layers}")
+    description = plan.description
+    if plan.model is None and description is not None and layers > 1:
+        windows = set(description.stack_windows(layers))
+        if len(windows) > 1:  # the replay repeats layer 0; these layers differ
+            pattern = description.stack.window_pattern if description.stack else ""
+            raise AttnctlError(
+                f"memory --train does not model --sliding {pattern} yet, a stack of "
+                "sliding and full layers (inference does)"
+            )
     feed_forward = next(
         (s for s in plan.description.blocks[0].sublayers if isinstance(s, FeedForward)), None
     )
