@@ -1,4 +1,4 @@
-"""--sliding (window_pattern): which layers of a stack of the seeded layer slide (Gemma's sssssf)."""
+"""--sliding (window_pattern): which layers of a seeded stack slide (Gemma's sssssf)."""
 
 from __future__ import annotations
 
