@@ -179,14 +179,12 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
         training = training_estimate_of(plan, layers) if train else None
         measured = None
         if request.measure:
-            preflight(
-                plan,
-                peak_of(plan),
-                request.force,
-                hooks,
-                blocks=(model.layers if model else layers) if train else 1,  # the whole stack
-                passes=3 if train else 1,
-            )
+            need, blocks = peak_of(plan), (model.layers if model else layers)  # the whole stack
+            if not train:  # one pass through block 0, then one through every block keeping
+                key_len = plan.sizes.get("Lc", plan.seq_len)  # K and V (the measured cache)
+                need += sum(g.bytes for g in kv_cache_of(plan, key_len, kv_layers))
+                blocks = 1 + (model.layers if model else 1)
+            preflight(plan, need, request.force, hooks, blocks=blocks, passes=3 if train else 1)
             what = "a training step" if train else "a forward pass"
             with hooks.progress(f"measuring {what} over {length} tokens"):
                 measured = measure_peak(plan, model, train, layers)
