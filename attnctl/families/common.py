@@ -179,6 +179,31 @@ def rope_values(
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+def checked_layer_types(source: Source, layers: int) -> list[str] | None:
+    """config.json's ``layer_types`` (None when absent), one known kind per block."""
+    fields, kinds = source.fields, source.config.get("layer_types")
+    if kinds is None:
+        return None
+    if not isinstance(kinds, list) or not all(kind in LAYER_TYPES for kind in kinds):
+        raise fields.error("layer_types", "must be a list of " + " or ".join(LAYER_TYPES))
+    if len(kinds) != layers:
+        raise fields.error("layer_types", f"names {len(kinds)} blocks, not {layers}")
+    return kinds
+
+
+def gemma_windows(source: Source, kinds: list[str]) -> tuple[int, ...]:
+    """Each block's window for Gemma's kinds: ``sliding_window`` (4096 when absent) on the
+    sliding ones; a null one with sliding blocks is refused, as transformers raises."""
+    fields, window = source.fields, 0
+    if "sliding_attention" in kinds:
+        if "sliding_window" in source.config and source.config["sliding_window"] is None:
+            raise fields.error(
+                "sliding_window", "is null, but sliding blocks need one (transformers raises)"
+            )
+        window = fields.integer("sliding_window", default=4096)
+    return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+
+
 def qwen_layer_windows(
     source: Source, layers: int, *, default_window: int = 4096, default_first: int = 28
 ) -> tuple[int, ...]:
@@ -192,16 +217,12 @@ def qwen_layer_windows(
         window = 0
     else:
         window = fields.integer("sliding_window", default=default_window)
-    kinds = config.get("layer_types")
+    kinds = checked_layer_types(source, layers)
     if kinds is None:
         if not window:
             return (0,) * layers
         first = fields.integer("max_window_layers", default=default_first, minimum=0)
         return tuple(window if n >= first else 0 for n in range(layers))
-    if not isinstance(kinds, list) or not all(kind in LAYER_TYPES for kind in kinds):
-        raise fields.error("layer_types", "must be a list of " + " or ".join(LAYER_TYPES))
-    if len(kinds) != layers:
-        raise fields.error("layer_types", f"names {len(kinds)} blocks, not {layers}")
     if "sliding_attention" in kinds and not window:
         raise fields.error(
             "layer_types",

@@ -18,9 +18,11 @@ from attnctl.families.common import (
     attention_config,
     check_activation,
     check_block_count,
+    checked_layer_types,
     decoder_mask,
     description,
     find_prefix,
+    gemma_windows,
     rope_values,
     stored_dtype,
 )
@@ -33,7 +35,6 @@ BLOCK_PATTERN = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 DEFAULTS = {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216,
             "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
             "head_dim": 256, "max_position_embeddings": 8192}  # fmt: skip
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def describe(source: Source) -> ModelDescription:
@@ -124,22 +125,10 @@ def describe(source: Source) -> ModelDescription:
 
 def _layer_windows(source: Source, layers: int) -> tuple[int, ...]:
     """Each block's window: layer_types, or else every even block slides (Gemma2Config)."""
-    fields = source.fields
-    kinds = source.config.get("layer_types")
-    if kinds is None:
-        kinds = ["sliding_attention" if (n + 1) % 2 else "full_attention" for n in range(layers)]
-    elif not isinstance(kinds, list) or not all(kind in LAYER_TYPES for kind in kinds):
-        raise fields.error("layer_types", "must be a list of " + " or ".join(LAYER_TYPES))
-    elif len(kinds) != layers:
-        raise fields.error("layer_types", f"names {len(kinds)} blocks, not {layers}")
-    window = 0
-    if "sliding_attention" in kinds:
-        if "sliding_window" in source.config and source.config["sliding_window"] is None:
-            raise fields.error(
-                "sliding_window", "is null, but sliding blocks need one (transformers raises)"
-            )
-        window = fields.integer("sliding_window", default=4096)
-    return tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+    kinds = checked_layer_types(source, layers) or [
+        "sliding_attention" if (n + 1) % 2 else "full_attention" for n in range(layers)
+    ]
+    return gemma_windows(source, kinds)
 
 
 def _table(

@@ -20,9 +20,11 @@ from attnctl.families.common import (
     attention_config,
     check_activation,
     check_block_count,
+    checked_layer_types,
     decoder_mask,
     description,
     find_prefix,
+    gemma_windows,
     norm_entry,
     rope_values,
     stored_dtype,
@@ -67,15 +69,14 @@ def describe(source: Source) -> ModelDescription:
         fields.boolean("use_bidirectional_attention", default=False),
         "attnctl runs Gemma 3 causally",
     )
-    kinds = _layer_types(source, layers)
-    window = 0
-    if "sliding_attention" in kinds:
-        if "sliding_window" in source.config and source.config["sliding_window"] is None:
-            raise fields.error(
-                "sliding_window", "is null, but sliding blocks need one (transformers raises)"
-            )
-        window = fields.integer("sliding_window", default=4096)
-    windows = tuple(window if kind == "sliding_attention" else 0 for kind in kinds)
+    kinds = checked_layer_types(source, layers)
+    if kinds is None:  # every sliding_window_pattern-th block (6th) is global
+        pattern = fields.integer("sliding_window_pattern", default=6)
+        kinds = [
+            "sliding_attention" if (n + 1) % pattern else "full_attention" for n in range(layers)
+        ]
+    windows = gemma_windows(source, kinds)
+    window = max(windows)  # the sliding blocks' (0 when none slides)
     mask = decoder_mask(source, windows)
     prefix = find_prefix(source, EMBEDDING_KEY, vocab, hidden)
     check_block_count(source, BLOCK_PATTERN, prefix, layers, "num_hidden_layers")
@@ -138,19 +139,3 @@ def describe(source: Source) -> ModelDescription:
         intermediate=inner,
         activation=activation,
     )
-
-
-def _layer_types(source: Source, layers: int) -> list[str]:
-    """layer_types, or else every ``sliding_window_pattern``-th block (6th) is global."""
-    fields = source.fields
-    kinds = source.config.get("layer_types")
-    if kinds is None:
-        pattern = fields.integer("sliding_window_pattern", default=6)
-        return [
-            "sliding_attention" if (n + 1) % pattern else "full_attention" for n in range(layers)
-        ]
-    if not isinstance(kinds, list) or not all(kind in LAYER_TYPES for kind in kinds):
-        raise fields.error("layer_types", "must be a list of " + " or ".join(LAYER_TYPES))
-    if len(kinds) != layers:
-        raise fields.error("layer_types", f"names {len(kinds)} blocks, not {layers}")
-    return kinds
