@@ -20,6 +20,8 @@ from attnctl.errors import AttnctlError
 from attnctl.rope import Rope
 
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
+# T5's relative position bias: a checkpoint's bucket table biases the scores (not the seeded layer's)
+MODEL_POSITIONS = (*POSITIONS, "relative")
 MASKS = ("none", "causal")
 NORMS = ("post", "pre", "none")
 NORM_TYPES = ("layer", "rms")
@@ -58,6 +60,10 @@ class LayerConfig:
     # run, shapes and check show layer 0 of the pattern
     window_pattern: str = ""
     cross: bool = False  # cross-attention: keys and values from a second text, the context
+    # pos "relative" (T5): distances are bucketed into relative_buckets, exactly below half
+    # of them, on a log scale up to relative_distance
+    relative_buckets: int = 32
+    relative_distance: int = 128
     norm: str = "post"  # post: Norm(x + attn(x)); pre: x + attn(Norm(x)); none: attn(x)
     norm_type: str = "layer"  # LayerNorm, or RMSNorm (no mean, no bias)
     norm_eps: float = 1e-5  # added to the variance (LayerNorm) or mean square (RMSNorm)
@@ -142,7 +148,7 @@ class LayerConfig:
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "pos": POSITIONS,
+    "pos": MODEL_POSITIONS,
     "mask": MASKS,
     "norm": NORMS,
     "norm_type": NORM_TYPES,
@@ -165,7 +171,12 @@ def resolve_impl(config: LayerConfig, shows_every_weight: bool = True) -> LayerC
         return config
     # dropout is modelled on math only; alibi's bias would make SDPA build the weights anyway
     # soft-capping is the math path's alone
-    math = shows_every_weight or config.dropout > 0 or config.pos == "alibi" or config.softcap > 0
+    math = (
+        shows_every_weight
+        or config.dropout > 0
+        or config.pos in ("alibi", "relative")
+        or config.softcap > 0
+    )
     return dataclasses.replace(config, impl="math" if math else "sdpa")
 
 
@@ -230,6 +241,10 @@ def validate(config: LayerConfig) -> LayerConfig:
         raise AttnctlError(f"unknown device {config.device!r}; use auto, cpu, cuda, cuda:N or mps")
     if not 0.0 <= config.dropout < 1.0:
         raise AttnctlError(f"dropout must be at least 0 and below 1, got {config.dropout}")
+    if config.pos == "relative" and config.impl == "sdpa":
+        raise AttnctlError(
+            "T5's relative position bias is added to the scores: it needs --impl math"
+        )
     if config.cross and config.mask == "causal":
         raise AttnctlError(
             "cross-attention has no causal mask: every query may see the whole context"

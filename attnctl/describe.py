@@ -53,12 +53,16 @@ class Embeddings:
 
     vocab_size: int
     d_model: int
-    positions: str = "none"  # added to the embeddings: "learned", "sinusoidal" or "none"
-    max_positions: int = 0  # rows of a learned table
+    # added to the embeddings: "learned", "sinusoidal" (sin and cos interleaved),
+    # "sinusoidal_halves" (sin in the first D/2, cos in the second: Marian) or "none"
+    positions: str = "none"
+    max_positions: int = 0  # rows of a learned table, or the most positions (Marian)
+    position_offset: int = 0  # position p reads row p + offset of the table (BART: 2)
     segment: bool = False  # BERT: segment 0's embedding is added too
     norm: str = "none"  # "layer": a LayerNorm over D after the sum (BERT)
     norm_eps: float = 1e-12
-    scale: float = 0.0  # the vectors are multiplied by this, rounded to the dtype (Gemma: √D)
+    scale: float = 0.0  # the vectors are multiplied by this (Gemma, Marian: √D)
+    scale_rounded: bool = True  # the factor rounded to the dtype first (Gemma; not Marian, BART)
     # whose trained positions these are: a longer input is then refused in those words
     trained_by: str = ""
 
@@ -74,6 +78,12 @@ class Attention:
     config: LayerConfig
     kind: str = SELF_ATTENTION  # or CROSS_ATTENTION: keys and values from a context
     output_norm: bool = False  # a norm of W_o's output before the residual (Gemma, OLMo 2)
+    # its weights' and stages' names in the layout: "attention", or "cross_attention" for a
+    # decoder block's second one (blocks.N.cross_attention.W_q.weight, stage cross_q)
+    name: str = "attention"
+    # T5's relative position bias (config.pos "relative"): True where this sublayer holds
+    # the bucket table (block 0) and computes the (H, L, Lk) bias every later block reuses
+    computes_bias: bool = False
 
     @property
     def placement(self) -> str:
@@ -115,6 +125,41 @@ Sublayer = Attention | FeedForward
 
 
 @dataclass(frozen=True)
+class Norm:
+    """A norm over D after the last block (``final_norm.weight``, ``.bias``)."""
+
+    type: str  # "layer" or "rms"
+    eps: float
+
+
+@dataclass(frozen=True)
+class LMHead:
+    """The last hidden states (B, L, D) -> logits (B, L, V), after the stack's final norm.
+
+    ``tied``: the token embedding is the head; else ``lm_head.weight`` (V, D).
+    """
+
+    tied: bool
+    bias: bool = False  # lm_head.bias (V,): Marian's and BART's final_logits_bias
+    scale: float = 0.0  # hidden times this first (T5 with tied embeddings: D^-0.5)
+    softcap: float = 0.0  # cap·tanh(logits/cap) (Gemma 2's final_logit_softcapping)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How greedy decoding starts, ends and pads, and what it forbids (from config.json
+    and generation_config.json), as transformers' generate(do_sample=False) applies it."""
+
+    eos_ids: tuple[int, ...] = ()  # any of these ends a sequence
+    pad_id: int | None = None  # what a finished sequence appends (None: eos_ids[0])
+    start_id: int | None = None  # an encoder–decoder's decoder_start_token_id
+    banned_ids: tuple[int, ...] = ()  # never generated (bad_words_ids of one token)
+    forced_bos_id: int | None = None  # the first generated token (BART)
+    forced_eos_id: int | None = None  # the token at the last step of max_length
+    max_length: int | None = None  # generation_config's max_length (with forced_eos)
+
+
+@dataclass(frozen=True)
 class Block:
     sublayers: tuple[Sublayer, ...]
 
@@ -142,12 +187,25 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class ModelDescription:
-    """Embeddings, then blocks; ``checkpoint`` is None for the seeded layer."""
+    """Embeddings, then blocks; ``checkpoint`` is None for the seeded layer.
+
+    A decoder-only checkpoint also has its ``final_norm`` and ``head`` (for generation);
+    an encoder–decoder is its encoder (embeddings, blocks, final_norm) with its
+    ``decoder``, whose weights are named ``decoder.…`` in the layout.
+    """
 
     embeddings: Embeddings
     blocks: tuple[Block, ...]
     checkpoint: Checkpoint | None = None
     stack: LayerConfig | None = None  # the seeded layer as given: a stack of it (--layers)
+    final_norm: Norm | None = None  # after the last block (T5's encoder; decoders)
+    head: LMHead | None = None  # None: no LM head (BERT, a base model saved without one)
+    decoder: ModelDescription | None = None  # an encoder–decoder's decoder stack
+    generation: Generation | None = None
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.decoder is not None
 
     def stack_windows(self, layers: int) -> tuple[int, ...]:
         """The window of each layer of a stack of the seeded layer (0: full attention)."""
@@ -172,8 +230,9 @@ class ModelDescription:
         return self.embeddings.vocab_size
 
     def longest_input(self) -> int | None:
-        """The most tokens it takes: its learned positions; None: no limit."""
-        if self.embeddings.positions == "learned":
+        """The most tokens it takes: its learned positions (Marian: its sinusoidal table's
+        rows); None: no limit."""
+        if self.embeddings.positions in ("learned", "sinusoidal_halves"):
             return self.embeddings.max_positions
         return None
 
@@ -295,7 +354,8 @@ class ModelDescription:
             )
             for block in self.blocks
         )
-        return dataclasses.replace(self, blocks=blocks)
+        decoder = None if self.decoder is None else self.decoder.with_run(config)
+        return dataclasses.replace(self, blocks=blocks, decoder=decoder)
 
 
 def seeded_model(config: LayerConfig, vocab_size: int) -> ModelDescription:
@@ -304,6 +364,11 @@ def seeded_model(config: LayerConfig, vocab_size: int) -> ModelDescription:
     With ``config.cross`` its attention is cross-attention over a context embedded the
     same way (the decoder's second attention, with the context as the encoder output).
     """
+    if config.pos == "relative":
+        raise AttnctlError(
+            "pos relative is T5's bias from a checkpoint's bucket table; the seeded layer has "
+            "none: use sinusoidal, learned, rope, alibi or none"
+        )
     added = config.pos if config.pos in ("learned", "sinusoidal") else "none"
     embeddings = Embeddings(
         vocab_size=vocab_size,

@@ -27,6 +27,31 @@ class AttentionResult:
     attention_output: torch.Tensor  # (B, L, D): W_o(concat), before any residual
     weights: torch.Tensor | None  # (B, H, L, Lk): the math path's, when kept
     window: torch.Tensor | None = None  # (B, h, r, Lk): the weights shown, when asked for
+    key_start: int = 0  # the position of the first key the weights cover (a sliding cache)
+
+
+@dataclass
+class KVCache:
+    """One attention sublayer's keys and values as a decoder keeps them between steps.
+
+    Self-attention appends each step's K and V heads and, with a sliding window, keeps
+    the last ``window`` positions (those before fell out: ``start`` moves on);
+    cross-attention projects the encoder output once, at the first step, and reuses it.
+    """
+
+    keys: torch.Tensor | None = None  # (B, Hkv, T, d_k), rotated as the scores used them
+    values: torch.Tensor | None = None  # (B, Hkv, T, d_k)
+    start: int = 0  # the position of keys[:, :, 0]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    @property
+    def bytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
 def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -70,6 +95,9 @@ def attention(
     window: tuple[list[int], list[int]] | None = None,
     training: bool = False,
     cache: list[torch.Tensor] | None = None,
+    past: KVCache | None = None,
+    offset: int = 0,
+    position_bias: list[torch.Tensor] | None = None,
 ) -> AttentionResult:
     """Run the sublayer on ``owned = [x]`` (B, L, D); it takes x out, so x is freed as soon
     as this sublayer is done with it.
@@ -84,15 +112,20 @@ def attention(
     the SDPA path computed from the Q and K heads at hand).
     ``cache``: K and V heads (B, Hkv, n, d_k) are appended as a decoder keeps them, the last
     n = min(Lk, window) positions (all without a window), each its own copy.
+    ``past``: a decoding step (math path): the new tokens' K and V join those kept from
+    the steps before (and are kept for the next), or cross-attention's K and V are made
+    once; ``offset``: the position of x's first token. ``position_bias = []``: T5's
+    relative bias, appended by the block that computes it and read by those after.
     """
     config = sublayer.config
     x = owned.pop()
-    cross = context is not None
-    context = context.pop() if cross else None
+    cross = sublayer.kind == "cross_attention"
+    context = context.pop() if context is not None else None
+    reused = cross and past is not None and past.keys is not None  # K, V made at step 0
     heads, d_k, d_model = config.heads, config.d_k, config.d_model
     key_len_dim = "Lc" if cross else "L"
     batch, seq_len = x.shape[:2]
-    key_len = context.shape[1] if cross else seq_len
+    key_len = past.length if reused else context.shape[1] if cross else seq_len
     has_norm = sublayer.residual  # x is read again at the end
     norm_weight, norm_bias = weights.get("norm.weight"), weights.get("norm.bias")
 
@@ -111,6 +144,17 @@ def attention(
     kv_width = "D_kv" if grouped else q_width
     kv_dims = f"B {key_len_dim} {kv_width}"
     kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
+    if reused:  # a decoding step: cross-attention's K and V heads are the first step's
+        del h
+        q = q.view(batch, seq_len, heads, d_k)  # (B, L, H, d_k)
+        if config.qk_norm == "head":
+            q = norm(config, q, weights["q_norm.weight"], weights.get("q_norm.bias"))
+        q = q.transpose(1, 2)  # (B, H, L, d_k)
+        k, v = past.keys, past.values  # (B, Hkv, Lk, d_k)
+        return _attend(
+            sublayer, weights, x, q, k, v, padding, record, keep_weights, window, offset,
+            position_bias, past, key_start=0,
+        )  # fmt: skip
     if cross:  # keys and values from the context (an encoder's output, in a decoder)
         h = context
         del context
@@ -143,7 +187,9 @@ def attention(
     v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
     record("v_heads", v, kv_split)
     if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
-        angles = positions.rotary_angles(seq_len, d_k, q.device, config)  # (L, d_k), float32
+        angles = positions.rotary_angles(offset + seq_len, d_k, q.device, config)  # float32
+        if offset:  # a decoding step: the new tokens' positions only
+            angles = angles[offset:]  # (L, d_k)
         record("rope_angles", angles, "L d_k")
         scaling = attention_scaling(config.rope)  # yarn, longrope: cos and sin times it
         cos = _scaled(angles.cos(), scaling).to(q.dtype)  # (L, d_k)
@@ -161,6 +207,16 @@ def attention(
         for kept_heads in (k, v):
             tail = kept_heads[:, :, -kept:]  # (B, Hkv, min(Lk, W), d_k)
             cache.append(tail.clone(memory_format=torch.contiguous_format))
+    if past is not None:  # a decoding step: attend over what was kept and the new K, V
+        key_start = past.start
+        if not cross and past.keys is not None:
+            k = torch.cat((past.keys, k), dim=2)  # (B, Hkv, T, d_k)
+            v = torch.cat((past.values, v), dim=2)  # (B, Hkv, T, d_k)
+        _keep(past, sublayer.window, k, v)
+        return _attend(
+            sublayer, weights, x, q, k, v, padding, record, keep_weights, window, offset,
+            position_bias, past, key_start,
+        )  # fmt: skip
     if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
         k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
         record("k_repeated", k, f"B H {key_len_dim} d_k")
@@ -183,6 +239,9 @@ def attention(
             if padding is not None:  # padded keys: -inf before the softmax
                 scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
             record("scores", scores, f"B H L {key_len_dim}")
+        if config.pos == "relative":  # T5: a learned bias by bucketed distance
+            scores += _relative_bias(sublayer, weights, position_bias, seq_len, key_len, 0, 0)
+            record("position_bias", position_bias[0], f"H L {key_len_dim}")
         if config.pos == "alibi":  # distance penalties, one slope per head
             bias = positions.alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
             scores += bias  # (B, H, L, L), in place
@@ -333,3 +392,106 @@ def window_weights(
     if padding is not None:  # (B, L), True = a real token
         scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1)  # (B, h, r, L)
+
+
+def _keep(past: KVCache, window: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Keep K and V (B, Hkv, T, d_k) for the next step; a sliding window keeps the last
+    ``window`` positions, copied so that the ones dropped are freed."""
+    if window and k.shape[2] > window:
+        past.start += k.shape[2] - window
+        k = k[:, :, -window:].clone(memory_format=torch.contiguous_format)  # (B, Hkv, W, d_k)
+        v = v[:, :, -window:].clone(memory_format=torch.contiguous_format)
+    past.keys, past.values = k, v
+
+
+def _relative_bias(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    position_bias: list[torch.Tensor] | None,
+    seq_len: int,
+    key_len: int,
+    offset: int,
+    key_start: int,
+) -> torch.Tensor:
+    """T5's (H, L, Lk) bias: computed by the block that holds the table, reused after."""
+    if position_bias is None:
+        raise AttnctlError("T5's relative position bias needs the list the blocks share")
+    if sublayer.computes_bias:
+        config = sublayer.config
+        table = weights["relative_bias.weight"]  # (buckets, H)
+        queries = torch.arange(offset, offset + seq_len, device=table.device)  # (L,)
+        keys = torch.arange(key_start, key_start + key_len, device=table.device)  # (Lk,)
+        bidirectional = config.mask != "causal"
+        bias = positions.relative_bias(
+            table, queries, keys, bidirectional, config.relative_distance
+        )  # (H, L, Lk)
+        position_bias.clear()
+        position_bias.append(bias)
+    return position_bias[0]
+
+
+def _attend(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    padding: torch.Tensor | None,
+    record: Record,
+    keep_weights: bool,
+    window: tuple[list[int], list[int]] | None,
+    offset: int,
+    position_bias: list[torch.Tensor] | None,
+    past: KVCache,
+    key_start: int,
+) -> AttentionResult:
+    """A decoding step's attention (the math path): Q heads (B, H, L, d_k) of the new
+    tokens at ``offset``… over K, V heads (B, Hkv, Lk, d_k) of positions ``key_start``…"""
+    config = sublayer.config
+    batch, seq_len = x.shape[:2]
+    key_len = k.shape[2]
+    if config.kv_heads != config.heads:  # each K/V head serves `groups` query heads
+        k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+        v = v.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+    scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L, Lk)
+    del q, k
+    if config.softcap:
+        scores = soft_cap(scores, config.softcap)
+    if padding is not None:  # padded keys (the source's, in cross-attention): -inf
+        scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+    if config.pos == "relative":
+        scores += _relative_bias(
+            sublayer, weights, position_bias, seq_len, key_len, offset, key_start
+        )
+    if config.pos == "alibi":
+        raise AttnctlError("attnctl decodes no ALiBi model step by step")
+    if config.mask == "causal":
+        queries = torch.arange(offset, offset + seq_len, device=scores.device)  # (L,)
+        keys = torch.arange(key_start, key_start + key_len, device=scores.device)  # (Lk,)
+        allowed = positions.visible(queries, keys, config.window)  # (L, Lk)
+        scores.masked_fill_(allowed.logical_not(), float("-inf"))
+    probabilities = torch.softmax(scores, dim=-1)  # (B, H, L, Lk)
+    del scores
+    shown = None
+    if window is not None:
+        window_heads, window_rows = window
+        shown = probabilities[:, window_heads][:, :, window_rows]  # (B, h, r, Lk)
+    attended = torch.matmul(probabilities, v)  # (B, H, L, d_k)
+    kept = probabilities if keep_weights else None
+    del probabilities, v
+    concat = attended.transpose(1, 2).contiguous()  # (B, L, H, d_k)
+    concat = concat.view(batch, seq_len, config.heads * config.d_k)  # (B, L, H·d_k)
+    del attended
+    attention_output = F.linear(concat, weights["W_o.weight"], weights.get("W_o.bias"))  # (B, L, D)
+    del concat
+    output = attention_output
+    if sublayer.output_norm:
+        post_weight, post_bias = weights["post_norm.weight"], weights.get("post_norm.bias")
+        output = norm(config, attention_output, post_weight, post_bias)  # (B, L, D)
+    if sublayer.residual:
+        output = x + output  # (B, L, D)
+    del x
+    if config.norm == "post":
+        output = norm(config, output, weights["norm.weight"], weights.get("norm.bias"))
+    return AttentionResult(output, attention_output, kept, shown, key_start)

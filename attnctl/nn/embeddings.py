@@ -18,24 +18,35 @@ def embed(
     owned: list[torch.Tensor],
     record: Record = no_record,
     name: str | None = "embeddings",
+    offset: int = 0,
 ) -> torch.Tensor:
     """(B, L, D): the looked-up vectors ``owned = [x]`` (taken out, so they are freed once
     positions are added), with positions (and BERT's segment and norm).
 
-    ``name``: what ``x`` is recorded as (None: not recorded).
+    ``name``: what ``x`` is recorded as (None: not recorded). ``offset``: the position of
+    the first token (a decoding step's, after the tokens in the KV cache).
     """
     x = owned.pop()
     if name is not None:
         record(name, x, "B L D")
-    if embeddings.scale:  # Gemma: × √D, the factor rounded to the dtype first
-        factor = torch.tensor(embeddings.scale, dtype=x.dtype).item()  # √D in the dtype
+    if embeddings.scale:  # Gemma, Marian: × √D (Gemma rounds the factor to the dtype first)
+        factor = embeddings.scale
+        if embeddings.scale_rounded:
+            factor = torch.tensor(factor, dtype=x.dtype).item()  # √D in the dtype
         x = x * factor  # (B, L, D)
         record("scaled_embeddings", x, "B L D")
     seq_len = x.shape[1]
     if embeddings.positions == "sinusoidal":
-        added = positions.sinusoidal_positions(seq_len, embeddings.d_model, x.device, x.dtype)
+        added = positions.sinusoidal_positions(
+            seq_len, embeddings.d_model, x.device, x.dtype, offset
+        )
+    elif embeddings.positions == "sinusoidal_halves":
+        ids = torch.arange(offset, offset + seq_len, device=x.device)  # (L,)
+        added = positions.sinusoidal_halves(ids, embeddings.d_model, x.dtype)  # (L, D)
+        del ids
     elif embeddings.positions == "learned":
-        ids = torch.arange(seq_len, device=x.device)  # (L,)
+        first = offset + embeddings.position_offset  # BART's table starts 2 rows later
+        ids = torch.arange(first, first + seq_len, device=x.device)  # (L,)
         added = F.embedding(ids, weights["positions.weight"])  # (L, D)
         del ids  # the int64 ids live during the lookup only
     else:  # RoPE turns Q and K in every block; ALiBi biases the scores

@@ -10,16 +10,24 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from attnctl import rope
 from attnctl.config import LayerConfig
 
 
 def sinusoidal_positions(
-    seq_len: int, d_model: int, device: torch.device | None = None, dtype: torch.dtype | None = None
+    seq_len: int,
+    d_model: int,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    offset: int = 0,
 ) -> torch.Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)); (L, D)."""
-    position = torch.arange(seq_len, device=device, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)); (L, D),
+    for positions offset … offset + L - 1."""
+    position = torch.arange(
+        offset, offset + seq_len, device=device, dtype=torch.float32
+    ).unsqueeze(1)  # (L, 1)
     frequency = torch.exp(
         torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
         * (-math.log(10000.0) / d_model)
@@ -29,6 +37,61 @@ def sinusoidal_positions(
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return table
+
+
+def sinusoidal_halves(
+    positions: torch.Tensor, d_model: int, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Marian's table: sin(pos / 10000^(2i/D)) in columns i < D/2, cos in i + D/2 (of the
+    ceil(D/2) frequencies, cos fills what is left); positions (L,) int64 -> (L, D).
+
+    transformers builds the whole table in float64 numpy, then stores it as float32: so
+    here (then rounded to the run's dtype).
+    """
+    half = (d_model + 1) // 2  # sin columns
+    even = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i, i < ceil(D/2)
+    frequencies = torch.pow(10000.0, even / d_model)  # (ceil(D/2),) float64
+    angles = positions.to(torch.float64).cpu().unsqueeze(1) / frequencies  # (L, ceil(D/2))
+    table = torch.cat((angles.sin(), angles.cos()[:, : d_model - half]), dim=1)  # (L, D)
+    return table.to(torch.float32).to(device=positions.device, dtype=dtype or torch.float32)
+
+
+def relative_buckets(
+    relative: torch.Tensor, bidirectional: bool, buckets: int, max_distance: int
+) -> torch.Tensor:
+    """T5's bucket of each key-minus-query distance (any shape, int64) -> same shape, int64.
+
+    Bidirectional (the encoder): half the buckets for keys after the query. Then small
+    distances (below half the buckets left) each get their own bucket, larger ones share
+    buckets on a log scale up to ``max_distance``, and farther ones the last bucket.
+    """
+    bucket = torch.zeros_like(relative)
+    if bidirectional:
+        buckets //= 2
+        bucket += (relative > 0).long() * buckets
+        distance = relative.abs()
+    else:  # causal: a key after the query is never seen; its distance counts as 0
+        distance = -torch.clamp(relative, max=0)
+    exact = buckets // 2
+    small = distance < exact
+    logarithmic = exact + (
+        torch.log(distance.float() / exact) / math.log(max_distance / exact) * (buckets - exact)
+    ).long()
+    logarithmic = torch.clamp(logarithmic, max=buckets - 1)
+    return bucket + torch.where(small, distance, logarithmic)
+
+
+def relative_bias(
+    table: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    bidirectional: bool,
+    max_distance: int,
+) -> torch.Tensor:
+    """T5's position bias from its (buckets, H) table: (H, Lq, Lk), in the table's dtype."""
+    relative = key_positions.unsqueeze(0) - query_positions.unsqueeze(1)  # (Lq, Lk)
+    bucket = relative_buckets(relative, bidirectional, table.shape[0], max_distance)
+    return F.embedding(bucket, table).permute(2, 0, 1)  # (H, Lq, Lk)
 
 
 def rotary_angles(
@@ -118,4 +181,16 @@ def visible_keys(seq_len: int, window: int, device: torch.device | None = None) 
     allowed = causal_mask(seq_len, device)  # (L, L)
     if window:
         allowed.triu_(1 - window)  # and j >= i - window + 1
+    return allowed
+
+
+def visible(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, window: int = 0
+) -> torch.Tensor:
+    """(Lq, Lk) bool, True = may attend, for queries and keys at these absolute positions:
+    a key at or before the query, and with ``window`` within it (p - window < j <= p).
+    What ``visible_keys`` is when both are 0 … L-1; a decoding step's queries are later."""
+    allowed = key_positions.unsqueeze(0) <= query_positions.unsqueeze(1)  # (Lq, Lk)
+    if window:
+        allowed &= key_positions.unsqueeze(0) > query_positions.unsqueeze(1) - window
     return allowed
