@@ -20,7 +20,7 @@ from attnctl.errors import AttnctlError
 from attnctl.rope import Rope
 
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi", "none")
-# T5's relative position bias: a checkpoint's bucket table biases the scores (not the seeded layer's)
+# T5's relative position bias: a checkpoint's bucket table biases the scores (no seeded layer)
 MODEL_POSITIONS = (*POSITIONS, "relative")
 MASKS = ("none", "causal")
 NORMS = ("post", "pre", "none")

@@ -25,9 +25,9 @@ def sinusoidal_positions(
 ) -> torch.Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)); (L, D),
     for positions offset … offset + L - 1."""
-    position = torch.arange(
-        offset, offset + seq_len, device=device, dtype=torch.float32
-    ).unsqueeze(1)  # (L, 1)
+    position = torch.arange(offset, offset + seq_len, device=device, dtype=torch.float32).unsqueeze(
+        1
+    )  # (L, 1)
     frequency = torch.exp(
         torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
         * (-math.log(10000.0) / d_model)
@@ -74,9 +74,12 @@ def relative_buckets(
         distance = -torch.clamp(relative, max=0)
     exact = buckets // 2
     small = distance < exact
-    logarithmic = exact + (
-        torch.log(distance.float() / exact) / math.log(max_distance / exact) * (buckets - exact)
-    ).long()
+    logarithmic = (
+        exact
+        + (
+            torch.log(distance.float() / exact) / math.log(max_distance / exact) * (buckets - exact)
+        ).long()
+    )
     logarithmic = torch.clamp(logarithmic, max=buckets - 1)
     return bucket + torch.where(small, distance, logarithmic)
 
