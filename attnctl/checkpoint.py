@@ -278,6 +278,11 @@ class TensorEntry:
     transposed: bool = False
     split: tuple[int, ...] = ()
     offset: float = 0.0  # added once loaded: Gemma's norms scale by (1 + weight)
+    absolute: bool = False  # its key is not under the prefix (a causal LM's lm_head.weight)
+
+    def stored_key(self, prefix: str) -> str:
+        """Its key in the checkpoint's files."""
+        return self.key if self.absolute else prefix + self.key
 
 
 def check_tensors(
@@ -289,7 +294,7 @@ def check_tensors(
 ) -> None:
     """Every tensor the table names is there, in a float dtype, with the configured shape."""
     for entry in table:
-        key = prefix + entry.key
+        key = entry.stored_key(prefix)
         info = tensors.get(key)
         if info is None:
             raise AttnctlError(
@@ -334,7 +339,7 @@ def load(
     from safetensors import safe_open
 
     entries = [e for e in table if blocks is None or e.block < blocks]
-    keys = [prefix + e.key for e in entries]
+    keys = list(dict.fromkeys(e.stored_key(prefix) for e in entries))
     if blocks is None:  # the whole model: what memory counts, read or not
         keys += [k for k in stored_weights(tensors) if k not in set(keys)]
     by_file: dict[str, list[str]] = {}
@@ -359,13 +364,14 @@ def named_views(
     """The stored tensors by the layout's names: transposed and split views of them."""
     named: dict[str, Any] = {}
     for entry in entries:
-        tensor = stored[prefix + entry.key]
+        tensor = stored[entry.stored_key(prefix)]
         if entry.offset:
             tensor.add_(entry.offset)  # our own copy, read from the file
         if entry.transposed:
             tensor = tensor.t()  # (out, in), as nn.Linear holds it: a view
-        if len(entry.targets) == 1:
-            named[entry.targets[0]] = tensor
+        if len(entry.targets) == 1 or not entry.split:  # one name, or names of one tensor
+            for target in entry.targets:
+                named[target] = tensor
         else:  # views, one per target
             for target, part in zip(entry.targets, tensor.split(list(entry.split)), strict=True):
                 named[target] = part

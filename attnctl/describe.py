@@ -155,8 +155,16 @@ class Generation:
     start_id: int | None = None  # an encoder–decoder's decoder_start_token_id
     banned_ids: tuple[int, ...] = ()  # never generated (bad_words_ids of one token)
     forced_bos_id: int | None = None  # the first generated token (BART)
-    forced_eos_id: int | None = None  # the token at the last step of max_length
-    max_length: int | None = None  # generation_config's max_length (with forced_eos)
+    forced_eos_id: int | None = None  # the last token, when the limit is reached
+    repetition_penalty: float = 1.0  # a seen token's logit /p (or ·p below 0)
+    no_repeat_ngram: int = 0  # no n-gram twice
+    min_length: int = 0  # no end-of-sequence before this many tokens (prompt included)
+    min_new_tokens: int = 0  # nor before this many new ones
+    suppressed_ids: tuple[int, ...] = ()  # suppress_tokens: never generated
+    begin_suppressed_ids: tuple[int, ...] = ()  # not as the first new token
+    # a key that would change the tokens and is not applied, or is malformed: generation
+    # is refused with this line (a plain run is not)
+    problem: str = ""
 
 
 @dataclass(frozen=True)
@@ -183,6 +191,8 @@ class Checkpoint:
     # the family's table: (checkpoint key without prefix, shape, block or -1 for shared)
     table: tuple[tuple[str, tuple[int, ...], int], ...] = field(compare=False, repr=False)
     facts: dict[str, Any] = field(compare=False, hash=False, default_factory=dict)
+    # the final norm's and LM head's tensors, which only generation reads (block: -1)
+    head_table: tuple[Any, ...] = field(compare=False, repr=False, default=())
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,9 @@ def read_model(directory: str | Path) -> ModelDescription:
     except AttnctlError as error:
         raise AttnctlError(f"{path / 'config.json'}: {error.message}") from None
     checkpoint = model.checkpoint
-    check_tensors(path, source.name, checkpoint.prefix, tensors, checkpoint.table)
+    check_tensors(
+        path, source.name, checkpoint.prefix, tensors, checkpoint.table + checkpoint.head_table
+    )
     return model
 
 

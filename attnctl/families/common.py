@@ -14,7 +14,15 @@ from typing import Any
 
 from attnctl.checkpoint import SAFETENSORS_DTYPES, Fields, TensorEntry, TensorInfo, _shape
 from attnctl.config import LayerConfig
-from attnctl.describe import Block, Checkpoint, Embeddings, ModelDescription
+from attnctl.describe import (
+    Block,
+    Checkpoint,
+    Embeddings,
+    Generation,
+    LMHead,
+    ModelDescription,
+    Norm,
+)
 from attnctl.errors import AttnctlError
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
@@ -100,10 +108,12 @@ def description(
     embeddings: Embeddings,
     blocks: tuple[Block, ...],
     table: tuple[TensorEntry, ...],
+    head: OutputHead | None = None,
     **facts: Any,
 ) -> ModelDescription:
     """The model, with where it came from; ``facts``: what the reports say of it
-    (max_positions, intermediate, activation, ...)."""
+    (max_positions, intermediate, activation, ...); ``head``: a decoder's final norm and
+    LM head (:func:`output_head`)."""
     checkpoint = Checkpoint(
         path=source.path,
         model_type=source.model_type,
@@ -114,8 +124,161 @@ def description(
         tensors=source.tensors,
         table=table,
         facts=facts,
+        head_table=() if head is None else head.table,
     )
-    return ModelDescription(embeddings, blocks, checkpoint)
+    if head is None:
+        return ModelDescription(embeddings, blocks, checkpoint)
+    return ModelDescription(
+        embeddings,
+        blocks,
+        checkpoint,
+        final_norm=head.norm,
+        head=head.head,
+        generation=generation(source),
+    )
+
+
+@dataclass(frozen=True)
+class OutputHead:
+    """A decoder's final norm and LM head, with the tensors they read."""
+
+    norm: Norm | None
+    head: LMHead | None  # None: the folder holds no head (a base model saved alone)
+    table: tuple[TensorEntry, ...]
+
+
+def output_head(
+    source: Source,
+    prefix: str,
+    hidden: int,
+    vocab: int,
+    norm_key: str,
+    norm: Norm,
+    *,
+    tied_default: bool,
+    norm_bias: bool = False,
+    offset: float = 0.0,
+    softcap: float = 0.0,
+) -> OutputHead:
+    """The final norm (``<prefix><norm_key>.weight``) and the LM head: the token embedding
+    when config.json ties them (``tie_word_embeddings``, default as the family's config
+    class), else ``lm_head.weight`` beside the prefixed keys, where the folder has it."""
+    table = [
+        TensorEntry(f"{norm_key}.weight", (hidden,), -1, ("final_norm.weight",), offset=offset)
+    ]
+    if norm_bias:
+        table.append(TensorEntry(f"{norm_key}.bias", (hidden,), -1, ("final_norm.bias",)))
+    tied = source.fields.boolean("tie_word_embeddings", default=tied_default)
+    head: LMHead | None = LMHead(tied=True, softcap=softcap)
+    if not tied:
+        head = None
+        if "lm_head.weight" in source.tensors:
+            head = LMHead(tied=False, softcap=softcap)
+            table.append(
+                TensorEntry(
+                    "lm_head.weight", (vocab, hidden), -1, ("lm_head.weight",), absolute=True
+                )
+            )
+    return OutputHead(norm, head, tuple(table))
+
+
+GENERATION_FILE = "generation_config.json"
+# generation_config keys that change greedy decoding and that attnctl does not apply
+REFUSED_GENERATION = {
+    "encoder_no_repeat_ngram_size": 0,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+    "forced_decoder_ids": None,
+    "guidance_scale": None,
+    "watermarking_config": None,
+}
+
+
+def generation(source: Source) -> Generation:
+    """How greedy decoding starts, stops and pads (:func:`_generation`). A problem with
+    those keys is kept, not raised: it stops generation only, never a plain run."""
+    try:
+        return _generation(source)
+    except AttnctlError as error:
+        return Generation(problem=error.message)
+
+
+def _generation(source: Source) -> Generation:
+    """How greedy decoding starts, stops and pads: generation_config.json's keys where
+    the folder has one, else config.json's (as transformers reads them); keys that would
+    change the tokens and that attnctl does not apply are refused by name."""
+    path = source.path / GENERATION_FILE
+    values: dict[str, Any] = source.config  # transformers reads one or the other
+    fields = source.fields
+    if path.is_file():
+        from attnctl.config import read_json_object
+
+        values = read_json_object(path, "generation config")
+        fields = Fields(path, values)
+    for key, neutral in REFUSED_GENERATION.items():
+        if key in values and values[key] not in (neutral, None, [], 0):
+            raise fields.error(key, "changes greedy decoding and attnctl does not apply it")
+
+    def token(key: str) -> int | None:
+        value = values.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise fields.error(key, "must be a token id (an integer at least 0)")
+        return value
+
+    eos = values.get("eos_token_id")
+    eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_list):
+        raise fields.error("eos_token_id", "must be a token id or a list of them")
+    banned: list[int] = []
+    bad_words = values.get("bad_words_ids")
+    if bad_words is not None:
+        if not isinstance(bad_words, list) or not all(
+            isinstance(w, list) and len(w) == 1 and isinstance(w[0], int) for w in bad_words
+        ):
+            raise fields.error(
+                "bad_words_ids", "attnctl bans single tokens only: a list of [id] lists"
+            )
+        banned = [w[0] for w in bad_words]
+
+    def count(key: str) -> int:
+        value = values.get(key)
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise fields.error(key, "must be an integer at least 0")
+        return value
+
+    def token_list(key: str) -> tuple[int, ...]:
+        value = values.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+        ):
+            raise fields.error(key, "must be a list of token ids")
+        return tuple(value)
+
+    penalty = values.get("repetition_penalty")
+    if penalty is None:
+        penalty = 1.0
+    if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not penalty > 0:
+        raise fields.error("repetition_penalty", "must be a number above 0")
+    return Generation(
+        repetition_penalty=float(penalty),
+        no_repeat_ngram=count("no_repeat_ngram_size"),
+        min_length=count("min_length"),
+        min_new_tokens=count("min_new_tokens"),
+        suppressed_ids=token_list("suppress_tokens"),
+        begin_suppressed_ids=token_list("begin_suppress_tokens"),
+        eos_ids=tuple(eos_list),
+        pad_id=token("pad_token_id"),
+        start_id=token("decoder_start_token_id"),
+        banned_ids=tuple(banned),
+        forced_bos_id=token("forced_bos_token_id"),
+        forced_eos_id=token("forced_eos_token_id"),
+    )
 
 
 def attention_config(source: Source, dtype: str, **values: Any) -> LayerConfig:

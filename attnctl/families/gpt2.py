@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from attnctl.checkpoint import TensorEntry
-from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription, Norm
 from attnctl.families.common import (
     Source,
     attention_config,
@@ -19,6 +19,7 @@ from attnctl.families.common import (
     decoder_mask,
     description,
     find_prefix,
+    output_head,
     stored_dtype,
 )
 
@@ -99,6 +100,16 @@ def describe(source: Source) -> ModelDescription:
         embeddings,
         (Block((Attention(config), feed_forward)),) * layers,
         _table(hidden, inner, vocab, max_positions, layers),
+        head=output_head(
+            source,
+            prefix,
+            hidden,
+            vocab,
+            "ln_f",
+            Norm("layer", eps),
+            tied_default=True,
+            norm_bias=True,
+        ),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,

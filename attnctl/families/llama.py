@@ -11,7 +11,7 @@ import dataclasses
 import re
 
 from attnctl.checkpoint import Fields, TensorEntry
-from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription, Norm
 from attnctl.families.common import (
     Source,
     attention_config,
@@ -21,6 +21,7 @@ from attnctl.families.common import (
     description,
     find_prefix,
     norm_entry,
+    output_head,
     projection_table,
     rope_values,
     stored_dtype,
@@ -111,6 +112,9 @@ def describe(source: Source) -> ModelDescription:
         blocks,
         _table(
             hidden, inner, vocab, heads, kv_heads, head_dim, layers, bias, output_bias, mlp_bias
+        ),
+        head=output_head(
+            source, prefix, hidden, vocab, "norm", Norm("rms", eps), tied_default=False
         ),
         max_positions=max_positions,
         intermediate=inner,

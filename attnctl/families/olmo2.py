@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from attnctl.checkpoint import TensorEntry
-from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription, Norm
 from attnctl.families.common import (
     Source,
     attention_config,
@@ -20,6 +20,7 @@ from attnctl.families.common import (
     description,
     find_prefix,
     norm_entry,
+    output_head,
     projection_table,
     rope_values,
     stored_dtype,
@@ -100,6 +101,9 @@ def describe(source: Source) -> ModelDescription:
         Embeddings(vocab_size=vocab, d_model=hidden, trained_by=source.name),
         (block,) * layers,
         tuple(table),
+        head=output_head(
+            source, prefix, hidden, vocab, "norm", Norm("rms", eps), tied_default=False
+        ),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,

@@ -12,7 +12,7 @@ import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
-from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription, Norm
 from attnctl.families.common import (
     Source,
     attention_config,
@@ -21,6 +21,7 @@ from attnctl.families.common import (
     decoder_mask,
     description,
     find_prefix,
+    output_head,
     rope_values,
     stored_dtype,
 )
@@ -89,6 +90,9 @@ def describe(source: Source) -> ModelDescription:
         Embeddings(vocab_size=vocab, d_model=hidden, trained_by=source.name),
         (block,) * layers,
         _table(hidden, inner, vocab, head_dim, heads, kv_heads, layers),
+        head=output_head(
+            source, prefix, hidden, vocab, "norm", Norm("rms", eps), tied_default=False
+        ),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,

@@ -11,7 +11,7 @@ import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
-from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription, Norm
 from attnctl.families.common import (
     Source,
     attention_config,
@@ -21,6 +21,7 @@ from attnctl.families.common import (
     description,
     find_prefix,
     norm_entry,
+    output_head,
     projection_table,
     qwen_layer_windows,
     rope_values,
@@ -103,6 +104,9 @@ def describe(source: Source) -> ModelDescription:
         Embeddings(vocab_size=vocab, d_model=hidden, trained_by=source.name),
         blocks,
         tuple(table),
+        head=output_head(
+            source, prefix, hidden, vocab, "norm", Norm("rms", eps), tied_default=False
+        ),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from attnctl.describe import Attention, ModelDescription
+from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record
-from attnctl.nn.attention import attention
+from attnctl.nn.attention import KVCache, attention
 from attnctl.nn.embeddings import embed, embed_context
 from attnctl.nn.feed_forward import feed_forward
 
@@ -26,6 +27,9 @@ class ModelOutput:
     attention_output: torch.Tensor | None  # (B, L, D): W_o's, when attention is the last sublayer
     weights: torch.Tensor | None  # (B, H, L, Lk): the last attention's, when kept (math path)
     windows: dict[int, torch.Tensor] = field(default_factory=dict)  # block -> (B, h, r, Lk)
+    # (block, sublayer name) -> (B, h, r, Lk) of every attention of the shown blocks, and
+    # the position of the first of those Lk keys (a sliding cache drops the oldest)
+    shown: dict[tuple[int, str], tuple[torch.Tensor, int]] = field(default_factory=dict)
 
 
 def sublayer_weights(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -34,8 +38,16 @@ def sublayer_weights(weights: dict[str, torch.Tensor], prefix: str) -> dict[str,
 
 
 def sublayer_prefix(block: int, sublayer: object) -> str:
-    kind = "attention" if isinstance(sublayer, Attention) else "feed_forward"
+    kind = sublayer.name if isinstance(sublayer, Attention) else "feed_forward"
     return f"blocks.{block}.{kind}."
+
+
+def stage_prefix(sublayer: Attention, record: Record) -> Record:
+    """A decoder block's cross-attention records its stages as cross_q, cross_weights, …"""
+    if sublayer.name == "attention":
+        return record
+    prefix = sublayer.name.removesuffix("attention")  # "cross_"
+    return lambda name, tensor, dims: record(prefix + name, tensor, dims)
 
 
 def forward(
@@ -54,6 +66,10 @@ def forward(
     keep_weights: bool = False,
     training: bool = False,
     cache: list[torch.Tensor] | None = None,
+    context: torch.Tensor | None = None,
+    context_padding: torch.Tensor | None = None,
+    caches: list[dict[str, KVCache]] | None = None,
+    offset: int = 0,
 ) -> ModelOutput:
     """Run blocks 0..last on token ids (B, L), or on ``embeddings`` (B, L, D) given
     instead of the lookup (positions are still added).
@@ -63,6 +79,11 @@ def forward(
     for ``window`` (heads, rows) are returned. ``padding`` (B, Lk) bool, True = a real key.
     ``context_ids`` (B, Lc): the keys and values of cross-attention sublayers.
     ``cache``: every block's K and V heads are appended, as a decoder's KV cache keeps them.
+
+    Decoding (an encoder–decoder's decoder, or generation): ``context`` (B, Lc, D) is the
+    encoder output cross-attention reads, ``context_padding`` (B, Lc) its real tokens;
+    ``caches`` holds each block's KV caches by sublayer name, which this step reads and
+    extends; ``offset`` is the position of the first token of ``token_ids``.
     """
     recording = record if recorded is not None else no_record
     if token_ids is not None:
@@ -75,15 +96,20 @@ def forward(
         embeddings = F.embedding(token_ids, weights["embedding.weight"])  # (B, L, D)
     looked_up = [embeddings]
     del embeddings
-    hidden = embed(model.embeddings, weights, looked_up, recording)  # (B, L, D)
-    context: list[torch.Tensor] = []  # held here while a later block still reads it
+    hidden = embed(model.embeddings, weights, looked_up, recording, offset=offset)  # (B, L, D)
+    contexts: list[torch.Tensor] = []  # held here while a later block still reads it
     if context_ids is not None:
-        context.append(embed_context(model.embeddings, weights, context_ids, recording))
+        contexts.append(embed_context(model.embeddings, weights, context_ids, recording))
+    elif context is not None:
+        contexts.append(context)
+        del context
+    position_bias: list[torch.Tensor] = []  # T5: block 0's relative bias, read by the others
     cross_left = sum(
         s.kind == "cross_attention" for b in model.blocks[: last + 1] for s in b.sublayers
     )
     result = None
     windows: dict[int, torch.Tensor] = {}
+    shown_weights: dict[tuple[int, str], tuple[torch.Tensor, int]] = {}
     for n in range(last + 1):
         block_record = record if n == recorded else no_record
         if n > 0:
@@ -95,26 +121,58 @@ def forward(
             result = None
             if isinstance(sublayer, Attention):
                 keys = None
-                if sublayer.kind == "cross_attention":
+                cross = sublayer.kind == "cross_attention"
+                if cross:
                     cross_left -= 1  # the last reader takes the context: freed after it
-                    keys = context if cross_left == 0 else list(context)
+                    keys = contexts if cross_left == 0 else list(contexts)
                 result = attention(
                     sublayer,
                     own,
                     owned,
                     context=keys,
-                    padding=padding,
-                    record=block_record,
+                    padding=context_padding if cross and context_padding is not None else padding,
+                    record=stage_prefix(sublayer, block_record),
                     keep_weights=keep_weights,
                     window=window if n in shown else None,
                     training=training,
                     cache=cache,
+                    past=None if caches is None else caches[n].setdefault(sublayer.name, KVCache()),
+                    offset=offset,
+                    position_bias=position_bias,
                 )
                 if result.window is not None:
-                    windows[n] = result.window
+                    windows.setdefault(n, result.window)  # the block's first attention
+                    shown_weights[n, sublayer.name] = (result.window, result.key_start)
                 hidden = result.output
             else:
                 hidden = feed_forward(sublayer, own, owned, block_record)
     if result is None:
-        return ModelOutput(hidden, None, None, windows)
-    return ModelOutput(hidden, result.attention_output, result.weights, windows)
+        return ModelOutput(hidden, None, None, windows, shown_weights)
+    return ModelOutput(hidden, result.attention_output, result.weights, windows, shown_weights)
+
+
+def final_norm(model: ModelDescription, weights: dict[str, torch.Tensor], hidden: torch.Tensor):
+    """The stack's norm after its last block (B, L, D), where it has one."""
+    norm = model.final_norm
+    if norm is None:
+        return hidden
+    weight, bias = weights["final_norm.weight"], weights.get("final_norm.bias")
+    if norm.type == "rms":
+        return F.rms_norm(hidden, (hidden.shape[-1],), weight, norm.eps)
+    return F.layer_norm(hidden, (hidden.shape[-1],), weight, bias, norm.eps)
+
+
+def logits(
+    model: ModelDescription, weights: dict[str, torch.Tensor], hidden: torch.Tensor
+) -> torch.Tensor:
+    """(B, L, D) final-normed hidden states -> (B, L, V) logits through the LM head."""
+    head = model.head
+    if head is None:
+        raise AttnctlError("this model has no LM head: it cannot generate")
+    if head.scale:  # T5 with tied embeddings: the hidden states times D^-0.5 first
+        hidden = hidden * head.scale
+    matrix = weights["embedding.weight"] if head.tied else weights["lm_head.weight"]  # (V, D)
+    scores = F.linear(hidden, matrix, weights.get("lm_head.bias"))  # (B, L, V)
+    if head.softcap:  # Gemma 2: cap·tanh(logits/cap)
+        scores = torch.tanh(scores / head.softcap) * head.softcap
+    return scores

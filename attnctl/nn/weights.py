@@ -42,9 +42,11 @@ def model_weights(
     config: LayerConfig,
     device: torch.device,
     blocks: int | None,
+    head: bool = False,
 ) -> Weights:
     """The weights of blocks 0..blocks-1 (None: every weight of the checkpoint, the whole
-    model whose memory ``memory`` estimates), in ``config``'s dtype."""
+    model whose memory ``memory`` estimates), in ``config``'s dtype; ``head``: and the
+    final norm and LM head, which generation reads."""
     if model.checkpoint is None:
         layer = seeded_layer(config, model.vocab_size, device).eval()
         return Weights(layer.weights(), list(layer.parameters()))
@@ -53,7 +55,7 @@ def model_weights(
         source.path,
         source.prefix,
         source.tensors,
-        source.table,
+        source.table + (source.head_table if head else ()),
         blocks,
         device,
         TORCH_DTYPES[config.dtype],
@@ -84,10 +86,10 @@ def trainable_weights(model: ModelDescription, config: LayerConfig, device: torc
     # Gemma's norms weigh by (1 + w): the offset added before autograd tracks the tensor
     # (an in-place add on a leaf that requires grad is refused), then trained as it is
     table = tuple(dataclasses.replace(e, offset=0) for e in source.table)
-    offsets = {source.prefix + e.key: e.offset for e in source.table if e.offset}
+    offsets = {e.stored_key(source.prefix): e.offset for e in source.table if e.offset}
     for key, offset in offsets.items():
         stored[key].add_(offset)
-    trained = list(dict.fromkeys(stored[source.prefix + e.key] for e in table))
+    trained = list(dict.fromkeys(stored[e.stored_key(source.prefix)] for e in table))
     for tensor in trained:
         tensor.requires_grad_()
     named = named_views(stored, source.prefix, table)
