@@ -36,6 +36,7 @@ from attnctl.app import (
 from attnctl.cli_options import (
     BatchOption,
     ContextLenOption,
+    GenerateOption,
     JsonOption,
     SeqLenOption,
     layer_options,
@@ -46,6 +47,8 @@ from attnctl.render import (
     blocks_view,
     check_json,
     check_view,
+    generation_json,
+    generation_view,
     memory_json,
     memory_view,
     printable,
@@ -54,6 +57,7 @@ from attnctl.render import (
     shapes_json,
     shapes_view,
 )
+from attnctl.report_generation import GenerationReport
 from attnctl.window import DEFAULT_ROWS
 
 # Newer Typer vendors click; its BadParameter's bases name the ClickException it raises.
@@ -288,10 +292,11 @@ def run(
             "--layer",
             metavar="N|all",
             help="With --model: the block to show, 0-based like output_attentions (-1 = the "
-            "last), or 'all' for a summary of every block. Default 0.",
+            "last), or 'all' for a summary of every block. Default 0 (--generate: the last).",
             rich_help_panel="Model",
         ),
     ] = None,
+    generate: GenerateOption = None,
     as_json: JsonOption = False,
     *,
     layer: LayerRequest,
@@ -309,8 +314,16 @@ def run(
         force=force,
         block=block,
         every_weight=as_json,
+        generate=generate,
     )
     report = run_use_case(request, _hooks())
+    if isinstance(report, GenerationReport):
+        if as_json:
+            _print_json(generation_json(report))
+        else:
+            console = _console()
+            console.print(generation_view(report, console.width))
+        return
     if as_json:
         _print_json(blocks_json(report) if report.every_block else run_json(report))
         return

@@ -209,3 +209,13 @@ ContextLenOption = Annotated[
     int | None,
     typer.Option("--context-len", help="Cross-attention: keys and values from a context of N."),
 ]
+GenerateOption = Annotated[
+    int | None,
+    typer.Option(
+        "--generate",
+        metavar="N",
+        help="With --model: append N tokens greedily with a KV cache, and show each step "
+        "(stops early when every text has ended).",
+        rich_help_panel="Model",
+    ),
+]

@@ -192,3 +192,30 @@ def _encode_bpe(text: str, tokenizer) -> list[Token]:
         piece = seen[(start, end)] if shared else 1
         tokens.append(Token(token_id, label, start, end, count, piece))
     return tokens
+
+
+DECODE_CONTEXT = 4  # tokens before each one decoded with it: a character split in bytes
+
+
+def decode_pieces(rows: list[list[int]], spec: str) -> list[list[str]]:
+    """Each generated token's text as the tokenizer decodes it in place: the text of the
+    tokens before it and it, less the text of those before it (so a character whose
+    bytes are split over several tokens shows at the last of them, the others as "\ufffd").
+    The char tokenizer has no ids to decode: its tokens show as their ids."""
+    path = tokenizer_path(spec)
+    if path is None:
+        return [[f"<{token_id}>" for token_id in row] for row in rows]
+    tokenizer = _load(path, spec)
+    result = []
+    for row in rows:
+        pieces = []
+        for n, token_id in enumerate(row):
+            before = row[max(0, n - DECODE_CONTEXT) : n]
+            head = tokenizer.decode(before, skip_special_tokens=False)
+            whole = tokenizer.decode([*before, token_id], skip_special_tokens=False)
+            common = 0  # "ab\ufffd" then "ab猫": the bytes of 猫 are whole now
+            while common < min(len(head), len(whole)) and head[common] == whole[common]:
+                common += 1
+            pieces.append(whole[common:])
+        result.append(pieces)
+    return result

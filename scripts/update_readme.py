@@ -47,6 +47,8 @@ EXAMPLES = {
     "--head 0 --device cpu": (100, None, "<memory"),
     'attnctl run "the cat eats the fish, the cat eats" --model models/gpt2-tiny --layer all '
     "--device cpu": (100, "every block", "weights and stages of one block"),
+    'attnctl run "Are you OK?" --model models/gpt2-tiny --generate 5 --device cpu': (
+        100, None, "<attention weights of the final"),
     "attnctl memory --model models/llama-2-7b --seq-len 4096": (100, "one attention matrix", None),
     "attnctl memory --model models/gemma-3-1b --seq-len 32768": (100, "peak", "<by dtype"),
 }  # fmt: skip

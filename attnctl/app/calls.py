@@ -14,6 +14,7 @@ from attnctl.describe import ModelDescription
 from attnctl.families import read_model
 from attnctl.memory import KVCacheGroup, MemoryEstimate, estimate, kv_cache_groups
 from attnctl.plan import Plan, build_plan
+from attnctl.report_generation import GenerationRun
 from attnctl.tokenize import Batch
 from attnctl.training import TrainingEstimate, estimate_training
 
@@ -127,3 +128,100 @@ def compare_implementations(
 
     with device_errors_of(layer.device):
         return run_check(layer, batch, seq_len, vocab)
+
+
+def generation_weight_bytes(model: ModelDescription, dtype: str) -> int:
+    """The bytes of every block's weights, the final norm's and the LM head's."""
+    values = model.loaded_values(model.layers)
+    for entry in model.source.head_table:
+        count = 1
+        for n in entry.shape:
+            count *= n
+        values += count
+    return values * DTYPE_BYTES[dtype]
+
+
+def generate_tokens(
+    model: ModelDescription,
+    layer: LayerConfig,
+    prompt_ids: list[list[int]],
+    new_tokens: int,
+    blocks: list[int],
+    heads: list[int],
+    cache_block: int,
+    averaged_heads: list[int],
+) -> GenerationRun:
+    """Greedy decoding of up to ``new_tokens`` after ``prompt_ids`` (B, L), of equal
+    length, keeping ``heads``' weights in ``blocks``; each step's query row of
+    ``cache_block`` averaged over ``averaged_heads`` (a subset of ``heads``) gives its
+    strongest keys. Plain data back: lists and compact float32 rows."""
+    import torch
+
+    from attnctl.layer import resolve_device
+    from attnctl.nn.generate import greedy
+    from attnctl.nn.weights import model_weights
+    from attnctl.report_generation import TOP_KEYS_KEPT, GenerationRun, GenerationStep
+    from attnctl.resources import tune_allocator
+    from attnctl.runner import shown_weights
+
+    device = resolve_device(layer.device)
+    tune_allocator()
+    run = model.with_run(layer)
+    prompt_len = len(prompt_ids[0])
+    with device_errors_of(layer.device), torch.inference_mode():
+        weights = model_weights(run, layer, device, blocks=run.layers, head=True)
+        ids = torch.tensor(prompt_ids, device=device)  # (B, L)
+        decoded = greedy(run, weights.named, ids, new_tokens, shown=blocks, heads=heads)
+        del weights
+        shown = decoded.attention[(cache_block, "attention")]  # (B, h, T, T)
+        picked = [heads.index(h) for h in averaged_heads]
+        mean = shown[:, picked].mean(dim=1)  # (B, T, T)
+        queries = prompt_len - 1 + torch.arange(len(decoded.steps))  # (S,) rows that chose
+        rows = mean[:, queries]  # (B, S, T)
+        top = rows.topk(min(TOP_KEYS_KEPT, rows.shape[-1]), dim=-1)  # (B, S, K)
+        top_weights, top_keys = top.values.tolist(), top.indices.tolist()
+        total = shown.shape[2]
+        attention = {
+            block: shown_weights(
+                decoded.attention[(block, "attention")], list(range(total)), [total] * len(ids)
+            )
+            for block in blocks
+        }
+    windows = [block.attention.window for block in run.blocks]
+    finished = [False] * len(prompt_ids)
+    steps = []
+    for number, step in enumerate(decoded.steps):
+        position = step.query_position + 1
+        eos = (run.generation.eos_ids if run.generation else ()) or ()
+        finished = [done or token in eos for done, token in zip(finished, step.tokens, strict=True)]
+        kept = [shape.get("attention", (0, 0, 0))[2] for shape in step.cache]
+        steps.append(
+            GenerationStep(
+                step=number,
+                tokens=step.tokens,
+                texts=[],
+                position=position,
+                finished=finished,
+                cache_shapes=step.cache,
+                estimated_bytes=0,
+                measured_bytes=step.cache_bytes,
+                dropped=[position - n if w else 0 for n, w in zip(kept, windows, strict=True)],
+                top_keys=[
+                    [
+                        (key, weight)
+                        for key, weight in zip(keys[number], values[number], strict=True)
+                        if weight > 0
+                    ]
+                    for keys, values in zip(top_keys, top_weights, strict=True)
+                ],
+                keys=kept[cache_block],
+            )
+        )
+    return GenerationRun(
+        generated=decoded.generated,
+        steps=steps,
+        attention=attention,
+        final_cache_shapes=decoded.final_cache,
+        final_measured_bytes=decoded.final_cache_bytes,
+        device=str(device),
+    )

@@ -54,6 +54,7 @@ class RunRequest:
     force: bool = False
     block: str | None = None  # --layer N|all
     every_weight: bool = False  # --json: every head's weights, not the tables shown
+    generate: int | None = None  # --generate N: N greedy tokens after the text
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,20 @@ characters show as escapes.
 - ``terminal_run``, ``terminal_heads``: ``run`` (one block, or every block)
 - ``terminal_memory``: ``shapes`` and ``memory``
 - ``terminal_check``: ``check``
+- ``terminal_generation``: ``run --generate``
 - ``json``: the ``--json`` documents
 """
 
-from attnctl.render.json import blocks_json, check_json, memory_json, run_json, shapes_json
+from attnctl.render.json import (
+    blocks_json,
+    check_json,
+    generation_json,
+    memory_json,
+    run_json,
+    shapes_json,
+)
 from attnctl.render.terminal_check import check_view
+from attnctl.render.terminal_generation import generation_view
 from attnctl.render.terminal_memory import memory_view, shapes_view
 from attnctl.render.terminal_run import blocks_view, run_view
 from attnctl.render.text import difference_bound, printable, shape_text, weight_text
@@ -25,6 +34,8 @@ __all__ = [
     "check_json",
     "check_view",
     "difference_bound",
+    "generation_json",
+    "generation_view",
     "memory_json",
     "memory_view",
     "printable",

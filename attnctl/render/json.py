@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from attnctl.memory import MemoryEstimate
 from attnctl.plan import Plan
 from attnctl.report import LengthReport, MemoryCommandReport, RunReport
+from attnctl.report_generation import GenerationReport, TranslationView
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
     from attnctl.check import CheckResult
@@ -209,4 +210,103 @@ def check_json(result: CheckResult, plan: Plan) -> dict[str, Any]:
         "gradcheck": result.gradcheck,
         "gradcheck_note": result.gradcheck_note,
         "ok": result.ok,
+    }
+
+
+def generation_json(report: GenerationReport) -> dict[str, Any]:
+    """``run --generate``: the run document's keys for the final sequence (prompt +
+    generated), and the steps. ``attention`` (B, heads, rows, Lk) holds every row of the
+    final sequence as its step computed it; with --layer all, ``layers`` holds each
+    block's."""
+    trace, plan = report.trace, report.plan
+    document: dict[str, Any] = {
+        "model": model_dict(plan),
+        "layer": None if report.every_block else report.blocks[0],
+        "config": plan.config.to_dict(),
+        "tokenizer": trace.tokenizer,
+        "vocab_size": trace.vocab_size,
+        "device": trace.device,
+        "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
+        "stages": [s.to_dict() for s in plan.stages],  # the prefill's, as planned
+        "impl": trace.impl,
+        "head_stats": [s.to_dict() for s in report.head_stats[0]],
+        "attention": None if report.every_block else trace.attention_lists(),
+        "attention_heads": trace.attention_heads,
+        "attention_rows": trace.attention_rows,
+        "context_tokens": None,
+        "memory": memory_dict(report.estimate),
+        "prompt_tokens": [[t.to_dict() for t in row] for row in report.prompt_tokens],
+        "generated_ids": report.generated_ids,
+        "generated_tokens": [[t.text for t in row] for row in report.generated_tokens],
+        "generated_text": ["".join(t.text for t in row) for row in report.generated_tokens],
+        "stop": report.stop,
+        "kv_cache_layer": report.cache_block,
+        "steps": [
+            {
+                "step": step.step,
+                "token": step.tokens,
+                "text": step.texts,
+                "position": step.position,
+                "finished": step.finished,
+                "kv_cache_shape": list(step.cache_shapes[report.cache_block]["attention"]),
+                "kv_cache_shapes": [list(s["attention"]) for s in step.cache_shapes],
+                "kv_cache_bytes": step.estimated_bytes,
+                "measured_kv_cache_bytes": step.measured_bytes,
+                "dropped": step.dropped,
+                "top_keys": [[list(pair) for pair in row] for row in step.top_keys],
+            }
+            for step in report.steps
+        ],
+        "kv_cache_bytes": report.final_estimated_bytes,
+        "measured_kv_cache_bytes": report.final_measured_bytes,
+        "kv_cache": [
+            {
+                "window": group.window or None,
+                "layers": group.layers,
+                "tokens": group.tokens,
+                "kv_heads": group.kv_heads,
+                "head_dim": group.head_dim,
+                "bytes": group.bytes,
+            }
+            for group in report.kv_groups
+        ],
+    }
+    if report.translation is not None:
+        document.update(translation_dict(report.translation))
+    if report.every_block:
+        document["layers"] = [
+            {
+                "layer": t.layer,
+                "head_stats": [s.to_dict() for s in stats],
+                "attention": t.attention_lists(),
+            }
+            for t, stats in zip(report.traces, report.head_stats, strict=True)
+        ]
+    return document
+
+
+def translation_dict(view: TranslationView) -> dict[str, Any]:
+    """An encoder–decoder's keys: its tokens, three attentions and the alignment."""
+    return {
+        "source_tokens": [[t.to_dict() for t in row] for row in view.source_tokens],
+        "target_tokens": [[t.to_dict() for t in row] for row in view.target_tokens],
+        "encoder_layer": view.encoder_block,
+        "decoder_layer": view.decoder_block,
+        "attention_heads": view.heads,
+        "encoder_attention": view.encoder_attention,
+        "decoder_attention": view.decoder_attention,
+        "cross_attention": view.cross_attention,
+        "alignment_heads": view.averaged_heads,
+        "alignment": [
+            [
+                {
+                    "target_position": a.target_position,
+                    "target_id": a.target_id,
+                    "source_position": a.source_position,
+                    "weight": a.weight,
+                }
+                for a in row
+            ]
+            for row in view.alignment
+        ],
     }

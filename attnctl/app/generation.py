@@ -1,0 +1,227 @@
+"""``run TEXT --model DIR --generate N``: greedy decoding of a decoder-only model, step by step.
+
+Every refusal comes before anything is allocated: the model must have a causal LM head
+and usable generation rules, the prompt and N must fit its positions, the texts must be
+of one length (a batch is padded on the right, and a decoder would generate after the
+padding), and the memory the whole run needs (weights, the cache and the kept weights of
+the final sequence) must be free. Then ``app/calls.generate_tokens`` decodes, and the
+report says what each step chose and what its cache held.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attnctl.app.calls import (
+    estimate_of,
+    generate_tokens,
+    generation_weight_bytes,
+    kv_cache_of,
+    plan_for,
+)
+from attnctl.app.inputs import choose_blocks, read_texts
+from attnctl.app.requests import Hooks, RunRequest
+from attnctl.config import LayerConfig
+from attnctl.describe import ModelDescription
+from attnctl.errors import AttnctlError
+from attnctl.report_generation import GenerationReport, generation_report
+from attnctl.tokenize import Batch, decode_pieces, encode_batch
+from attnctl.trace import Token, Trace
+from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads
+
+PYTHON_FLOAT_BYTES = 36  # a weight kept for --json: a Python float and its list slot
+
+
+def check_generation_request(
+    request: RunRequest, model: ModelDescription | None, new_tokens: int
+) -> ModelDescription:
+    """The options and the model that generation can take, or one line why not."""
+    if model is None:
+        raise AttnctlError(
+            "--generate needs a pretrained model with an LM head: give --model DIR "
+            "(attnctl's seeded layer has no vocabulary head)"
+        )
+    if new_tokens < 1:
+        raise AttnctlError(f"--generate takes a number of new tokens >= 1, got {new_tokens}")
+    if request.rows:
+        raise AttnctlError(
+            "--rows does not apply to --generate: every row of the final sequence is shown"
+        )
+    if request.contexts or request.context_file is not None:
+        raise AttnctlError(f"{model.name} has no cross-attention: leave out --context")
+    if model.is_encoder_decoder:
+        raise AttnctlError(
+            f"{model.name} is an encoder–decoder: attnctl does not generate with one yet"
+        )
+    if model.head is None:
+        if model.config.mask != "causal":
+            raise AttnctlError(
+                f"{model.name} is an encoder-only model (no causal mask, no LM head): "
+                "it does not generate text; leave out --generate"
+            )
+        raise AttnctlError(
+            f"{model.path} holds no LM head (lm_head.weight, and config.json does not tie "
+            "it to the token embedding): a base model saved without its head cannot generate"
+        )
+    if model.generation is not None and model.generation.problem:
+        raise AttnctlError(model.generation.problem)
+    return model
+
+
+def positions_limit(model: ModelDescription) -> tuple[int, str] | None:
+    """The most positions the model takes, and what says so."""
+    longest = model.longest_input()
+    if longest is not None:
+        return longest, "learned positions"
+    trained = model.source.facts.get("max_positions")
+    if isinstance(trained, int) and trained > 0:
+        return trained, "max_position_embeddings"
+    return None
+
+
+def equal_lengths(batch: Batch) -> None:
+    lengths = sorted({len(row) for row in batch.rows})
+    if len(lengths) > 1:
+        raise AttnctlError(
+            f"the texts are {', '.join(map(str, lengths))} tokens long: a batch is padded on "
+            "the right, and a decoder would generate after the padding; give one text, or "
+            "texts of one length"
+        )
+
+
+def generation_use_case(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription | None,
+    hooks: Hooks,
+) -> GenerationReport:
+    """Check, tokenize, pre-flight, decode, report."""
+    from attnctl.app.use_cases import preflight
+
+    new_tokens = request.generate if request.generate is not None else 0
+    model = check_generation_request(request, model, new_tokens)
+    if not 0 <= request.digits <= 8:
+        raise AttnctlError(f"digits must be between 0 and 8, got {request.digits}")
+    limit = positions_limit(model)
+    if limit is not None and new_tokens >= limit[0]:  # before any text is read
+        raise AttnctlError(
+            f"--generate {new_tokens} does not fit: {model.name} takes at most {limit[0]} "
+            f"positions ({limit[1]}), prompt included"
+        )
+    chosen = choose_blocks(request.block, model)
+    every_block = chosen is not None and len(chosen) > 1
+    blocks = chosen if request.block is not None and chosen else [model.layers - 1]
+    cache_block = blocks[-1]  # --layer all: the last block's row and cache in the steps
+    texts = read_texts(request.texts, request.file)
+    own_tokenizer = model.path / "tokenizer.json"
+    if layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
+        raise AttnctlError(f"no tokenizer.json in {model.path}; give one with --tokenizer")
+    batch = encode_batch(texts, layer.tokenizer)
+    equal_lengths(batch)
+    prompt_len = batch.seq_len
+    total = prompt_len + new_tokens
+    if limit is not None and total > limit[0]:
+        raise AttnctlError(
+            f"the prompt's {prompt_len} tokens and --generate {new_tokens} make {total} "
+            f"positions: {model.name} takes at most {limit[0]} ({limit[1]}); generate at "
+            f"most {max(0, limit[0] - prompt_len)}"
+        )
+    largest = max(t.id for row in batch.rows for t in row)
+    if largest >= model.vocab_size:
+        raise AttnctlError(
+            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
+            "is this tokenizer the model's own?"
+        )
+    all_heads = list(choose_heads(request.heads, layer.heads))
+    heads_shown = all_heads
+    if not request.heads and not request.every_weight and not every_block:
+        heads_shown = all_heads[:DEFAULT_HEADS_SHOWN]  # tables printed; rows averaged over all
+    layer = dataclasses.replace(layer, impl="math")  # generation keeps every weight
+    rows = len(texts)
+    # the prefill's plan: the steps after it read one query row each
+    plan = plan_for(layer, prompt_len, rows, model.vocab_size, model=model, layer_index=blocks[0])
+    memory = estimate_of(plan)
+    cache = sum(group.bytes for group in kv_cache_of(plan, total, model.layers))
+    kept = rows * len(all_heads) * total * total * len(blocks)  # weights kept, (B, h, T, T)
+    per_weight = 4 + (PYTHON_FLOAT_BYTES if request.every_weight else 0)
+    logits = rows * model.vocab_size * 4 * 2  # float32 logits and the rules' copy
+    need = (
+        generation_weight_bytes(model, layer.dtype)
+        + memory.peak_activation_bytes
+        + cache
+        + kept * (4 + per_weight)  # the rows as computed, then the report's copy
+        + logits
+    )
+    preflight(plan, need, request.force, hooks, blocks=model.layers)
+    prompt_ids = [[t.id for t in row] for row in batch.rows]
+    with hooks.progress(f"generating {new_tokens} tokens with {model.name}"):
+        run = generate_tokens(
+            model, layer, prompt_ids, new_tokens, blocks, all_heads, cache_block, all_heads
+        )
+    pieces = decode_pieces(run.generated, layer.tokenizer)
+    generated_tokens = [
+        _generated_tokens(ids, row) for ids, row in zip(run.generated, pieces, strict=True)
+    ]
+    steps = [
+        dataclasses.replace(
+            step,
+            texts=[row[step.step] for row in pieces],
+            estimated_bytes=sum(g.bytes for g in kv_cache_of(plan, step.position, model.layers)),
+        )
+        for step in run.steps
+    ]
+    final_length = prompt_len + len(steps)
+    kv_groups = kv_cache_of(plan, final_length, model.layers)
+    sequences = [p + g for p, g in zip(batch.rows, generated_tokens, strict=True)]
+    traces = [
+        Trace(
+            tokens=sequences,
+            stages=[],
+            attention=run.attention[block][0],
+            attention_heads=all_heads,
+            attention_rows=list(range(final_length)),
+            top_keys=run.attention[block][1],
+            device=run.device,
+            tokenizer=batch.name,
+            vocab_size=batch.vocab_size,
+            impl="math",
+            layer=block,
+            sums=run.attention[block][2],
+        )
+        for block in blocks
+    ]
+    hidden = None
+    if not request.heads and not every_block and layer.heads > len(heads_shown):
+        hidden = (len(heads_shown), layer.heads - 1)
+    eos = model.generation.eos_ids if model.generation else ()
+    return generation_report(
+        texts=texts,
+        plan=plan,
+        estimate=memory,
+        prompt_tokens=batch.rows,
+        generated_tokens=generated_tokens,
+        run=run,
+        steps=steps,
+        traces=traces,
+        blocks=blocks,
+        cache_block=cache_block,
+        heads=heads_shown,
+        averaged_heads=all_heads,
+        digits=request.digits,
+        every_block=every_block,
+        eos_ids=eos,
+        requested=new_tokens,
+        final_estimated_bytes=sum(g.bytes for g in kv_groups),
+        kv_groups=kv_groups,
+        windows=[block.attention.window for block in model.blocks],
+        heads_not_shown=hidden,
+    )
+
+
+def _generated_tokens(ids: list[int], pieces: list[str]) -> list[Token]:
+    """The generated tokens with their text and its span in the generated text."""
+    tokens, start = [], 0
+    for token_id, piece in zip(ids, pieces, strict=True):
+        tokens.append(Token(token_id, piece, start, start + len(piece)))
+        start += len(piece)
+    return tokens

@@ -1,0 +1,279 @@
+"""``run --generate``: the prompt, one row per step with its KV cache, the final weights."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from attnctl.memory import format_bytes
+from attnctl.render.tables import header, size_grid, titled_table
+from attnctl.render.terminal_heads import heads_map
+from attnctl.render.terminal_run import _shade, token_table, weight_tables
+from attnctl.render.text import (
+    model_lines,
+    shape_text,
+    shown_text,
+    token_label_text,
+    weight_text,
+)
+from attnctl.report_generation import (
+    GenerationReport,
+    GenerationStep,
+    TranslationView,
+    WindowNote,
+)
+
+STEP_KEYS = 3  # strongest keys listed per step (2 below STEP_KEYS_WIDTH columns)
+STEP_KEYS_WIDTH = 100
+
+
+def _ranges(numbers: list[int]) -> str:
+    """0, 1, 2, 5 -> "0–2, 5"."""
+    parts, start = [], None
+    for n, number in enumerate(numbers):
+        if start is None:
+            start = number
+        if n + 1 == len(numbers) or numbers[n + 1] != number + 1:
+            parts.append(str(start) if start == number else f"{start}–{number}")
+            start = None
+    return ", ".join(parts)
+
+
+def _heads_text(heads: list[int]) -> str:
+    return ("head " if len(heads) == 1 else "heads ") + _ranges(sorted(heads))
+
+
+def window_line(note: WindowNote) -> str:
+    blocks = ("block " if len(note.blocks) == 1 else "blocks ") + _ranges(note.blocks)
+    verb = "slides" if len(note.blocks) == 1 else "slide"
+    if not note.dropped:
+        return f"{blocks} {verb} over {note.window} keys: nothing fell out of the window"
+    dropped = "position 0" if note.dropped == 1 else f"positions 0–{note.dropped - 1}"
+    since = "" if note.first_step is None else f", the first at step {note.first_step}"
+    return f"{blocks} {verb} over {note.window} keys: {dropped} dropped by the end{since}"
+
+
+def _cache_cell(report: GenerationReport, step: GenerationStep) -> str:
+    """The shown block's (B, Hkv, T, d_k); --layer all: one shape per kind of block."""
+    if not report.every_block:
+        return shape_text(step.cache_shapes[report.cache_block]["attention"])
+    shapes = list(dict.fromkeys(tuple(s["attention"]) for s in step.cache_shapes))
+    return "\n".join(shape_text(shape) for shape in shapes)
+
+
+def _keys_cell(report: GenerationReport, step: GenerationStep, batch_row: int, count: int) -> Text:
+    tokens = report.trace.tokens[batch_row]
+    strongest = step.top_keys[batch_row][:count]
+    parts = [
+        f"{key} {token_label_text(tokens[key].text, 8)} {weight:.2f}" for key, weight in strongest
+    ]
+    return Text(" · ".join(parts))
+
+
+def step_table(report: GenerationReport, batch_row: int, width: int) -> Table:
+    """One row per step: the token chosen, where it goes, the cache its row read, bytes,
+    and that row's strongest keys."""
+    count = STEP_KEYS if width >= STEP_KEYS_WIDTH else STEP_KEYS - 1
+    batched = len(report.texts) > 1
+    title = f"steps · block {report.cache_block}"
+    table = titled_table(title + (f" · text {batch_row}" if batched else ""))
+    sliding = any(step.dropped[report.cache_block] for step in report.steps)
+    for name in ("step", "pos", "token", "KV cache", "bytes", "measured"):
+        right = name in ("step", "pos", "bytes", "measured")
+        table.add_column(name, no_wrap=True, justify="right" if right else "left")
+    if sliding:
+        table.add_column("dropped", no_wrap=True, justify="right")
+    table.add_column("strongest keys")
+    for step in report.steps:
+        token_id = step.tokens[batch_row]
+        label = token_label_text(step.texts[batch_row], 12)
+        ended = step.step > 0 and report.steps[step.step - 1].finished[batch_row]
+        token = Text(f"{label} ({token_id})" + (" ·" if ended else ""))
+        cells: list[RenderableType] = [
+            str(step.step),
+            str(step.position),
+            token,
+            _cache_cell(report, step),
+            format_bytes(step.estimated_bytes),
+            "same"
+            if step.measured_bytes == step.estimated_bytes
+            else format_bytes(step.measured_bytes),
+        ]
+        if sliding:
+            dropped = step.dropped[report.cache_block]
+            cells.append("—" if not dropped else f"0–{dropped - 1}")
+        cells.append(_keys_cell(report, step, batch_row, count))
+        table.add_row(*cells)
+    averaged = _heads_text(report.averaged_heads)
+    shape = "(B, Hkv, T, d_k) per kind of block" if report.every_block else "(B, Hkv, T, d_k)"
+    table.caption = (
+        f"pos: where the token goes; KV cache: {shape} after the row at pos - 1 read it; "
+        "bytes: estimated, every block's K and V; measured: the cache's tensors; strongest "
+        f"keys: that row over the cache, mean of {averaged} (position token weight)"
+        + (
+            "; ·: the text had ended, a pad token"
+            if any(s.finished[batch_row] for s in report.steps[:-1])
+            else ""
+        )
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def kv_table(report: GenerationReport) -> Table:
+    grid = size_grid("KV cache at the end")
+    for group in report.kv_groups:
+        kind = f"window {group.window}" if group.window else "full"
+        blocks = f"{group.layers} block" + ("s" if group.layers > 1 else "")
+        grid.add_row(
+            f"{kind} · {blocks}",
+            format_bytes(group.bytes),
+            f"{group.tokens} positions · (B, Hkv, T, d_k) = "
+            f"{shape_text((report.plan.batch, group.kv_heads, group.tokens, group.head_dim))} "
+            "each, K and V",
+        )
+    measured = report.final_measured_bytes
+    grid.add_row(
+        "every block",
+        format_bytes(report.final_estimated_bytes),
+        "estimated; measured "
+        + ("the same" if measured == report.final_estimated_bytes else format_bytes(measured)),
+    )
+    return grid
+
+
+def generation_view(report: GenerationReport, width: int) -> Group:
+    """``run --generate``: prompt, steps, window notes, final weights, summary."""
+    plan, trace = report.plan, report.trace
+    lines = [
+        ("text" if len(report.texts) == 1 else f"text {n}", shown_text(text))
+        for n, text in enumerate(report.texts)
+    ]
+    shown = None if report.every_block else report.blocks[0]
+    rules = "greedy (the arg-max token), KV cache"
+    parts: list[RenderableType] = [
+        header(
+            "attnctl run --generate",
+            [
+                *lines,
+                ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
+                *model_lines(plan, shown),
+                ("generate", f"up to {report.requested} tokens · {rules}"),
+                ("device", f"{trace.device} · dtype {plan.config.dtype}"),
+            ],
+        ),
+        Text(""),
+    ]
+    batched = len(report.texts) > 1
+    for b, row in enumerate(report.prompt_tokens):
+        title = f"prompt · text {b}" if batched else "prompt"
+        parts.append(token_table(row, list(range(len(row))), title))
+    for b in range(len(report.texts)):
+        parts.append(step_table(report, b, width))
+    parts += [Text(window_line(note), style="dim") for note in report.window_notes]
+    parts.append(Text(""))
+    final = len(report.prompt_tokens[0]) + report.generated_count
+    if report.every_block:
+        by_layer = [s.first_text for s in report.block_summaries]
+        which = "the final sequence" + (", text 0" if batched else "")
+        parts += heads_map(by_layer, trace.attention_heads, width, which)
+    else:
+        parts.append(
+            Text(
+                f"attention weights of the final sequence ({final} tokens), block "
+                f"{report.blocks[0]}: each row as its step computed it, columns = keys, "
+                "* = row maximum",
+                style="bold",
+            )
+        )
+        tables, notes = [], []
+        for window in report.windows:
+            more, more_notes, _ = weight_tables(
+                trace, window, list(report.heads), width, report.digits
+            )
+            tables += more
+            notes += [note for note in more_notes if note not in notes]
+        parts.append(Group(*tables))  # one under another: a final sequence is long
+        parts += [Text(note, style="dim") for note in notes]
+        if report.heads_not_shown is not None:
+            first, last = report.heads_not_shown
+            parts.append(Text(f"heads {first}–{last} not shown; pick them with --head N", "dim"))
+    parts.append(Text(""))
+    parts.append(kv_table(report))
+    parts.append(Text(""))
+    parts.append(summary(report))
+    return Group(*parts)
+
+
+def summary(report: GenerationReport) -> Table:
+    grid = header("generated", [])
+    count = report.generated_count
+    why = (
+        "every text ended with an end-of-sequence token"
+        if report.stop == "eos"
+        else f"the limit of {report.requested} (--generate)"
+    )
+    grid.add_row("tokens", Text(f"{count} · stopped by {why}"))
+    for b, tokens in enumerate(report.generated_tokens):
+        label = "text" if len(report.texts) == 1 else f"text {b}"
+        grid.add_row(label, Text(shown_text("".join(t.text for t in tokens))))
+    return grid
+
+
+# ---------------------------------------------------------------- encoder–decoders
+
+
+def alignment_view(view: TranslationView, width: int, digits: int = 2) -> list[RenderableType]:
+    """Per text: each generated token and the source token the row that chose it weighs
+    most, then the shaded target × source matrix (rows: the generated tokens; columns:
+    the source tokens; * = the row's strongest); too many sources for the width: each
+    row lists its strongest sources instead."""
+    heads = _heads_text(view.averaged_heads)
+    parts: list[RenderableType] = []
+    batched = len(view.source_tokens) > 1
+    for batch_row, aligned in enumerate(view.alignment):
+        sources = [t for t in view.source_tokens[batch_row] if not t.pad]
+        targets = view.target_tokens[batch_row]
+        matrix = view.alignment_matrix[batch_row]
+        title = f"alignment · block {view.decoder_block} · mean of {heads}"
+        table = titled_table(title + (f" · text {batch_row}" if batched else ""))
+        table.add_column(Text("target \\ source"), no_wrap=True)
+        cell = digits + 3
+        label_width = max(len(token_label_text(t.text)) for t in targets) + 4
+        fits = (width - label_width - 2) // (cell + 1) >= len(sources)
+        if fits:
+            for n, source in enumerate(sources):
+                heading = f"{n}\n{token_label_text(source.text, cell)}"
+                table.add_column(Text(heading), justify="right", no_wrap=True, min_width=cell)
+        else:
+            table.add_column("strongest sources")
+        for entry in aligned:
+            target = targets[entry.target_position]
+            row = matrix[entry.target_position - 1]  # the row that chose it
+            cells: list[RenderableType] = [
+                Text(f"{entry.target_position} {token_label_text(target.text)}")
+            ]
+            if fits:
+                for n in range(len(sources)):
+                    mark = "*" if n == entry.source_position else " "
+                    cells.append(Text(f"{weight_text(row[n], digits)}{mark}", style=_shade(row[n])))
+            else:
+                ranked = sorted(range(len(sources)), key=row.__getitem__, reverse=True)[:3]
+                cells.append(
+                    Text(
+                        " · ".join(
+                            f"{n} {token_label_text(sources[n].text, 8)} "
+                            f"{weight_text(row[n], digits)}"
+                            for n in ranked
+                        )
+                    )
+                )
+            table.add_row(*cells)
+        pairs = "  ".join(
+            f"{token_label_text(targets[a.target_position].text)} → "
+            f"{token_label_text(sources[a.source_position].text)}"
+            for a in aligned
+        )
+        parts += [table, Text(pairs), Text("")]
+    return parts
