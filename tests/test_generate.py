@@ -203,6 +203,26 @@ def test_a_batch_of_texts_of_one_length(invoke, folders):
     assert batch["generated_ids"][0] == document["generated_ids"][0]
     assert [len(row) for row in batch["generated_ids"]] == [N, N]
     assert batch["steps"][0]["kv_cache_shape"][0] == 2
+    prompt = _prompt(batch)
+    hf = _hf_model(folders["phi3"])
+    with torch.no_grad():
+        expected = hf.generate(
+            prompt, do_sample=False, num_beams=1, max_new_tokens=N, pad_token_id=0
+        )
+    assert batch["generated_ids"] == expected[:, prompt.shape[1] :].tolist()
+
+
+def test_each_steps_strongest_keys_are_its_row_averaged_over_the_heads(invoke, folders):
+    for extra, heads in (((), [0, 1, 2, 3]), (("--head", "2", "--head", "0"), [2, 0])):
+        document = _generate(invoke, folders["olmo2"], "--layer", "1", *extra)
+        assert document["attention_heads"] == heads and document["layer"] == 1
+        attention = torch.tensor(document["attention"])[0]  # (h, T, T)
+        for step in document["steps"]:
+            row = attention[:, step["position"] - 1].mean(dim=0)  # the row that chose it
+            top = row.topk(len(step["top_keys"][0]))
+            assert [key for key, _ in step["top_keys"][0]] == top.indices.tolist()
+            weights = [weight for _, weight in step["top_keys"][0]]
+            assert weights == pytest.approx(top.values.tolist(), abs=1e-6)
 
 
 def _refused(result, message: str) -> None:
@@ -231,6 +251,10 @@ def test_bad_requests_are_refused_in_one_line(invoke, folders, tmp_path):
         "a decoder would generate after the padding; give one text, or texts of one length",
     )
     _refused(invoke("run", "hi", "--model", gpt2, "--generate", "2", "--rows", "0:1"), "--rows")
+    _refused(
+        invoke("run", "hi", "--model", gpt2, "--generate", "2", "--impl", "sdpa"),
+        "it runs the math path; leave out --impl sdpa",
+    )
     _refused(
         invoke("run", "hi", "--model", gpt2, "--generate", "2", "--context", "x"),
         "no cross-attention",

@@ -49,6 +49,11 @@ def check_generation_request(
         )
     if request.contexts or request.context_file is not None:
         raise AttnctlError(f"{model.name} has no cross-attention: leave out --context")
+    if request.layer.options.get("impl") not in (None, "auto", "math"):
+        raise AttnctlError(
+            "--generate keeps every weight of every step: it runs the math path; leave out "
+            f"--impl {request.layer.options['impl']}"
+        )
     if model.is_encoder_decoder:
         raise AttnctlError(
             f"{model.name} is an encoder–decoder: attnctl does not generate with one yet"
