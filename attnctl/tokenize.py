@@ -219,3 +219,38 @@ def decode_pieces(rows: list[list[int]], spec: str) -> list[list[str]]:
             pieces.append(whole[common:])
         result.append(pieces)
     return result
+
+
+# What a model folder may hold instead of tokenizer.json, and how to make one from it
+_CONVERTIBLE = (
+    (("spiece.model",), "T5's sentencepiece model"),
+    (("sentencepiece.bpe.model",), "a sentencepiece model"),
+    (("vocab.json", "merges.txt"), "a byte-level BPE's vocab.json and merges.txt"),
+)
+_SAVE = (
+    'python -c "from transformers import AutoTokenizer as T; '
+    "T.from_pretrained('{dir}').save_pretrained('{dir}')\""
+)
+
+
+def missing_tokenizer(folder: Path) -> str:
+    """The line for a model folder without tokenizer.json: attnctl reads no other
+    tokenizer format (it never guesses one), so it says how to make the file."""
+    start = f"no tokenizer.json in {folder}"
+    if (folder / "source.spm").is_file():
+        return (
+            f"{start}, only Marian's sentencepiece files (source.spm, target.spm): "
+            "transformers cannot convert them to tokenizer.json; build one with the "
+            "tokenizers library from source.spm and vocab.json, or give one with --tokenizer"
+        )
+    for files, what in _CONVERTIBLE:
+        if all((folder / name).is_file() for name in files):
+            extra = (
+                "pip install sentencepiece protobuf, then " if files[0].endswith("model") else ""
+            )
+            return (
+                f"{start}, only {what}: make tokenizer.json with {extra}"
+                + _SAVE.format(dir=folder)
+                + ", or give one with --tokenizer"
+            )
+    return f"{start}; give one with --tokenizer"

@@ -416,9 +416,10 @@ BAD_FOLDERS = {
         lambda d: _rewrite_config(d, model_type="falcon"),
         f"has model_type 'falcon'; attnctl supports {supported()}",
     ),
-    "an encoder-decoder": (
-        lambda d: _rewrite_config(d, model_type="t5"),
-        "has model_type 't5': it is an encoder–decoder; attnctl does not run it yet, and "
+    "mBART": (
+        lambda d: _rewrite_config(d, model_type="mbart"),
+        "has model_type 'mbart': mBART is pre-norm with final norms, unlike BART: another "
+        "family; attnctl does not run it yet, and "
         f"supports {supported()}",
     ),
     "MoE blocks": (

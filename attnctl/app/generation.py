@@ -25,7 +25,7 @@ from attnctl.config import LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
 from attnctl.report_generation import GenerationReport, generation_report
-from attnctl.tokenize import Batch, decode_pieces, encode_batch
+from attnctl.tokenize import Batch, decode_pieces, encode_batch, missing_tokenizer
 from attnctl.trace import Token, Trace
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads
 
@@ -120,7 +120,7 @@ def generation_use_case(
     texts = read_texts(request.texts, request.file)
     own_tokenizer = model.path / "tokenizer.json"
     if layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
-        raise AttnctlError(f"no tokenizer.json in {model.path}; give one with --tokenizer")
+        raise AttnctlError(missing_tokenizer(model.path))
     batch = encode_batch(texts, layer.tokenizer)
     equal_lengths(batch)
     prompt_len = batch.seq_len

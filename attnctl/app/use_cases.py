@@ -49,7 +49,7 @@ from attnctl.report import (
     run_report,
 )
 from attnctl.report_generation import GenerationReport
-from attnctl.tokenize import encode_batch, vocab_size
+from attnctl.tokenize import encode_batch, missing_tokenizer, vocab_size
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads, choose_rows
 
 MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer")  # options that still apply to a model
@@ -92,7 +92,7 @@ def run_use_case(request: RunRequest, hooks: Hooks | None = None) -> RunReport |
         raise AttnctlError("this layer is cross-attention: give --context TEXT (or --context-file)")
     own_tokenizer = None if model is None else model.path / "tokenizer.json"
     if own_tokenizer and layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
-        raise AttnctlError(f"no tokenizer.json in {model.path}; give one with --tokenizer")
+        raise AttnctlError(missing_tokenizer(model.path))
     both = encode_batch(texts + contexts, layer.tokenizer)  # one vocabulary for both
     batch, context_batch = both.split(len(texts))
     cross = context_batch if contexts else None

@@ -43,11 +43,8 @@ NOT_YET = {
     "phimoe": "its blocks are mixtures of experts (MoE)",
     "deepseek_v2": "its attention is multi-head latent attention (MLA) and its blocks MoE",
     "deepseek_v3": "its attention is multi-head latent attention (MLA) and its blocks MoE",
-    "t5": "it is an encoder–decoder",
-    "mt5": "it is an encoder–decoder",
-    "bart": "it is an encoder–decoder",
-    "mbart": "it is an encoder–decoder",
-    "marian": "it is an encoder–decoder",
+    "mt5": "mT5 is not read yet (T5 is)",
+    "mbart": "mBART is pre-norm with final norms, unlike BART: another family",
     "gemma3": "it is the multimodal Gemma 3 (its text model, gemma3_text, is supported)",
     "phi3small": "Phi-3-small's blocksparse attention is another architecture than phi3",
 }
@@ -101,8 +98,12 @@ def read_model(directory: str | Path) -> ModelDescription:
         tensors=tensors,
     )
     model = family.describe(source)
+    stacks = [model] if model.decoder is None else [model, model.decoder]
     try:  # in float32: the run's dtype (--dtype) is checked when the run asks for it
-        validate(dataclasses.replace(model.config, dtype="float32"))
+        for stack in stacks:
+            for sublayer in {s for block in stack.blocks for s in block.sublayers}:
+                if hasattr(sublayer, "config"):
+                    validate(dataclasses.replace(sublayer.config, dtype="float32"))
     except AttnctlError as error:
         raise AttnctlError(f"{path / 'config.json'}: {error.message}") from None
     checkpoint = model.checkpoint

@@ -194,16 +194,21 @@ REFUSED_GENERATION = {
 }
 
 
-def generation(source: Source) -> Generation:
+def generation(source: Source, start_default: int | None = None) -> Generation:
     """How greedy decoding starts, stops and pads (:func:`_generation`). A problem with
-    those keys is kept, not raised: it stops generation only, never a plain run."""
+    those keys is kept, not raised: it stops generation only, never a plain run.
+
+    ``start_default``: an encoder–decoder's decoder_start_token_id when config.json has
+    none (its config class's); without one its bos_token_id, as transformers falls back.
+    """
     try:
-        return _generation(source)
+        rules = _generation(source, start_default)
     except AttnctlError as error:
         return Generation(problem=error.message)
+    return rules
 
 
-def _generation(source: Source) -> Generation:
+def _generation(source: Source, start_default: int | None) -> Generation:
     """How greedy decoding starts, stops and pads: generation_config.json's keys where
     the folder has one, else config.json's (as transformers reads them); keys that would
     change the tokens and that attnctl does not apply are refused by name."""
@@ -215,6 +220,8 @@ def _generation(source: Source) -> Generation:
 
         values = read_json_object(path, "generation config")
         fields = Fields(path, values)
+    elif start_default is not None and "decoder_start_token_id" not in values:
+        values = {**values, "decoder_start_token_id": start_default}
     for key, neutral in REFUSED_GENERATION.items():
         if key in values and values[key] not in (neutral, None, [], 0):
             raise fields.error(key, "changes greedy decoding and attnctl does not apply it")
@@ -274,7 +281,9 @@ def _generation(source: Source) -> Generation:
         begin_suppressed_ids=token_list("begin_suppress_tokens"),
         eos_ids=tuple(eos_list),
         pad_id=token("pad_token_id"),
-        start_id=token("decoder_start_token_id"),
+        start_id=token("decoder_start_token_id")
+        if values.get("decoder_start_token_id") is not None
+        else token("bos_token_id"),
         banned_ids=tuple(banned),
         forced_bos_id=token("forced_bos_token_id"),
         forced_eos_id=token("forced_eos_token_id"),

@@ -418,12 +418,14 @@ def _relative_bias(
         raise AttnctlError("T5's relative position bias needs the list the blocks share")
     if sublayer.computes_bias:
         config = sublayer.config
-        table = weights["relative_bias.weight"]  # (buckets, H)
-        queries = torch.arange(offset, offset + seq_len, device=table.device)  # (L,)
-        keys = torch.arange(key_start, key_start + key_len, device=table.device)  # (Lk,)
-        bidirectional = config.mask != "causal"
         bias = positions.relative_bias(
-            table, queries, keys, bidirectional, config.relative_distance
+            weights["relative_bias.weight"],  # (buckets, H)
+            offset,
+            seq_len,
+            key_start,
+            key_len,
+            bidirectional=config.mask != "causal",
+            max_distance=config.relative_distance,
         )  # (H, L, Lk)
         position_bias.clear()
         position_bias.append(bias)

@@ -172,7 +172,8 @@ def logits(
     if head.scale:  # T5 with tied embeddings: the hidden states times D^-0.5 first
         hidden = hidden * head.scale
     matrix = weights["embedding.weight"] if head.tied else weights["lm_head.weight"]  # (V, D)
-    scores = F.linear(hidden, matrix, weights.get("lm_head.bias"))  # (B, L, V)
+    bias = weights.get("lm_head.bias")  # (V,), or Marian's and BART's (1, V)
+    scores = F.linear(hidden, matrix, None if bias is None else bias.reshape(-1))  # (B, L, V)
     if head.softcap:  # Gemma 2: cap·tanh(logits/cap)
         scores = torch.tanh(scores / head.softcap) * head.softcap
     return scores

@@ -86,15 +86,29 @@ def relative_buckets(
 
 def relative_bias(
     table: torch.Tensor,
-    query_positions: torch.Tensor,
-    key_positions: torch.Tensor,
+    query_start: int,
+    queries: int,
+    key_start: int,
+    keys: int,
     bidirectional: bool,
     max_distance: int,
 ) -> torch.Tensor:
-    """T5's position bias from its (buckets, H) table: (H, Lq, Lk), in the table's dtype."""
-    relative = key_positions.unsqueeze(0) - query_positions.unsqueeze(1)  # (Lq, Lk)
-    bucket = relative_buckets(relative, bidirectional, table.shape[0], max_distance)
-    return F.embedding(bucket, table).permute(2, 0, 1)  # (H, Lq, Lk)
+    """T5's position bias from its (buckets, H) table: (H, Lq, Lk), in the table's dtype,
+    for queries at positions query_start… and keys at key_start….
+
+    The bias depends on key - query alone, so each of the Lq + Lk - 1 distances is bucketed
+    and looked up once (small vectors), and the (H, Lq, Lk) matrix is one copy of a
+    strided view of them: no (Lq, Lk) table of distances or buckets is ever made.
+    """
+    nearest = key_start - (query_start + queries - 1)  # the smallest key - query
+    distances = torch.arange(nearest, nearest + queries + keys - 1, device=table.device)
+    bucket = relative_buckets(distances, bidirectional, table.shape[0], max_distance)
+    del distances
+    by_distance = F.embedding(bucket, table).t().flip(-1)  # (H, Lq + Lk - 1), farthest first
+    del bucket
+    # row i, column t of the unfolded view is distance (Lk - 1 - t) - i + ... : flipped on
+    # the last dim it is key j - query i
+    return by_distance.unfold(-1, keys, 1).flip(-1)  # (H, Lq, Lk)
 
 
 def rotary_angles(
