@@ -6,12 +6,16 @@ These tests hold the fixtures to /work/notes/families/{marian,bart,t5}.md: the t
 (keys, shapes, which tied keys are absent), generation_config.json, the tokenizers' special
 tokens, the logits processors on by default, and the oracle itself: every step's attention rows
 equal one teacher-forced forward's, a batch gives each text's ids alone, and greedy generation
-from "Are you OK?" is not degenerate.
+from "Are you OK?" is not degenerate. ``spec_forward`` is the three families written from
+those notes, in float64, straight from the safetensors file: it equals transformers'
+teacher-forced forward (every attention of every block, and the logits), so the notes say
+what transformers does.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import hf_seq2seq
@@ -335,3 +339,180 @@ def test_sentencepiece_only_folder_has_no_tokenizer_json(tmp_path, family):
     spm = {"source.spm", "target.spm", "vocab.json"} if family == "marian" else {"spiece.model"}
     assert spm <= names
     assert stored(folder) == expected_tensors(family, config_of(folder))
+
+
+# ---- the specifications as code: marian.md, bart.md, t5.md in float64, from the file alone ----
+
+
+def _sinusoid(positions: int, width: int) -> torch.Tensor:
+    """Marian's table: sin in the first half, cos in the second, frequencies 10000^(-2i/D)."""
+    position = torch.arange(positions, dtype=torch.float64)[:, None]
+    frequency = 10000.0 ** (-2 * torch.arange(width // 2, dtype=torch.float64) / width)
+    table = torch.cat([torch.sin(position * frequency), torch.cos(position * frequency)], -1)
+    return table.float().double()  # computed in float64, kept as float32 (marian.md)
+
+
+def _t5_bucket(relative: torch.Tensor, bidirectional: bool, buckets: int, distance: int):
+    bucket = torch.zeros_like(relative)
+    if bidirectional:
+        buckets //= 2
+        bucket += (relative > 0).long() * buckets
+        n = relative.abs()
+    else:
+        n = -torch.clamp(relative, max=0)
+    exact = buckets // 2
+    large = (
+        exact
+        + (torch.log(n.float() / exact) / math.log(distance / exact) * (buckets - exact)).long()
+    )  # float32, truncated toward zero, as t5.md says
+    large = torch.clamp(large, max=buckets - 1)
+    return bucket + torch.where(n < exact, n, large)
+
+
+def _attend(q, k, v, additive, heads, scale):
+    """(B, Lq, H·d), (B, Lk, H·d) ×2 → output (B, Lq, H·d), weights (B, H, Lq, Lk)."""
+    B, Lq, width = q.shape
+    d = width // heads
+    q = q.view(B, Lq, heads, d).transpose(1, 2)  # (B, H, Lq, d)
+    k = k.view(B, -1, heads, d).transpose(1, 2)  # (B, H, Lk, d)
+    v = v.view(B, -1, heads, d).transpose(1, 2)
+    weights = torch.softmax(q @ k.transpose(-1, -2) * scale + additive, dim=-1)
+    return (weights @ v).transpose(1, 2).reshape(B, Lq, width), weights
+
+
+def spec_forward(folder: Path, source_ids, source_mask, target_ids):
+    """Encoder and decoder attentions per block and logits, written from the notes."""
+    import torch.nn.functional as functional
+    from safetensors.torch import load_file
+
+    config = config_of(folder)
+    w = {k: t.double() for k, t in load_file(str(folder / "model.safetensors")).items()}
+    B, Ls = source_ids.shape
+    Lt = target_ids.shape[1]
+    source_additive = torch.zeros(B, 1, 1, Ls, dtype=torch.float64)
+    source_additive[source_mask[:, None, None, :] == 0] = -math.inf
+    causal = torch.full((Lt, Lt), -math.inf, dtype=torch.float64).triu(1)  # (Lt, Lt)
+    encoder_weights, decoder_weights, cross_weights = [], [], []
+    if config["model_type"] in ("marian", "bart"):
+        D = config["d_model"]
+        scale = math.sqrt(D) if config["scale_embedding"] else 1.0
+        act = {"swish": functional.silu, "gelu": functional.gelu}[config["activation_function"]]
+
+        def linear(x, name):
+            return x @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+
+        def norm(x, name):
+            return functional.layer_norm(x, (D,), w[f"{name}.weight"], w[f"{name}.bias"], 1e-5)
+
+        def embed(ids, side):
+            x = w["model.shared.weight"][ids] * scale
+            if config["model_type"] == "marian":  # not stored: sinusoid, no offset
+                return x + _sinusoid(config["max_position_embeddings"], D)[: ids.shape[1]]
+            x = x + w[f"model.{side}.embed_positions.weight"][torch.arange(ids.shape[1]) + 2]
+            return norm(x, f"model.{side}.layernorm_embedding")
+
+        def attention(x, kv, name, additive, heads, sink):
+            out, weights = _attend(
+                linear(x, f"{name}.q_proj"), linear(kv, f"{name}.k_proj"),
+                linear(kv, f"{name}.v_proj"), additive, heads, (D // heads) ** -0.5,
+            )  # fmt: skip
+            sink.append(weights)
+            return linear(out, f"{name}.out_proj")
+
+        h = embed(source_ids, "encoder")
+        for i in range(config["encoder_layers"]):  # post-LN
+            p = f"model.encoder.layers.{i}"
+            heads = config["encoder_attention_heads"]
+            h = norm(h + attention(h, h, f"{p}.self_attn", source_additive, heads,
+                                   encoder_weights), f"{p}.self_attn_layer_norm")  # fmt: skip
+            h = norm(h + linear(act(linear(h, f"{p}.fc1")), f"{p}.fc2"), f"{p}.final_layer_norm")
+        encoded = h
+        h = embed(target_ids, "decoder")
+        for i in range(config["decoder_layers"]):
+            p = f"model.decoder.layers.{i}"
+            heads = config["decoder_attention_heads"]
+            h = norm(h + attention(h, h, f"{p}.self_attn", causal, heads, decoder_weights),
+                     f"{p}.self_attn_layer_norm")  # fmt: skip
+            h = norm(h + attention(h, encoded, f"{p}.encoder_attn", source_additive, heads,
+                                   cross_weights), f"{p}.encoder_attn_layer_norm")  # fmt: skip
+            h = norm(h + linear(act(linear(h, f"{p}.fc1")), f"{p}.fc2"), f"{p}.final_layer_norm")
+        logits = h @ w["model.shared.weight"].T + w["final_logits_bias"]
+        return encoder_weights, decoder_weights, cross_weights, logits
+    # T5
+    H, eps = config["num_heads"], config["layer_norm_epsilon"]
+    gated = config.get("is_gated_act", config["feed_forward_proj"].startswith("gated-"))
+    name = config.get("dense_act_fn", config["feed_forward_proj"].split("-")[-1])
+    act = {"relu": functional.relu, "gelu_new": lambda x: functional.gelu(x, approximate="tanh")}[
+        "gelu_new" if config["feed_forward_proj"] == "gated-gelu" else name
+    ]
+
+    def rms(x, key):  # the mean square in float32, whatever the model's dtype (t5.md)
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return w[key] * (x * torch.rsqrt(variance + eps))
+
+    def position_bias(side, queries, keys, bidirectional):
+        relative = torch.arange(keys)[None, :] - torch.arange(queries)[:, None]  # key − query
+        bucket = _t5_bucket(relative, bidirectional, config["relative_attention_num_buckets"],
+                            config["relative_attention_max_distance"])  # fmt: skip
+        table = w[f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+        return table[bucket].permute(2, 0, 1)[None]  # (1, H, Lq, Lk)
+
+    def attention(x, kv, name, additive, sink):
+        out, weights = _attend(x @ w[f"{name}.q.weight"].T, kv @ w[f"{name}.k.weight"].T,
+                               kv @ w[f"{name}.v.weight"].T, additive, H, 1.0)  # fmt: skip
+        sink.append(weights)
+        return out @ w[f"{name}.o.weight"].T
+
+    def feed_forward(x, p):
+        if gated:
+            inner = act(x @ w[f"{p}.wi_0.weight"].T) * (x @ w[f"{p}.wi_1.weight"].T)
+        else:
+            inner = act(x @ w[f"{p}.wi.weight"].T)
+        return inner @ w[f"{p}.wo.weight"].T
+
+    encoder_bias = position_bias("encoder", Ls, Ls, True) + source_additive
+    h = w["shared.weight"][source_ids]
+    for i in range(config["num_layers"]):  # pre-LN, block 0's bias reused by every block
+        p = f"encoder.block.{i}.layer"
+        h = h + attention(rms(h, f"{p}.0.layer_norm.weight"), rms(h, f"{p}.0.layer_norm.weight"),
+                          f"{p}.0.SelfAttention", encoder_bias, encoder_weights)  # fmt: skip
+        h = h + feed_forward(rms(h, f"{p}.1.layer_norm.weight"), f"{p}.1.DenseReluDense")
+    encoded = rms(h, "encoder.final_layer_norm.weight")
+    decoder_bias = position_bias("decoder", Lt, Lt, False) + causal
+    h = w["shared.weight"][target_ids]
+    for i in range(config["num_decoder_layers"]):
+        p = f"decoder.block.{i}.layer"
+        normed = rms(h, f"{p}.0.layer_norm.weight")
+        h = h + attention(normed, normed, f"{p}.0.SelfAttention", decoder_bias, decoder_weights)
+        h = h + attention(
+            rms(h, f"{p}.1.layer_norm.weight"),
+            encoded,
+            f"{p}.1.EncDecAttention",
+            source_additive,
+            cross_weights,
+        )  # fmt: skip
+        h = h + feed_forward(rms(h, f"{p}.2.layer_norm.weight"), f"{p}.2.DenseReluDense")
+    h = rms(h, "decoder.final_layer_norm.weight")
+    scaled = config.get(
+        "scale_decoder_outputs", config.get("tie_word_embeddings", True) is not False
+    )
+    if scaled:
+        h = h * config["d_model"] ** -0.5
+    head = w.get("lm_head.weight", w["shared.weight"])
+    return encoder_weights, decoder_weights, cross_weights, h @ head.T
+
+
+@pytest.mark.parametrize("family", tiny_seq2seq.SEQ2SEQ_FAMILIES)
+def test_the_specifications_compute_what_transformers_computes(folders, references, family):
+    reference = references(family)
+    teacher = reference.teacher_forced
+    encoder, decoder, cross, logits = spec_forward(
+        folders[family], reference.source_ids, reference.source_mask, reference.generated
+    )
+    for ours, theirs in [
+        *zip(encoder, teacher.encoder_attentions, strict=True),
+        *zip(decoder, teacher.decoder_attentions, strict=True),
+        *zip(cross, teacher.cross_attentions, strict=True),
+    ]:
+        assert (ours - theirs).abs().max() <= 1e-10
+    assert (logits - teacher.logits).abs().max() <= 1e-9
