@@ -484,13 +484,13 @@ def spec_forward(folder: Path, source_ids, source_mask, target_ids):
         p = f"decoder.block.{i}.layer"
         normed = rms(h, f"{p}.0.layer_norm.weight")
         h = h + attention(normed, normed, f"{p}.0.SelfAttention", decoder_bias, decoder_weights)
-        h = h + attention(
+        h = h + attention(  # cross-attention: no position bias
             rms(h, f"{p}.1.layer_norm.weight"),
             encoded,
             f"{p}.1.EncDecAttention",
             source_additive,
             cross_weights,
-        )  # fmt: skip
+        )
         h = h + feed_forward(rms(h, f"{p}.2.layer_norm.weight"), f"{p}.2.DenseReluDense")
     h = rms(h, "decoder.final_layer_norm.weight")
     scaled = config.get(
