@@ -269,6 +269,25 @@ def test_a_batch_gives_each_text_its_ids_alone(folders, references, family):
         assert torch.equal(alone.source_ids[0], references(family).source_ids[row, :length])
 
 
+def test_a_row_that_ends_early_is_padded_and_the_others_go_on(folders):
+    folder = folders["t5v11"]
+    early = tiny_seq2seq.EARLY_EOS_TEXT["t5v11"]
+    batch = hf_seq2seq.generate_seq2seq(folder, [early, TEXTS[0]], STEPS, dtype="float64")
+    alone = hf_seq2seq.generate_seq2seq(folder, [early], STEPS, dtype="float64").generated[0]
+    eos, pad = 1, 0
+    ended = alone.tolist().index(eos)
+    assert ended < STEPS and alone.shape[0] == ended + 1  # alone it stops at its EOS
+    assert batch.generated.shape == (2, STEPS + 1)  # the other row goes on
+    assert batch.generated[0, : ended + 1].tolist() == alone.tolist()
+    assert (batch.generated[0, ended + 1 :] == pad).all()
+    assert eos not in batch.generated[1].tolist()
+    # the steps after the EOS fed pad to the finished row: still the teacher-forced rows
+    steps = batch.generated.shape[1] - 1
+    for block, weights in enumerate(batch.teacher_forced.decoder_attentions):
+        rows = hf_seq2seq.step_rows(batch.decoder_attentions, block)
+        assert (rows - weights[:, :, :steps, :steps]).abs().max() <= STEP_TOLERANCE
+
+
 def test_default_logits_processors(references, folders):
     """Marian: pad never generated (bad_words_ids), the last step forced to EOS; BART: the last
     step forced to EOS; T5: nothing forced."""

@@ -52,6 +52,9 @@ import tiny_models  # tests/ is on sys.path: pytest's rootdir mode, or run as a 
 SEQ2SEQ_FAMILIES = ("marian", "bart", "t5", "t5v11")
 CAUSAL_FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
 TEST_TEXTS = ("Are you OK?", "猫吃鱼", "the cat eats the fish")
+# a text whose greedy generation ends early (EOS at step 5 of 8, then pad; it also generates the
+# pad id 0 as an ordinary token at step 3): for padding after EOS in a batch
+EARLY_EOS_TEXT = {"t5v11": "我吃了米饭，还有一条鱼。"}
 # seeds of the weight draw that make "Are you OK?" generate a non-degenerate sequence
 SEEDS = {"marian": 28, "bart": 29, "t5": 4, "t5v11": 4}
 MARIAN_BAD_WORDS = True  # opus-mt's generation_config.json forbids <pad>
