@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import tiny_models
+import tiny_seq2seq
 import torch
 
 from attnctl.report_generation import alignment_of
@@ -22,8 +23,10 @@ from attnctl.report_generation import alignment_of
 N = 6
 TOLERANCE = 1e-5
 # the families with an LM head in their fixture: GPT-2 tied to its GPT2Model embedding,
-# the recent ones written as *ForCausalLM
+# the recent ones written as *ForCausalLM; and GPT-2, Llama, Mistral, Qwen2 written as
+# *ForCausalLM (tiny_seq2seq.write_causal: "transformer."/"model." keys, lm_head.weight)
 CAUSAL = ("gpt2", *tiny_models.RECENT_FAMILIES)
+WRITTEN_CAUSAL = tuple(f"{family}-lm" for family in tiny_seq2seq.CAUSAL_FAMILIES)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +35,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     written = {family: tiny_models.write(family, root / family) for family in CAUSAL}
     sliding = tiny_models.OPTIONS["qwen3"]["sliding"]
     written["qwen3-sliding"] = tiny_models.write("qwen3", root / "qwen3-sliding", **sliding)
+    for name in WRITTEN_CAUSAL:
+        written[name] = tiny_seq2seq.write_causal(name.removesuffix("-lm"), root / name)
     return written
 
 
@@ -60,7 +65,7 @@ def _prompt(document: dict) -> torch.Tensor:
     return torch.tensor([[t["id"] for t in row] for row in document["prompt_tokens"]])
 
 
-@pytest.mark.parametrize("family", [*CAUSAL, "qwen3-sliding"])
+@pytest.mark.parametrize("family", [*CAUSAL, "qwen3-sliding", *WRITTEN_CAUSAL])
 def test_ids_and_every_attention_equal_transformers(invoke, folders, family):
     folder = folders[family]
     document = _generate(invoke, folder, "--layer", "all")
@@ -244,7 +249,7 @@ def test_bad_requests_are_refused_in_one_line(invoke, folders, tmp_path):
     )
     _refused(
         invoke("run", tiny_models.LONG_TEXT, "--model", gpt2, "--generate", "50"),
-        "make ",
+        "positions: GPT-2 takes at most 64 (learned positions); generate at most",
     )
     _refused(
         invoke("run", "the cat", "the big dog", "--model", gpt2, "--generate", "2"),

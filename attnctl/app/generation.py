@@ -73,15 +73,10 @@ def check_generation_request(
     return model
 
 
-def positions_limit(model: ModelDescription) -> tuple[int, str] | None:
-    """The most positions the model takes, and what says so."""
-    longest = model.longest_input()
-    if longest is not None:
-        return longest, "learned positions"
-    trained = model.source.facts.get("max_positions")
-    if isinstance(trained, int) and trained > 0:
-        return trained, "max_position_embeddings"
-    return None
+def positions_limit(model: ModelDescription) -> int | None:
+    """The most positions the model takes (its learned positions); None: no limit (RoPE,
+    ALiBi: transformers generates past max_position_embeddings too)."""
+    return model.longest_input()
 
 
 def equal_lengths(batch: Batch) -> None:
@@ -108,10 +103,10 @@ def generation_use_case(
     if not 0 <= request.digits <= 8:
         raise AttnctlError(f"digits must be between 0 and 8, got {request.digits}")
     limit = positions_limit(model)
-    if limit is not None and new_tokens >= limit[0]:  # before any text is read
+    if limit is not None and new_tokens >= limit:  # before any text is read
         raise AttnctlError(
-            f"--generate {new_tokens} does not fit: {model.name} takes at most {limit[0]} "
-            f"positions ({limit[1]}), prompt included"
+            f"--generate {new_tokens} does not fit: {model.name} takes at most {limit} "
+            "positions (learned positions), prompt included"
         )
     chosen = choose_blocks(request.block, model)
     every_block = chosen is not None and len(chosen) > 1
@@ -125,11 +120,15 @@ def generation_use_case(
     equal_lengths(batch)
     prompt_len = batch.seq_len
     total = prompt_len + new_tokens
-    if limit is not None and total > limit[0]:
+    if limit is not None and total > limit:
+        room = (
+            f"generate at most {limit - prompt_len}"
+            if prompt_len < limit
+            else "the prompt alone fills them"
+        )
         raise AttnctlError(
             f"the prompt's {prompt_len} tokens and --generate {new_tokens} make {total} "
-            f"positions: {model.name} takes at most {limit[0]} ({limit[1]}); generate at "
-            f"most {max(0, limit[0] - prompt_len)}"
+            f"positions: {model.name} takes at most {limit} (learned positions); {room}"
         )
     largest = max(t.id for row in batch.rows for t in row)
     if largest >= model.vocab_size:
