@@ -36,6 +36,7 @@ from attnctl.app import (
 from attnctl.cli_options import (
     BatchOption,
     ContextLenOption,
+    EncoderLayerOption,
     GenerateOption,
     JsonOption,
     SeqLenOption,
@@ -56,8 +57,10 @@ from attnctl.render import (
     run_view,
     shapes_json,
     shapes_view,
+    translation_json,
+    translation_view,
 )
-from attnctl.report_generation import GenerationReport
+from attnctl.report_generation import GenerationReport, TranslationReport
 from attnctl.window import DEFAULT_ROWS
 
 # Newer Typer vendors click; its BadParameter's bases name the ClickException it raises.
@@ -297,6 +300,7 @@ def run(
         ),
     ] = None,
     generate: GenerateOption = None,
+    encoder_block: EncoderLayerOption = None,
     as_json: JsonOption = False,
     *,
     layer: LayerRequest,
@@ -315,14 +319,17 @@ def run(
         block=block,
         every_weight=as_json,
         generate=generate,
+        encoder_block=encoder_block,
     )
     report = run_use_case(request, _hooks())
-    if isinstance(report, GenerationReport):
+    if isinstance(report, GenerationReport | TranslationReport):
+        generated = isinstance(report, GenerationReport)
         if as_json:
-            _print_json(generation_json(report))
+            _print_json(generation_json(report) if generated else translation_json(report))
         else:
             console = _console()
-            console.print(generation_view(report, console.width))
+            view = generation_view if generated else translation_view
+            console.print(view(report, console.width))  # type: ignore[arg-type]
         return
     if as_json:
         _print_json(blocks_json(report) if report.every_block else run_json(report))

@@ -215,7 +215,17 @@ GenerateOption = Annotated[
         "--generate",
         metavar="N",
         help="With --model: append N tokens greedily with a KV cache, and show each step "
-        "(stops early when every text has ended).",
+        "(stops early when every text has ended). An encoder–decoder always generates: "
+        "default 20.",
+        rich_help_panel="Model",
+    ),
+]
+EncoderLayerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--encoder-layer",
+        metavar="N",
+        help="An encoder–decoder's encoder block to show (-1 = the last). Default the last.",
         rich_help_panel="Model",
     ),
 ]

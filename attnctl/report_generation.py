@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from attnctl.memory import KVCacheGroup, MemoryEstimate
 from attnctl.plan import Plan
@@ -229,6 +230,70 @@ class TranslationView:
     # per text: (Lt, Ls) the cross-attention averaged over ``averaged_heads``
     alignment_matrix: list[list[list[float]]] = field(default_factory=list)
     alignment: list[list[AlignedToken]] = field(default_factory=list)  # per text
+
+
+@dataclass(frozen=True)
+class TranslationRun:
+    """What an encoder–decoder's greedy run hands back (``app/calls.translate_tokens``)."""
+
+    generated: list[list[int]]  # (B, N) after the start token
+    steps: list[GenerationStep]  # top_keys: each row's strongest source tokens
+    encoder_attention: list  # (B, h, Ls, Ls) of the encoder block shown
+    decoder_attention: list  # (B, h, Lt, Lt) of the decoder block shown
+    cross_attention: list  # (B, h, Lt, Ls)
+    cross_window: tuple[list, list, object]  # the same as a Trace holds it (shown_weights)
+    final_cache_shapes: list[dict[str, tuple[int, ...]]]
+    final_measured_bytes: int
+    device: str
+
+
+@dataclass(frozen=True)
+class TranslationReport:
+    """Everything ``run`` shows for an encoder–decoder: the source, the steps of its
+    decoder, the three attentions of the blocks chosen and the alignment."""
+
+    texts: list[str]
+    model: Any  # the ModelDescription
+    dtype: str
+    tokenizer: str
+    vocab_size: int
+    device: str
+    steps: list[GenerationStep]
+    view: TranslationView
+    cross_trace: Trace  # the cross-attention as a Trace: target rows × source keys
+    heads: Sequence[int]  # heads whose cross-attention tables show
+    digits: int
+    stop: str
+    requested: int
+    final_cache_shapes: list[dict[str, tuple[int, ...]]]
+    final_estimated_bytes: int
+    final_measured_bytes: int
+    heads_not_shown: tuple[int, int] | None = None
+
+    @property
+    def generated_ids(self) -> list[list[int]]:
+        return [[t.id for t in row[1:]] for row in self.view.target_tokens]
+
+    @property
+    def generated_count(self) -> int:
+        return len(self.steps)
+
+
+def seq2seq_cache_bytes(
+    decoder: Any, batch: int, target_len: int, source_len: int, dtype_bytes: int
+) -> int:
+    """The K and V a decoder keeps: per block, 2·B·T·Hkv·d_k of its self-attention
+    (the ``target_len`` tokens fed) and 2·B·Ls·Hkv·d_k of its cross-attention, made once
+    from the encoder output (``source_len`` tokens)."""
+    total = 0
+    for block in decoder.blocks:
+        for sublayer in block.sublayers:
+            config = getattr(sublayer, "config", None)
+            if config is None:
+                continue  # a feed-forward
+            length = source_len if sublayer.kind == "cross_attention" else target_len
+            total += 2 * batch * length * config.kv_heads * config.d_k * dtype_bytes
+    return total
 
 
 def alignment_of(

@@ -14,7 +14,7 @@ from attnctl.describe import ModelDescription
 from attnctl.families import read_model
 from attnctl.memory import KVCacheGroup, MemoryEstimate, estimate, kv_cache_groups
 from attnctl.plan import Plan, build_plan
-from attnctl.report_generation import GenerationRun
+from attnctl.report_generation import GenerationRun, TranslationRun
 from attnctl.tokenize import Batch
 from attnctl.training import TrainingEstimate, estimate_training
 
@@ -221,6 +221,108 @@ def generate_tokens(
         generated=decoded.generated,
         steps=steps,
         attention=attention,
+        final_cache_shapes=decoded.final_cache,
+        final_measured_bytes=decoded.final_cache_bytes,
+        device=str(device),
+    )
+
+
+def checkpoint_weight_bytes(model: ModelDescription, dtype: str) -> int:
+    """The bytes of every weight of the checkpoint, in the run's dtype."""
+    return sum(info.count for info in model.weights().values()) * DTYPE_BYTES[dtype]
+
+
+def translate_tokens(
+    model: ModelDescription,
+    layer: LayerConfig,
+    source_ids: list[list[int]],
+    source_lengths: list[int],
+    new_tokens: int,
+    encoder_block: int,
+    decoder_block: int,
+    heads: list[int],
+) -> TranslationRun:
+    """An encoder–decoder: encode the right-padded ``source_ids`` (B, Ls), then decode
+    greedily from the start token up to ``new_tokens``, keeping ``heads``' weights of the
+    encoder's ``encoder_block`` and the decoder's ``decoder_block``. Each step's strongest
+    keys: its cross-attention row (the source tokens) averaged over ``heads``."""
+    import torch
+
+    from attnctl.layer import resolve_device
+    from attnctl.nn.generate import decoder_weights, encode, greedy
+    from attnctl.nn.weights import model_weights
+    from attnctl.report_generation import TOP_KEYS_KEPT, GenerationStep, TranslationRun
+    from attnctl.resources import tune_allocator
+    from attnctl.runner import shown_weights
+
+    device = resolve_device(layer.device)
+    tune_allocator()
+    run = model.with_run(layer)
+    decoder = run.decoder
+    rules = decoder.generation
+    with device_errors_of(layer.device), torch.inference_mode():
+        weights = model_weights(run, layer, device, blocks=None, head=True)
+        ids = torch.tensor(source_ids, device=device)  # (B, Ls)
+        lengths = torch.tensor(source_lengths, device=device)
+        padding = torch.arange(ids.shape[1], device=device) < lengths[:, None]  # (B, Ls)
+        encoded = encode(run, weights.named, ids, padding, shown=[encoder_block], heads=heads)
+        start = torch.full((len(source_ids), 1), rules.start_id, device=device)  # (B, 1)
+        decoded = greedy(
+            decoder,
+            decoder_weights(weights.named),
+            start,
+            new_tokens,
+            shown=[decoder_block],
+            heads=heads,
+            encoder_output=encoded.output,
+            encoder_padding=padding,
+        )
+        del weights
+        cross = decoded.attention[(decoder_block, "cross_attention")]  # (B, h, Lt, Ls)
+        rows = cross[:, :, : len(decoded.steps)].mean(dim=1)  # (B, S, Ls): rows that chose
+        top = rows.topk(min(TOP_KEYS_KEPT, rows.shape[-1]), dim=-1)  # (B, S, K)
+        top_weights, top_keys = top.values.tolist(), top.indices.tolist()
+        encoder_attention = encoded.attention[(encoder_block, "attention")].tolist()
+        decoder_attention = decoded.attention[(decoder_block, "attention")].tolist()
+        cross_attention = cross.tolist()
+        target_len = cross.shape[2]
+        cross_window = shown_weights(cross, list(range(target_len)), [target_len] * len(ids))
+    finished = [False] * len(source_ids)
+    steps = []
+    for number, step in enumerate(decoded.steps):
+        finished = [
+            done or token in rules.eos_ids
+            for done, token in zip(finished, step.tokens, strict=True)
+        ]
+        steps.append(
+            GenerationStep(
+                step=number,
+                tokens=step.tokens,
+                texts=[],
+                position=step.query_position + 1,
+                finished=finished,
+                cache_shapes=step.cache,
+                estimated_bytes=0,
+                measured_bytes=step.cache_bytes,
+                dropped=[0] * decoder.layers,
+                top_keys=[
+                    [
+                        (key, weight)
+                        for key, weight in zip(keys[number], values[number], strict=True)
+                        if weight > 0
+                    ]
+                    for keys, values in zip(top_keys, top_weights, strict=True)
+                ],
+                keys=step.query_position + 1,
+            )
+        )
+    return TranslationRun(
+        generated=decoded.generated,
+        steps=steps,
+        encoder_attention=encoder_attention,
+        decoder_attention=decoder_attention,
+        cross_attention=cross_attention,
+        cross_window=cross_window,
         final_cache_shapes=decoded.final_cache,
         final_measured_bytes=decoded.final_cache_bytes,
         device=str(device),

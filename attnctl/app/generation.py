@@ -13,18 +13,28 @@ from __future__ import annotations
 import dataclasses
 
 from attnctl.app.calls import (
+    checkpoint_weight_bytes,
     estimate_of,
     generate_tokens,
     generation_weight_bytes,
     kv_cache_of,
     plan_for,
+    translate_tokens,
 )
 from attnctl.app.inputs import choose_blocks, read_texts
 from attnctl.app.requests import Hooks, RunRequest
-from attnctl.config import LayerConfig
+from attnctl.config import DTYPE_BYTES, LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.report_generation import GenerationReport, generation_report
+from attnctl.report_generation import (
+    GenerationReport,
+    TranslationReport,
+    TranslationView,
+    alignment_of,
+    generation_report,
+    seq2seq_cache_bytes,
+    stop_reason,
+)
 from attnctl.tokenize import Batch, decode_pieces, encode_batch, missing_tokenizer
 from attnctl.trace import Token, Trace
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads
@@ -53,10 +63,6 @@ def check_generation_request(
         raise AttnctlError(
             "--generate keeps every weight of every step: it runs the math path; leave out "
             f"--impl {request.layer.options['impl']}"
-        )
-    if model.is_encoder_decoder:
-        raise AttnctlError(
-            f"{model.name} is an encoder–decoder: attnctl does not generate with one yet"
         )
     if model.head is None:
         if model.config.mask != "causal":
@@ -229,3 +235,189 @@ def _generated_tokens(ids: list[int], pieces: list[str]) -> list[Token]:
         tokens.append(Token(token_id, piece, start, start + len(piece)))
         start += len(piece)
     return tokens
+
+
+DEFAULT_TRANSLATION_TOKENS = 20  # an encoder–decoder's --generate when not given
+
+
+def translation_use_case(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription,
+    hooks: Hooks,
+) -> TranslationReport:
+    """An encoder–decoder: encode the texts (a padded batch), generate greedily from the
+    decoder's start token, and report the three attentions of the blocks chosen."""
+    from attnctl.app.use_cases import preflight
+
+    decoder = model.decoder
+    new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate
+    if new_tokens < 1:
+        raise AttnctlError(f"--generate takes a number of new tokens >= 1, got {new_tokens}")
+    if not 0 <= request.digits <= 8:
+        raise AttnctlError(f"digits must be between 0 and 8, got {request.digits}")
+    if request.rows:
+        raise AttnctlError("--rows does not apply to an encoder–decoder: every row is shown")
+    if request.contexts or request.context_file is not None:
+        raise AttnctlError(
+            f"{model.name} reads its own encoder's output as the context: leave out --context"
+        )
+    if request.layer.options.get("impl") not in (None, "auto", "math"):
+        raise AttnctlError(
+            "an encoder–decoder's generation keeps every weight: it runs the math path; "
+            f"leave out --impl {request.layer.options['impl']}"
+        )
+    rules = decoder.generation
+    if rules is None or rules.start_id is None:
+        raise AttnctlError(
+            f"{model.path} names no decoder_start_token_id (config.json or "
+            "generation_config.json): the decoder has no first token"
+        )
+    if rules.problem:
+        raise AttnctlError(rules.problem)
+    target_limit = decoder.longest_input()
+    if target_limit is not None and new_tokens + 1 > target_limit:
+        raise AttnctlError(
+            f"--generate {new_tokens} does not fit: {model.name}'s decoder takes at most "
+            f"{target_limit} positions (learned positions), its start token included"
+        )
+    decoder_block = _one_block(request.block, decoder, "--layer")
+    encoder_block = _one_block(request.encoder_block, model, "--encoder-layer")
+    texts = read_texts(request.texts, request.file)
+    own_tokenizer = model.path / "tokenizer.json"
+    if layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
+        raise AttnctlError(missing_tokenizer(model.path))
+    batch = encode_batch(texts, layer.tokenizer)
+    source_limit = model.longest_input()
+    if source_limit is not None and batch.seq_len > source_limit:
+        raise AttnctlError(
+            f"the source is {batch.seq_len} tokens: {model.name} takes at most {source_limit} "
+            "(learned positions); give a shorter text"
+        )
+    largest = max(t.id for row in batch.rows for t in row)
+    if largest >= model.vocab_size:
+        raise AttnctlError(
+            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
+            "is this tokenizer the model's own?"
+        )
+    heads_count = min(model.heads, decoder.heads)
+    all_heads = list(choose_heads(request.heads, heads_count))
+    heads_shown = all_heads
+    if not request.heads and not request.every_weight:
+        heads_shown = all_heads[:DEFAULT_HEADS_SHOWN]
+    layer = dataclasses.replace(layer, impl="math")
+    rows, source_len, target_len = len(texts), batch.seq_len, new_tokens + 1
+    plan = plan_for(layer, source_len, rows, model.vocab_size, model=model)  # the encoder's
+    element = DTYPE_BYTES[layer.dtype]
+    cache = seq2seq_cache_bytes(decoder, rows, target_len, source_len, element)
+    kept = rows * len(all_heads) * (source_len + target_len) ** 2  # the three, (B, h, L, L)
+    per_weight = 4 + PYTHON_FLOAT_BYTES  # as computed, then as Python floats
+    logits = rows * decoder.vocab_size * 4 * 2
+    need = (
+        checkpoint_weight_bytes(model, layer.dtype)
+        + estimate_of(plan).peak_activation_bytes
+        + cache
+        + kept * per_weight
+        + logits
+    )
+    preflight(plan, need, request.force, hooks, blocks=model.layers + decoder.layers)
+    pad = rules.pad_id if rules.pad_id is not None else batch.pad_id
+    padded = [[t.id for t in row] + [pad] * (source_len - len(row)) for row in batch.rows]
+    with hooks.progress(f"translating with {model.name}: up to {new_tokens} tokens"):
+        run = translate_tokens(
+            model,
+            layer,
+            padded,
+            [len(row) for row in batch.rows],
+            new_tokens,
+            encoder_block,
+            decoder_block,
+            all_heads,
+        )
+    targets = [[rules.start_id, *row] for row in run.generated]
+    pieces = decode_pieces(targets, layer.tokenizer)
+    target_tokens = [_generated_tokens(ids, row) for ids, row in zip(targets, pieces, strict=True)]
+    steps = [
+        dataclasses.replace(
+            step,
+            texts=[row[step.position] for row in pieces],
+            estimated_bytes=seq2seq_cache_bytes(decoder, rows, step.position, source_len, element),
+        )
+        for step in run.steps
+    ]
+    source_tokens = [
+        row + [Token(pad, "<pad>", -1, -1, pad=True)] * (source_len - len(row))
+        for row in batch.rows
+    ]
+    matrix, alignment = alignment_of(
+        run.cross_attention, all_heads, all_heads, targets, [len(row) for row in batch.rows]
+    )
+    view = TranslationView(
+        source_tokens=source_tokens,
+        target_tokens=target_tokens,
+        encoder_block=encoder_block,
+        decoder_block=decoder_block,
+        heads=all_heads,
+        encoder_attention=run.encoder_attention,
+        decoder_attention=run.decoder_attention,
+        cross_attention=run.cross_attention,
+        averaged_heads=all_heads,
+        alignment_matrix=matrix,
+        alignment=alignment,
+    )
+    fed = len(targets[0])
+    cross_trace = Trace(
+        tokens=target_tokens,
+        stages=[],
+        attention=run.cross_window[0],
+        attention_heads=all_heads,
+        attention_rows=list(range(fed)),
+        top_keys=run.cross_window[1],
+        device=run.device,
+        tokenizer=batch.name,
+        vocab_size=batch.vocab_size,
+        impl="math",
+        context_tokens=source_tokens,
+        layer=decoder_block,
+        sums=run.cross_window[2],
+    )
+    hidden = None
+    if not request.heads and heads_count > len(heads_shown):
+        hidden = (len(heads_shown), heads_count - 1)
+    return TranslationReport(
+        texts=texts,
+        model=model,
+        dtype=layer.dtype,
+        tokenizer=batch.name,
+        vocab_size=batch.vocab_size,
+        device=run.device,
+        steps=steps,
+        view=view,
+        cross_trace=cross_trace,
+        heads=heads_shown,
+        digits=request.digits,
+        stop=stop_reason(run.generated, rules.eos_ids),
+        requested=new_tokens,
+        final_cache_shapes=run.final_cache_shapes,
+        final_estimated_bytes=seq2seq_cache_bytes(decoder, rows, fed, source_len, element),
+        final_measured_bytes=run.final_measured_bytes,
+        heads_not_shown=hidden,
+    )
+
+
+def _one_block(spec: str | None, stack: ModelDescription, option: str) -> int:
+    """--layer N (the decoder's block) or --encoder-layer N; default the last block."""
+    if spec is None:
+        return stack.layers - 1
+    if spec.strip().lower() == "all":
+        raise AttnctlError(f"{option} all is not shown for an encoder–decoder yet: give a block")
+    try:
+        number = int(spec)
+    except ValueError:
+        raise AttnctlError(f"{option} must be a block number, got {spec!r}") from None
+    if not -stack.layers <= number < stack.layers:
+        raise AttnctlError(
+            f"{option} {number} is out of range: the stack has {stack.layers} blocks "
+            f"(0–{stack.layers - 1}, or -1 for the last)"
+        )
+    return number % stack.layers

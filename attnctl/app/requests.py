@@ -55,6 +55,7 @@ class RunRequest:
     block: str | None = None  # --layer N|all
     every_weight: bool = False  # --json: every head's weights, not the tables shown
     generate: int | None = None  # --generate N: N greedy tokens after the text
+    encoder_block: str | None = None  # --encoder-layer N: an encoder–decoder's encoder block
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from attnctl.app.calls import (
     run_traces,
     training_estimate_of,
 )
-from attnctl.app.generation import generation_use_case
+from attnctl.app.generation import generation_use_case, translation_use_case
 from attnctl.app.inputs import choose_blocks, parse_lengths, read_contexts, read_texts
 from attnctl.app.requests import (
     CheckReport,
@@ -48,7 +48,7 @@ from attnctl.report import (
     memory_command_report,
     run_report,
 )
-from attnctl.report_generation import GenerationReport
+from attnctl.report_generation import GenerationReport, TranslationReport
 from attnctl.tokenize import encode_batch, missing_tokenizer, vocab_size
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads, choose_rows
 
@@ -72,13 +72,19 @@ def resolve_layer(request: LayerRequest) -> tuple[LayerConfig, ModelDescription 
     return model_layer(model, {k: values.get(k) for k in MODEL_KEEPS}), model
 
 
-def run_use_case(request: RunRequest, hooks: Hooks | None = None) -> RunReport | GenerationReport:
+def run_use_case(
+    request: RunRequest, hooks: Hooks | None = None
+) -> RunReport | GenerationReport | TranslationReport:
     """``run``: read the texts, choose blocks, heads and rows, plan, pre-flight, run;
     with ``--generate N``, generate (``app/generation.py``)."""
     hooks = hooks or Hooks()
     layer, model = resolve_layer(request.layer)
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
+    if model is not None and model.is_encoder_decoder:  # it always generates
+        return translation_use_case(request, layer, model, hooks)
+    if request.encoder_block is not None:
+        raise AttnctlError("--encoder-layer picks a block of an encoder–decoder's encoder")
     if request.generate is not None:
         return generation_use_case(request, layer, model, hooks)
     if not 0 <= request.digits <= 8:

@@ -21,9 +21,10 @@ from attnctl.render.json import (
     memory_json,
     run_json,
     shapes_json,
+    translation_json,
 )
 from attnctl.render.terminal_check import check_view
-from attnctl.render.terminal_generation import generation_view
+from attnctl.render.terminal_generation import generation_view, translation_view
 from attnctl.render.terminal_memory import memory_view, shapes_view
 from attnctl.render.terminal_run import blocks_view, run_view
 from attnctl.render.text import difference_bound, printable, shape_text, weight_text
@@ -44,5 +45,7 @@ __all__ = [
     "shape_text",
     "shapes_json",
     "shapes_view",
+    "translation_json",
+    "translation_view",
     "weight_text",
 ]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from attnctl.memory import MemoryEstimate
 from attnctl.plan import Plan
 from attnctl.report import LengthReport, MemoryCommandReport, RunReport
-from attnctl.report_generation import GenerationReport, TranslationView
+from attnctl.report_generation import GenerationReport, TranslationReport, TranslationView
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
     from attnctl.check import CheckResult
@@ -309,4 +309,51 @@ def translation_dict(view: TranslationView) -> dict[str, Any]:
             ]
             for row in view.alignment
         ],
+    }
+
+
+def translation_json(report: TranslationReport) -> dict[str, Any]:
+    """An encoder–decoder's run: its tokens, steps, the three attentions of the blocks
+    chosen over the whole target as the steps computed it, and the alignment."""
+    model = report.model
+    return {
+        "model": {
+            "path": str(model.path),
+            "model_type": model.model_type,
+            "family": model.family,
+            "encoder_layers": model.layers,
+            "decoder_layers": model.decoder.layers,
+            "hidden": model.hidden,
+            "heads": model.heads,
+            "vocab_size": model.vocab_size,
+            "dtype": model.dtype,
+        },
+        "tokenizer": report.tokenizer,
+        "device": report.device,
+        "dtype": report.dtype,
+        "impl": "math",
+        **translation_dict(report.view),
+        "generated_ids": report.generated_ids,
+        "generated_tokens": [[t.text for t in row[1:]] for row in report.view.target_tokens],
+        "generated_text": ["".join(t.text for t in row[1:]) for row in report.view.target_tokens],
+        "stop": report.stop,
+        "steps": [
+            {
+                "step": step.step,
+                "token": step.tokens,
+                "text": step.texts,
+                "position": step.position,
+                "finished": step.finished,
+                "kv_cache_shape": list(step.cache_shapes[report.view.decoder_block]["attention"]),
+                "cross_kv_cache_shape": list(
+                    step.cache_shapes[report.view.decoder_block]["cross_attention"]
+                ),
+                "kv_cache_bytes": step.estimated_bytes,
+                "measured_kv_cache_bytes": step.measured_bytes,
+                "top_sources": [[list(pair) for pair in row] for row in step.top_keys],
+            }
+            for step in report.steps
+        ],
+        "kv_cache_bytes": report.final_estimated_bytes,
+        "measured_kv_cache_bytes": report.final_measured_bytes,
     }

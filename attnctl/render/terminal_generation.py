@@ -12,14 +12,17 @@ from attnctl.render.terminal_heads import heads_map
 from attnctl.render.terminal_run import _shade, token_table, weight_tables
 from attnctl.render.text import (
     model_lines,
+    printable,
     shape_text,
     shown_text,
     token_label_text,
     weight_text,
 )
+from attnctl.report import text_windows
 from attnctl.report_generation import (
     GenerationReport,
     GenerationStep,
+    TranslationReport,
     TranslationView,
     WindowNote,
 )
@@ -277,3 +280,124 @@ def alignment_view(view: TranslationView, width: int, digits: int = 2) -> list[R
         )
         parts += [table, Text(pairs), Text("")]
     return parts
+
+
+def translation_step_table(report: TranslationReport, batch_row: int, width: int) -> Table:
+    """One row per decoder step: the token, where it goes, the decoder block's self- and
+    cross-attention caches, the bytes, and the source tokens its cross-attention row
+    weighs most."""
+    count = STEP_KEYS if width >= STEP_KEYS_WIDTH else STEP_KEYS - 1
+    view = report.view
+    block = view.decoder_block
+    batched = len(report.texts) > 1
+    title = f"steps · decoder block {block}" + (f" · text {batch_row}" if batched else "")
+    table = titled_table(title)
+    for name in ("step", "pos", "token", "self KV", "cross KV", "bytes", "measured"):
+        right = name in ("step", "pos", "bytes", "measured")
+        table.add_column(name, no_wrap=True, justify="right" if right else "left")
+    table.add_column("strongest sources")
+    sources = view.source_tokens[batch_row]
+    for step in report.steps:
+        label = token_label_text(step.texts[batch_row], 12)
+        ended = step.step > 0 and report.steps[step.step - 1].finished[batch_row]
+        shapes = step.cache_shapes[block]
+        strongest = step.top_keys[batch_row][:count]
+        keys = " · ".join(
+            f"{key} {token_label_text(sources[key].text, 8)} {weight:.2f}"
+            for key, weight in strongest
+        )
+        table.add_row(
+            str(step.step),
+            str(step.position),
+            Text(f"{label} ({step.tokens[batch_row]})" + (" ·" if ended else "")),
+            shape_text(shapes["attention"]),
+            shape_text(shapes["cross_attention"]),
+            format_bytes(step.estimated_bytes),
+            "same"
+            if step.measured_bytes == step.estimated_bytes
+            else format_bytes(step.measured_bytes),
+            Text(keys),
+        )
+    table.caption = (
+        "pos: where the token goes; self KV: the decoder's cache (B, Hkv, T, d_k) after the "
+        "row at pos - 1 read it; cross KV: K and V of the encoder output, made once; bytes: "
+        "every decoder block's, estimated; measured: the caches' tensors; strongest sources: "
+        f"that row's cross-attention, mean of {_heads_text(view.averaged_heads)}"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def translation_view(report: TranslationReport, width: int) -> Group:
+    """An encoder–decoder: the source, each decoder step, the alignment, the per-head
+    cross-attention tables (target × source), the summary."""
+    view, model = report.view, report.model
+    lines = [
+        ("text" if len(report.texts) == 1 else f"text {n}", shown_text(text))
+        for n, text in enumerate(report.texts)
+    ]
+    blocks = f" · encoder block {view.encoder_block} · decoder block {view.decoder_block}"
+    parts: list[RenderableType] = [
+        header(
+            "attnctl run (encoder–decoder)",
+            [
+                *lines,
+                ("tokenizer", f"{report.tokenizer} (vocab {report.vocab_size})"),
+                ("model", f"{printable(str(model.path))}{blocks}"),
+                ("config", model.summary()),
+                ("generate", f"up to {report.requested} tokens · greedy, KV cache"),
+                ("device", f"{report.device} · dtype {report.dtype}"),
+            ],
+        ),
+        Text(""),
+    ]
+    batched = len(report.texts) > 1
+    for b, row in enumerate(view.source_tokens):
+        parts.append(
+            token_table(row, list(range(len(row))), f"source · text {b}" if batched else "source")
+        )
+    for b in range(len(report.texts)):
+        parts.append(translation_step_table(report, b, width))
+    parts.append(Text(""))
+    parts += alignment_view(view, width, report.digits)
+    parts.append(
+        Text(
+            f"cross-attention weights, decoder block {view.decoder_block}: rows = target "
+            "tokens (the start token first), columns = source tokens, * = row maximum",
+            style="bold",
+        )
+    )
+    tables, notes = [], []
+    for window in text_windows(report.cross_trace):
+        more, more_notes, _ = weight_tables(
+            report.cross_trace, window, list(report.heads), width, report.digits
+        )
+        tables += more
+        notes += [note for note in more_notes if note not in notes]
+    parts.append(Group(*tables))
+    parts += [Text(note, style="dim") for note in notes]
+    if report.heads_not_shown is not None:
+        first, last = report.heads_not_shown
+        parts.append(Text(f"heads {first}–{last} not shown; pick them with --head N", "dim"))
+    parts.append(Text(""))
+    grid = header("generated", [])
+    why = (
+        "every text ended with an end-of-sequence token"
+        if report.stop == "eos"
+        else f"the limit of {report.requested} (--generate)"
+    )
+    grid.add_row("tokens", Text(f"{report.generated_count} · stopped by {why}"))
+    measured = report.final_measured_bytes
+    same = measured == report.final_estimated_bytes
+    grid.add_row(
+        "KV cache",
+        Text(
+            f"{format_bytes(report.final_estimated_bytes)} estimated, measured "
+            + ("the same" if same else format_bytes(measured))
+        ),
+    )
+    for b, tokens in enumerate(view.target_tokens):
+        label = "text" if len(report.texts) == 1 else f"text {b}"
+        grid.add_row(label, Text(shown_text("".join(t.text for t in tokens[1:]))))
+    parts.append(grid)
+    return Group(*parts)

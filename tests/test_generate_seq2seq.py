@@ -1,0 +1,139 @@
+"""``run TEXT --model DIR`` on an encoder–decoder (Marian, BART, T5 v1, T5 v1.1): it encodes
+TEXT and generates greedily, held to transformers (tests/hf_seq2seq.py) on a padded batch of
+three texts: the ids equal ``generate(do_sample=False, num_beams=1)``'s, and the encoder's,
+decoder's and cross-attention's weights of the chosen blocks equal its eager attention to
+1e-5, at every step; the alignment is the arg-max of the cross-attention row that chose each
+token; the caches' bytes, estimated, equal those measured at every step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hf_seq2seq
+import pytest
+import tiny_seq2seq
+import torch
+
+N = 8
+TOLERANCE = 1e-5
+TEXTS = list(tiny_seq2seq.TEST_TEXTS)  # three lengths: the batch is padded
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("seq2seq")
+    return {f: tiny_seq2seq.write(f, root / f) for f in tiny_seq2seq.SEQ2SEQ_FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def references(folders) -> dict[str, hf_seq2seq.Seq2SeqReference]:
+    return {f: hf_seq2seq.generate_seq2seq(d, TEXTS, N) for f, d in folders.items()}
+
+
+def _translate(invoke, folder: Path, *extra: str) -> dict:
+    result = invoke(
+        "run", *TEXTS, "--model", str(folder), "--generate", str(N), "--json",
+        "--device", "cpu", *extra,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("family", tiny_seq2seq.SEQ2SEQ_FAMILIES)
+@pytest.mark.parametrize("blocks", [(), ("--layer", "0", "--encoder-layer", "0")])
+def test_ids_and_the_three_attentions_equal_transformers(
+    invoke, folders, references, family, blocks
+):
+    document = _translate(invoke, folders[family], *blocks)
+    reference = references[family]
+    generated = reference.generated  # (B, T): the start token, then the generated ids
+    assert document["generated_ids"] == generated[:, 1:].tolist()
+    assert [[t["id"] for t in row] for row in document["target_tokens"]] == generated.tolist()
+    assert [[t["id"] for t in row if not t["pad"]] for row in document["source_tokens"]] == [
+        ids[mask.bool()].tolist()
+        for ids, mask in zip(reference.source_ids, reference.source_mask, strict=True)
+    ]
+    encoder_block, decoder_block = document["encoder_layer"], document["decoder_layer"]
+    if not blocks:  # the last blocks by default
+        assert encoder_block == len(reference.encoder_attentions) - 1
+        assert decoder_block == len(reference.teacher_forced.cross_attentions) - 1
+    else:
+        assert encoder_block == decoder_block == 0
+    real = reference.source_mask.bool()[:, None, :, None]  # padded query rows: not compared
+    encoder = torch.tensor(document["encoder_attention"])  # (B, H, Ls, Ls)
+    assert ((encoder - reference.encoder_attentions[encoder_block]).abs() * real).max() <= (
+        TOLERANCE
+    )
+    forced = reference.teacher_forced
+    decoder = torch.tensor(document["decoder_attention"])  # (B, H, Lt, Lt)
+    cross = torch.tensor(document["cross_attention"])  # (B, H, Lt, Ls)
+    assert (decoder - forced.decoder_attentions[decoder_block]).abs().max() <= TOLERANCE
+    assert (cross - forced.cross_attentions[decoder_block]).abs().max() <= TOLERANCE
+    steps = len(reference.cross_attentions)
+    per_step_self = hf_seq2seq.step_rows(reference.decoder_attentions, decoder_block)
+    per_step_cross = hf_seq2seq.step_rows(reference.cross_attentions, decoder_block)
+    assert (decoder[:, :, :steps, :steps] - per_step_self).abs().max() <= TOLERANCE
+    assert (cross[:, :, :steps] - per_step_cross).abs().max() <= TOLERANCE
+    assert len(document["steps"]) == steps
+    for number, step in enumerate(document["steps"]):
+        assert step["position"] == number + 1
+        assert step["kv_cache_shape"][2] == number + 1
+        assert step["cross_kv_cache_shape"][2] == reference.source_ids.shape[1]
+        assert step["kv_cache_bytes"] == step["measured_kv_cache_bytes"]
+    assert document["kv_cache_bytes"] == document["measured_kv_cache_bytes"]
+    # the alignment: the source token (not padding) the row before each token weighs most
+    mean = cross.mean(dim=1)  # (B, Lt, Ls)
+    lengths = reference.source_mask.sum(dim=1).tolist()
+    for batch_row, aligned in enumerate(document["alignment"]):
+        assert [a["target_position"] for a in aligned] == list(range(1, generated.shape[1]))
+        for entry in aligned:
+            row = mean[batch_row, entry["target_position"] - 1, : lengths[batch_row]]
+            assert entry["source_position"] == int(row.argmax())
+            assert entry["weight"] == pytest.approx(float(row.max()), abs=1e-6)
+
+
+def test_the_terminal_view_shows_steps_alignment_and_tables(invoke, folders):
+    for columns in (60, 100):
+        result = invoke(
+            "run", "猫吃鱼", "--model", str(folders["marian"]), "--generate", "4",
+            "--device", "cpu", "--head", "1", columns=columns,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        out = result.stdout
+        assert "steps · decoder block 1" in out
+        assert "alignment · block 1 · mean of head 1" in out
+        assert "cross-attention weights, decoder block 1" in out
+        assert " → " in out
+        assert max(len(line) for line in out.splitlines()) <= columns
+
+
+def _refused(result, message: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_bad_requests_are_refused_in_one_line(invoke, folders, tmp_path):
+    marian = str(folders["marian"])
+    _refused(invoke("run", "hi", "--model", marian, "--layer", "all"), "--layer all")
+    _refused(invoke("run", "hi", "--model", marian, "--layer", "5"), "out of range")
+    _refused(invoke("run", "hi", "--model", marian, "--encoder-layer", "x"), "block number")
+    _refused(invoke("run", "hi", "--model", marian, "--context", "x"), "leave out --context")
+    _refused(invoke("run", "hi", "--model", marian, "--generate", "0"), ">= 1, got 0")
+    _refused(invoke("run", "hi", "--model", marian, "--generate", "64"), "at most 64")
+    _refused(
+        invoke("run", "hi " * 70, "--model", marian, "--generate", "2"),
+        "takes at most 64 (learned positions)",
+    )
+    _refused(invoke("run", "hi", "--encoder-layer", "0"), "--encoder-layer")
+    folder = tmp_path / "t5"
+    tiny_seq2seq.write("t5", folder)
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        values = json.loads(path.read_text())
+        values.pop("decoder_start_token_id", None)
+        path.write_text(json.dumps(values))
+    _refused(invoke("run", "hi", "--model", str(folder)), "decoder_start_token_id")
