@@ -9,10 +9,10 @@ chosen at step k-1, whose query row, over every key the cache holds, chooses the
 The cache a step shows is the one that row read: the prompt and the tokens fed so far,
 less what fell out of a sliding window.
 
-An encoder–decoder (issue 12, point 2) will fill :class:`TranslationView` beside the
-same steps: the source tokens, the target tokens (start token + generated), its three
-attentions, and the alignment of each generated token with the source token its
-cross-attention weighs most.
+An encoder–decoder's run is a :class:`TranslationReport`: the same steps (of its decoder,
+from the start token), and a :class:`TranslationView`: the source tokens, the target
+tokens (start token + generated), its three attentions, and the alignment of each
+generated token with the source token its cross-attention weighs most.
 """
 
 from __future__ import annotations
@@ -106,7 +106,6 @@ class GenerationReport:
     kv_groups: list[KVCacheGroup]  # the final cache by kind of block
     window_notes: list[WindowNote]
     heads_not_shown: tuple[int, int] | None = None
-    translation: TranslationView | None = None  # an encoder–decoder's (not yet filled)
 
     @property
     def trace(self) -> Trace:
@@ -245,6 +244,8 @@ class TranslationRun:
     final_cache_shapes: list[dict[str, tuple[int, ...]]]
     final_measured_bytes: int
     device: str
+    # --layer all: "encoder", "decoder", "cross" -> block -> weights as a Trace holds them
+    block_windows: dict[str, dict[int, tuple[list, list, object]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,13 @@ class TranslationReport:
     final_estimated_bytes: int
     final_measured_bytes: int
     heads_not_shown: tuple[int, int] | None = None
+    # --layer all: "encoder", "decoder", "cross" -> one Trace per block, and its statistics
+    block_traces: dict[str, list[Trace]] = field(default_factory=dict)
+    block_stats: dict[str, list[list[HeadStats]]] = field(default_factory=dict)
+
+    @property
+    def every_block(self) -> bool:
+        return bool(self.block_traces)
 
     @property
     def generated_ids(self) -> list[list[int]]:

@@ -94,6 +94,33 @@ def test_ids_and_the_three_attentions_equal_transformers(
             assert entry["weight"] == pytest.approx(float(row.max()), abs=1e-6)
 
 
+@pytest.mark.parametrize("family", ["bart", "t5v11"])  # t5v11: 3 encoder, 2 decoder blocks
+def test_every_block_of_the_three_kinds_equals_transformers(invoke, folders, references, family):
+    document = _translate(invoke, folders[family], "--layer", "all")
+    reference = references[family]
+    forced = reference.teacher_forced
+    real = reference.source_mask.bool()[:, None, :, None]
+    expected = {
+        "encoder": (reference.encoder_attentions, real),
+        "decoder": (forced.decoder_attentions, 1),
+        "cross": (forced.cross_attentions, 1),
+    }
+    for kind, (theirs, mask) in expected.items():
+        blocks = document["layers"][kind]
+        assert [b["layer"] for b in blocks] == list(range(len(theirs)))
+        for block in blocks:
+            ours = torch.tensor(block["attention"])
+            assert ((ours - theirs[block["layer"]]).abs() * mask).max() <= TOLERANCE, kind
+            assert block["head_stats"]
+    out = invoke(
+        "run", *TEXTS, "--model", str(folders[family]), "--generate", str(N), "--layer", "all",
+        "--device", "cpu", columns=80,
+    ).stdout  # fmt: skip
+    for kind in ("encoder self-attention", "decoder self-attention", "cross-attention"):
+        assert f"heads by block ({kind}, text 0)" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
 def test_the_terminal_view_shows_steps_alignment_and_tables(invoke, folders):
     for columns in (60, 100):
         result = invoke(
@@ -118,7 +145,6 @@ def _refused(result, message: str) -> None:
 
 def test_bad_requests_are_refused_in_one_line(invoke, folders, tmp_path):
     marian = str(folders["marian"])
-    _refused(invoke("run", "hi", "--model", marian, "--layer", "all"), "--layer all")
     _refused(invoke("run", "hi", "--model", marian, "--layer", "5"), "out of range")
     _refused(invoke("run", "hi", "--model", marian, "--encoder-layer", "x"), "block number")
     _refused(invoke("run", "hi", "--model", marian, "--context", "x"), "leave out --context")

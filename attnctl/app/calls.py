@@ -241,11 +241,13 @@ def translate_tokens(
     encoder_block: int,
     decoder_block: int,
     heads: list[int],
+    every_block: bool = False,
 ) -> TranslationRun:
     """An encoder–decoder: encode the right-padded ``source_ids`` (B, Ls), then decode
     greedily from the start token up to ``new_tokens``, keeping ``heads``' weights of the
     encoder's ``encoder_block`` and the decoder's ``decoder_block``. Each step's strongest
-    keys: its cross-attention row (the source tokens) averaged over ``heads``."""
+    keys: its cross-attention row (the source tokens) averaged over ``heads``.
+    ``every_block``: also every block's weights of each kind, as Traces hold them."""
     import torch
 
     from attnctl.layer import resolve_device
@@ -265,14 +267,16 @@ def translate_tokens(
         ids = torch.tensor(source_ids, device=device)  # (B, Ls)
         lengths = torch.tensor(source_lengths, device=device)
         padding = torch.arange(ids.shape[1], device=device) < lengths[:, None]  # (B, Ls)
-        encoded = encode(run, weights.named, ids, padding, shown=[encoder_block], heads=heads)
+        encoder_shown = list(range(run.layers)) if every_block else [encoder_block]
+        decoder_shown = list(range(decoder.layers)) if every_block else [decoder_block]
+        encoded = encode(run, weights.named, ids, padding, shown=encoder_shown, heads=heads)
         start = torch.full((len(source_ids), 1), rules.start_id, device=device)  # (B, 1)
         decoded = greedy(
             decoder,
             decoder_weights(weights.named),
             start,
             new_tokens,
-            shown=[decoder_block],
+            shown=decoder_shown,
             heads=heads,
             encoder_output=encoded.output,
             encoder_padding=padding,
@@ -287,6 +291,19 @@ def translate_tokens(
         cross_attention = cross.tolist()
         target_len = cross.shape[2]
         cross_window = shown_weights(cross, list(range(target_len)), [target_len] * len(ids))
+        block_windows: dict[str, dict[int, tuple[list, list, object]]] = {}
+        if every_block:
+            source_len, targets = ids.shape[1], [target_len] * len(ids)
+            block_windows["encoder"] = {
+                n: shown_weights(encoded.attention[(n, "attention")], list(range(source_len)),
+                                 source_lengths)
+                for n in encoder_shown
+            }  # fmt: skip
+            for kind, name in (("decoder", "attention"), ("cross", "cross_attention")):
+                block_windows[kind] = {
+                    n: shown_weights(decoded.attention[(n, name)], list(range(target_len)), targets)
+                    for n in decoder_shown
+                }
     finished = [False] * len(source_ids)
     steps = []
     for number, step in enumerate(decoded.steps):
@@ -323,6 +340,7 @@ def translate_tokens(
         decoder_attention=decoder_attention,
         cross_attention=cross_attention,
         cross_window=cross_window,
+        block_windows=block_windows,
         final_cache_shapes=decoded.final_cache,
         final_measured_bytes=decoded.final_cache_bytes,
         device=str(device),

@@ -35,6 +35,7 @@ from attnctl.report_generation import (
     seq2seq_cache_bytes,
     stop_reason,
 )
+from attnctl.stats import head_stats
 from attnctl.tokenize import Batch, decode_pieces, encode_batch, missing_tokenizer
 from attnctl.trace import Token, Trace
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads
@@ -281,8 +282,14 @@ def translation_use_case(
             f"--generate {new_tokens} does not fit: {model.name}'s decoder takes at most "
             f"{target_limit} positions (learned positions), its start token included"
         )
-    decoder_block = _one_block(request.block, decoder, "--layer")
-    encoder_block = _one_block(request.encoder_block, model, "--encoder-layer")
+    every_block = any(
+        spec is not None and spec.strip().lower() == "all"
+        for spec in (request.block, request.encoder_block)
+    )  # --layer all: every block of both stacks
+    decoder_block = _one_block(None if every_block else request.block, decoder, "--layer")
+    encoder_block = _one_block(
+        None if every_block else request.encoder_block, model, "--encoder-layer"
+    )
     texts = read_texts(request.texts, request.file)
     own_tokenizer = model.path / "tokenizer.json"
     if layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
@@ -303,7 +310,7 @@ def translation_use_case(
     heads_count = min(model.heads, decoder.heads)
     all_heads = list(choose_heads(request.heads, heads_count))
     heads_shown = all_heads
-    if not request.heads and not request.every_weight:
+    if not request.heads and not request.every_weight and not every_block:
         heads_shown = all_heads[:DEFAULT_HEADS_SHOWN]
     layer = dataclasses.replace(layer, impl="math")
     rows, source_len, target_len = len(texts), batch.seq_len, new_tokens + 1
@@ -311,6 +318,8 @@ def translation_use_case(
     element = DTYPE_BYTES[layer.dtype]
     cache = seq2seq_cache_bytes(decoder, rows, target_len, source_len, element)
     kept = rows * len(all_heads) * (source_len + target_len) ** 2  # the three, (B, h, L, L)
+    if every_block:
+        kept *= max(model.layers, decoder.layers)
     per_weight = 4 + PYTHON_FLOAT_BYTES  # as computed, then as Python floats
     logits = rows * decoder.vocab_size * 4 * 2
     need = (
@@ -333,6 +342,7 @@ def translation_use_case(
             encoder_block,
             decoder_block,
             all_heads,
+            every_block,
         )
     targets = [[rules.start_id, *row] for row in run.generated]
     pieces = decode_pieces(targets, layer.tokenizer)
@@ -381,8 +391,32 @@ def translation_use_case(
         layer=decoder_block,
         sums=run.cross_window[2],
     )
+    block_traces: dict[str, list[Trace]] = {}
+    for kind, windows in run.block_windows.items():
+        queries = source_tokens if kind == "encoder" else target_tokens
+        block_traces[kind] = [
+            Trace(
+                tokens=queries,
+                stages=[],
+                attention=weights,
+                attention_heads=all_heads,
+                attention_rows=list(range(len(queries[0]))),
+                top_keys=top,
+                device=run.device,
+                tokenizer=batch.name,
+                vocab_size=batch.vocab_size,
+                impl="math",
+                context_tokens=source_tokens if kind == "cross" else None,
+                layer=block,
+                sums=sums,
+            )
+            for block, (weights, top, sums) in sorted(windows.items())
+        ]
+    block_stats = {
+        kind: [head_stats(trace) for trace in traces] for kind, traces in block_traces.items()
+    }
     hidden = None
-    if not request.heads and heads_count > len(heads_shown):
+    if not request.heads and not every_block and heads_count > len(heads_shown):
         hidden = (len(heads_shown), heads_count - 1)
     return TranslationReport(
         texts=texts,
@@ -402,15 +436,16 @@ def translation_use_case(
         final_estimated_bytes=seq2seq_cache_bytes(decoder, rows, fed, source_len, element),
         final_measured_bytes=run.final_measured_bytes,
         heads_not_shown=hidden,
+        block_traces=block_traces,
+        block_stats=block_stats,
     )
 
 
 def _one_block(spec: str | None, stack: ModelDescription, option: str) -> int:
-    """--layer N (the decoder's block) or --encoder-layer N; default the last block."""
+    """--layer N (the decoder's block) or --encoder-layer N; default the last block
+    (--layer all is read before)."""
     if spec is None:
         return stack.layers - 1
-    if spec.strip().lower() == "all":
-        raise AttnctlError(f"{option} all is not shown for an encoder–decoder yet: give a block")
     try:
         number = int(spec)
     except ValueError:

@@ -271,8 +271,6 @@ def generation_json(report: GenerationReport) -> dict[str, Any]:
             for group in report.kv_groups
         ],
     }
-    if report.translation is not None:
-        document.update(translation_dict(report.translation))
     if report.every_block:
         document["layers"] = [
             {
@@ -356,4 +354,19 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         ],
         "kv_cache_bytes": report.final_estimated_bytes,
         "measured_kv_cache_bytes": report.final_measured_bytes,
+        # --layer all: "encoder", "decoder", "cross" -> one {layer, head_stats, attention}
+        # per block; else null
+        "layers": {
+            kind: [
+                {
+                    "layer": trace.layer,
+                    "head_stats": [s.to_dict() for s in stats],
+                    "attention": trace.attention_lists(),
+                }
+                for trace, stats in zip(traces, report.block_stats[kind], strict=True)
+            ]
+            for kind, traces in report.block_traces.items()
+        }
+        if report.every_block
+        else None,
     }

@@ -330,13 +330,16 @@ def translation_step_table(report: TranslationReport, batch_row: int, width: int
 
 def translation_view(report: TranslationReport, width: int) -> Group:
     """An encoder–decoder: the source, each decoder step, the alignment, the per-head
-    cross-attention tables (target × source), the summary."""
+    cross-attention tables (target × source; --layer all: the heads maps of the three
+    kinds of attention in every block), the summary."""
     view, model = report.view, report.model
     lines = [
         ("text" if len(report.texts) == 1 else f"text {n}", shown_text(text))
         for n, text in enumerate(report.texts)
     ]
     blocks = f" · encoder block {view.encoder_block} · decoder block {view.decoder_block}"
+    if report.every_block:
+        blocks = f" · every block (steps and alignment: decoder block {view.decoder_block})"
     parts: list[RenderableType] = [
         header(
             "attnctl run (encoder–decoder)",
@@ -360,13 +363,41 @@ def translation_view(report: TranslationReport, width: int) -> Group:
         parts.append(translation_step_table(report, b, width))
     parts.append(Text(""))
     parts += alignment_view(view, width, report.digits)
-    parts.append(
+    if report.every_block:
+        parts += _heads_maps(report, width)
+    else:
+        parts += _cross_tables(report, width)
+    parts.append(Text(""))
+    parts.append(_translation_summary(report))
+    return Group(*parts)
+
+
+KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+              "cross": "cross-attention"}  # fmt: skip
+
+
+def _heads_maps(report: TranslationReport, width: int) -> list[RenderableType]:
+    """--layer all: one heads map per kind of attention, a row per block (text 0's heads)."""
+    batched = len(report.texts) > 1
+    parts: list[RenderableType] = []
+    for kind, per_block in report.block_stats.items():
+        by_layer = [[s for s in stats if s.batch_row == 0] for stats in per_block]
+        label = KIND_NAMES[kind] + (", text 0" if batched else "")
+        parts += heads_map(by_layer, report.view.heads, width, label)
+        parts.append(Text(""))
+    parts.append(Text("weights of one block: --layer N (decoder), --encoder-layer N", "dim"))
+    return parts
+
+
+def _cross_tables(report: TranslationReport, width: int) -> list[RenderableType]:
+    """The per-head cross-attention tables of the decoder block: target × source."""
+    parts: list[RenderableType] = [
         Text(
-            f"cross-attention weights, decoder block {view.decoder_block}: rows = target "
-            "tokens (the start token first), columns = source tokens, * = row maximum",
+            f"cross-attention weights, decoder block {report.view.decoder_block}: rows = "
+            "target tokens (the start token first), columns = source tokens, * = row maximum",
             style="bold",
         )
-    )
+    ]
     tables, notes = [], []
     for window in text_windows(report.cross_trace):
         more, more_notes, _ = weight_tables(
@@ -379,7 +410,10 @@ def translation_view(report: TranslationReport, width: int) -> Group:
     if report.heads_not_shown is not None:
         first, last = report.heads_not_shown
         parts.append(Text(f"heads {first}–{last} not shown; pick them with --head N", "dim"))
-    parts.append(Text(""))
+    return parts
+
+
+def _translation_summary(report: TranslationReport) -> Table:
     grid = header("generated", [])
     why = (
         "every text ended with an end-of-sequence token"
@@ -396,8 +430,7 @@ def translation_view(report: TranslationReport, width: int) -> Group:
             + ("the same" if same else format_bytes(measured))
         ),
     )
-    for b, tokens in enumerate(view.target_tokens):
+    for b, tokens in enumerate(report.view.target_tokens):
         label = "text" if len(report.texts) == 1 else f"text {b}"
         grid.add_row(label, Text(shown_text("".join(t.text for t in tokens[1:]))))
-    parts.append(grid)
-    return Group(*parts)
+    return grid
