@@ -333,3 +333,21 @@ def test_alignment_view_of_a_translation_built_by_hand():
     document = translation_dict(view)
     assert [a["source_position"] for a in document["alignment"][0]] == [0, 1, 2]
     assert document["cross_attention"] == cross
+
+
+@pytest.mark.parametrize("width", [20, 37, 60, 80, 200])
+def test_every_shape_and_size_stays_whole_at_every_width(invoke, folders, width):
+    from test_terminal import assert_fits
+
+    from attnctl.memory import format_bytes
+
+    args = ("run", "the cat eats", "--model", str(folders["qwen3-sliding"]), "--generate", "3")
+    document = json.loads(invoke(*args, "--json", "--device", "cpu").stdout)
+    result = invoke(*args, "--device", "cpu", columns=width)
+    assert result.exit_code == 0, result.stderr
+    values = []
+    for step in document["steps"]:
+        values += [format_bytes(step["kv_cache_bytes"]), str(step["position"])]
+        values.append("(" + ", ".join(map(str, step["kv_cache_shape"])) + ")")
+    values.append(format_bytes(document["kv_cache_bytes"]))
+    assert_fits(result.stdout, width, values)

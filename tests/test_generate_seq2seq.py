@@ -163,3 +163,16 @@ def test_bad_requests_are_refused_in_one_line(invoke, folders, tmp_path):
         values.pop("decoder_start_token_id", None)
         path.write_text(json.dumps(values))
     _refused(invoke("run", "hi", "--model", str(folder)), "decoder_start_token_id")
+
+
+def test_an_encoder_decoder_generates_without_generate_and_refuses_sdpa(invoke, folders):
+    result = invoke("run", "猫吃鱼", "--model", str(folders["bart"]), "--json", "--device", "cpu")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    steps = len(document["steps"])
+    assert steps == 20 or (steps < 20 and document["stop"] == "eos")  # --generate 20
+    assert len(document["target_tokens"][0]) == steps + 1
+    _refused(
+        invoke("run", "hi", "--model", str(folders["bart"]), "--impl", "sdpa"),
+        "leave out --impl sdpa",
+    )
