@@ -295,7 +295,8 @@ def run(
             "--layer",
             metavar="N|all",
             help="With --model: the block to show, 0-based like output_attentions (-1 = the "
-            "last), or 'all' for a summary of every block. Default 0 (--generate: the last).",
+            "last), or 'all' for a summary of every block. Default 0 (--generate, and an "
+            "encoder–decoder's decoder: the last).",
             rich_help_panel="Model",
         ),
     ] = None,

@@ -172,6 +172,7 @@ def test_an_encoder_decoder_generates_without_generate_and_refuses_sdpa(invoke, 
     steps = len(document["steps"])
     assert steps == 20 or (steps < 20 and document["stop"] == "eos")  # --generate 20
     assert len(document["target_tokens"][0]) == steps + 1
+    assert (document["config"]["mask"], document["decoder_config"]["mask"]) == ("none", "causal")
     _refused(
         invoke("run", "hi", "--model", str(folders["bart"]), "--impl", "sdpa"),
         "leave out --impl sdpa",

@@ -326,6 +326,8 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
             "vocab_size": model.vocab_size,
             "dtype": model.dtype,
         },
+        "config": model.config.to_dict(),  # the encoder's attention
+        "decoder_config": model.decoder.config.to_dict(),  # the decoder's self-attention
         "tokenizer": report.tokenizer,
         "device": report.device,
         "dtype": report.dtype,
