@@ -87,6 +87,7 @@ class GenerationReport:
     prompt_tokens: list[list[Token]]  # (B, L)
     generated_ids: list[list[int]]  # (B, N)
     generated_tokens: list[list[Token]]  # (B, N): their text, spans in the generated text
+    generated_texts: list[str]  # (B,) the generated ids decoded at once
     steps: list[GenerationStep]
     traces: list[Trace]  # per shown block: the final sequence (prompt + generated)
     blocks: list[int]  # the blocks shown (--layer N: one; --layer all: every one)
@@ -145,6 +146,7 @@ def generation_report(
     estimate: MemoryEstimate,
     prompt_tokens: list[list[Token]],
     generated_tokens: list[list[Token]],
+    generated_texts: list[str],
     run: GenerationRun,
     steps: list[GenerationStep],
     traces: list[Trace],
@@ -175,6 +177,7 @@ def generation_report(
         prompt_tokens=prompt_tokens,
         generated_ids=run.generated,
         generated_tokens=generated_tokens,
+        generated_texts=generated_texts,
         steps=steps,
         traces=traces,
         blocks=blocks,
@@ -262,6 +265,7 @@ class TranslationReport:
     steps: list[GenerationStep]
     view: TranslationView
     cross_trace: Trace  # the cross-attention as a Trace: target rows × source keys
+    generated_texts: list[str]  # (B,) the generated ids (after the start token) decoded
     heads: Sequence[int]  # heads whose cross-attention tables show
     digits: int
     stop: str

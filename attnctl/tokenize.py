@@ -197,19 +197,26 @@ def _encode_bpe(text: str, tokenizer) -> list[Token]:
 DECODE_CONTEXT = 4  # tokens before each one decoded with it: a character split in bytes
 
 
-def decode_pieces(rows: list[list[int]], spec: str) -> list[list[str]]:
+def decode_pieces(
+    rows: list[list[int]], spec: str, before_rows: list[list[int]] | None = None
+) -> list[list[str]]:
     """Each generated token's text as the tokenizer decodes it in place: the text of the
     tokens before it and it, less the text of those before it (so a character whose
-    bytes are split over several tokens shows at the last of them, the others as "\ufffd").
-    The char tokenizer has no ids to decode: its tokens show as their ids."""
+    bytes are split over several tokens shows at the last of them, the others as "\ufffd";
+    and a word's leading space stays, which a decoder drops at the start of a text).
+    ``before_rows``: the ids before each row (the prompt's). The char tokenizer has no ids
+    to decode: its tokens show as their ids."""
     path = tokenizer_path(spec)
     if path is None:
         return [[f"<{token_id}>" for token_id in row] for row in rows]
     tokenizer = _load(path, spec)
     result = []
-    for row in rows:
+    for number, generated in enumerate(rows):
+        earlier = before_rows[number][-DECODE_CONTEXT:] if before_rows else []
+        row = [*earlier, *generated]
         pieces = []
-        for n, token_id in enumerate(row):
+        for n in range(len(earlier), len(row)):
+            token_id = row[n]
             before = row[max(0, n - DECODE_CONTEXT) : n]
             head = tokenizer.decode(before, skip_special_tokens=False)
             whole = tokenizer.decode([*before, token_id], skip_special_tokens=False)
@@ -254,3 +261,24 @@ def missing_tokenizer(folder: Path) -> str:
                 + ", or give one with --tokenizer"
             )
     return f"{start}; give one with --tokenizer"
+
+
+def decode_texts(
+    rows: list[list[int]], spec: str, before_rows: list[list[int]] | None = None
+) -> list[str]:
+    """Each row's generated text, decoded at once (a character split over tokens whole),
+    after the ids before it (``before_rows``), as :func:`decode_pieces` reads them."""
+    path = tokenizer_path(spec)
+    if path is None:
+        return ["".join(piece) for piece in decode_pieces(rows, spec)]
+    tokenizer = _load(path, spec)
+    texts = []
+    for number, generated in enumerate(rows):
+        earlier = before_rows[number][-DECODE_CONTEXT:] if before_rows else []
+        head = tokenizer.decode(earlier, skip_special_tokens=False)
+        whole = tokenizer.decode([*earlier, *generated], skip_special_tokens=False)
+        common = 0
+        while common < min(len(head), len(whole)) and head[common] == whole[common]:
+            common += 1
+        texts.append(whole[common:])
+    return texts

@@ -351,3 +351,24 @@ def test_every_shape_and_size_stays_whole_at_every_width(invoke, folders, width)
         values.append("(" + ", ".join(map(str, step["kv_cache_shape"])) + ")")
     values.append(format_bytes(document["kv_cache_bytes"]))
     assert_fits(result.stdout, width, values)
+
+
+def test_generated_tokens_decode_in_place(folders):
+    from tokenizers import Tokenizer
+
+    from attnctl.tokenize import decode_pieces, decode_texts
+
+    spec = str(folders["gpt2"] / "tokenizer.json")  # byte-level: 猫 may be split in bytes
+    tokenizer = Tokenizer.from_file(spec)
+    prompt, generated = tokenizer.encode("the").ids, tokenizer.encode(" 猫 eats").ids
+    pieces = decode_pieces([generated], spec, [prompt])[0]
+    assert "".join(p for p in pieces if p != "\ufffd") == " 猫 eats"
+    assert decode_texts([generated], spec, [prompt]) == [" 猫 eats"]
+    spec = str(folders["llama-lm"] / "tokenizer.json")  # Metaspace: "▁eats" after a word
+    tokenizer = Tokenizer.from_file(spec)
+    before, whole = tokenizer.encode("the").ids, tokenizer.encode("the cat").ids
+    assert whole[: len(before)] == before
+    pieces = decode_pieces([whole[len(before) :]], spec, [before])[0]
+    assert pieces[0].startswith(" ") and "".join(pieces) == " cat"
+    # without the prompt before it, the word's space is lost as at the start of a text
+    assert decode_pieces([whole[len(before) :]], spec)[0][0] == pieces[0][1:]

@@ -36,7 +36,13 @@ from attnctl.report_generation import (
     stop_reason,
 )
 from attnctl.stats import head_stats
-from attnctl.tokenize import Batch, decode_pieces, encode_batch, missing_tokenizer
+from attnctl.tokenize import (
+    Batch,
+    decode_pieces,
+    decode_texts,
+    encode_batch,
+    missing_tokenizer,
+)
 from attnctl.trace import Token, Trace
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads
 
@@ -169,7 +175,7 @@ def generation_use_case(
         run = generate_tokens(
             model, layer, prompt_ids, new_tokens, blocks, all_heads, cache_block, all_heads
         )
-    pieces = decode_pieces(run.generated, layer.tokenizer)
+    pieces = decode_pieces(run.generated, layer.tokenizer, prompt_ids)
     generated_tokens = [
         _generated_tokens(ids, row) for ids, row in zip(run.generated, pieces, strict=True)
     ]
@@ -211,6 +217,7 @@ def generation_use_case(
         estimate=memory,
         prompt_tokens=batch.rows,
         generated_tokens=generated_tokens,
+        generated_texts=decode_texts(run.generated, layer.tokenizer, prompt_ids),
         run=run,
         steps=steps,
         traces=traces,
@@ -428,6 +435,9 @@ def translation_use_case(
         steps=steps,
         view=view,
         cross_trace=cross_trace,
+        generated_texts=decode_texts(
+            run.generated, layer.tokenizer, [[rules.start_id]] * len(texts)
+        ),
         heads=heads_shown,
         digits=request.digits,
         stop=stop_reason(run.generated, rules.eos_ids),

@@ -238,7 +238,7 @@ def generation_json(report: GenerationReport) -> dict[str, Any]:
         "prompt_tokens": [[t.to_dict() for t in row] for row in report.prompt_tokens],
         "generated_ids": report.generated_ids,
         "generated_tokens": [[t.text for t in row] for row in report.generated_tokens],
-        "generated_text": ["".join(t.text for t in row) for row in report.generated_tokens],
+        "generated_text": report.generated_texts,
         "stop": report.stop,
         "kv_cache_layer": report.cache_block,
         "steps": [
@@ -335,7 +335,7 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         **translation_dict(report.view),
         "generated_ids": report.generated_ids,
         "generated_tokens": [[t.text for t in row[1:]] for row in report.view.target_tokens],
-        "generated_text": ["".join(t.text for t in row[1:]) for row in report.view.target_tokens],
+        "generated_text": report.generated_texts,
         "stop": report.stop,
         "steps": [
             {

@@ -218,9 +218,9 @@ def summary(report: GenerationReport) -> Table:
         else f"the limit of {report.requested} (--generate)"
     )
     grid.add_row("tokens", Text(f"{count} · stopped by {why}"))
-    for b, tokens in enumerate(report.generated_tokens):
+    for b, text in enumerate(report.generated_texts):
         label = "text" if len(report.texts) == 1 else f"text {b}"
-        grid.add_row(label, Text(shown_text("".join(t.text for t in tokens))))
+        grid.add_row(label, Text(shown_text(text)))
     return grid
 
 
@@ -430,7 +430,7 @@ def _translation_summary(report: TranslationReport) -> Table:
             + ("the same" if same else format_bytes(measured))
         ),
     )
-    for b, tokens in enumerate(report.view.target_tokens):
+    for b, text in enumerate(report.generated_texts):
         label = "text" if len(report.texts) == 1 else f"text {b}"
-        grid.add_row(label, Text(shown_text("".join(t.text for t in tokens[1:]))))
+        grid.add_row(label, Text(shown_text(text)))
     return grid
