@@ -372,3 +372,30 @@ def test_generated_tokens_decode_in_place(folders):
     assert pieces[0].startswith(" ") and "".join(pieces) == " cat"
     # without the prompt before it, the word's space is lost as at the start of a text
     assert decode_pieces([whole[len(before) :]], spec)[0][0] == pieces[0][1:]
+
+
+def test_a_text_that_ends_first_is_padded_as_transformers_pads_it(invoke, folders, tmp_path):
+    import shutil
+
+    texts = ("the cat", "the dog")
+    args = ("--generate", str(N), "--json", "--device", "cpu")
+    first = json.loads(invoke("run", *texts, "--model", str(folders["phi3"]), *args).stdout)
+    ended, going = first["generated_ids"]
+    eos = ended[1]  # text 0 ends at step 1, text 1 never
+    assert eos not in going and eos != ended[0]
+    folder = shutil.copytree(folders["phi3"], tmp_path / "phi3")
+    for name in ("config.json", "generation_config.json"):
+        path = folder / name
+        path.write_text(json.dumps({**json.loads(path.read_text()), "eos_token_id": eos}))
+    result = invoke("run", *texts, "--model", str(folder), *args)
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    hf = _hf_model(folder)
+    prompt = _prompt(document)
+    with torch.no_grad():
+        expected = hf.generate(prompt, do_sample=False, num_beams=1, max_new_tokens=N)
+    assert document["generated_ids"] == expected[:, prompt.shape[1] :].tolist()
+    pad = hf.generation_config.pad_token_id
+    assert document["generated_ids"][0] == [ended[0], eos] + [pad] * (N - 2)
+    assert document["stop"] == "limit"  # text 1 never ended
+    assert [step["finished"] for step in document["steps"][:2]] == [[False, False], [True, False]]
