@@ -399,3 +399,18 @@ def test_a_text_that_ends_first_is_padded_as_transformers_pads_it(invoke, folder
     assert document["generated_ids"][0] == [ended[0], eos] + [pad] * (N - 2)
     assert document["stop"] == "limit"  # text 1 never ended
     assert [step["finished"] for step in document["steps"][:2]] == [[False, False], [True, False]]
+
+
+@pytest.mark.parametrize("columns", [74, 80, 100, 140])
+def test_each_step_is_one_line_where_the_table_fits(invoke, folders, columns):
+    out = tiny_models_run(invoke, folders["gemma3"], "--layer", "0", columns=columns).stdout
+    lines = out.splitlines()
+    title = _line(out, "steps · block 0")
+    start = next(i for i in range(title, len(lines)) if lines[i].lstrip().startswith("─")) + 1
+    rows = lines[start : start + N]
+    assert [row.split()[0] for row in rows] == [str(n) for n in range(N)], rows
+    assert lines[start + N] == ""  # no step wrapped onto a second line
+    shown = [row.count(" · ") + 1 for row in rows]
+    assert all(1 <= count <= 3 for count in shown)
+    if columns >= 140:
+        assert shown == [3] * N

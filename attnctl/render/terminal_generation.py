@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -27,8 +28,7 @@ from attnctl.report_generation import (
     WindowNote,
 )
 
-STEP_KEYS = 3  # strongest keys listed per step (2 below STEP_KEYS_WIDTH columns)
-STEP_KEYS_WIDTH = 100
+STEP_KEYS = 3  # strongest keys listed per step, where the width has room for them
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -65,38 +65,56 @@ def _cache_cell(report: GenerationReport, step: GenerationStep) -> str:
     return "\n".join(shape_text(shape) for shape in shapes)
 
 
-def _keys_cell(report: GenerationReport, step: GenerationStep, batch_row: int, count: int) -> Text:
-    tokens = report.trace.tokens[batch_row]
-    strongest = step.top_keys[batch_row][:count]
-    parts = [
-        f"{key} {token_label_text(tokens[key].text, 8)} {weight:.2f}" for key, weight in strongest
+def _key_entries(tokens: list, top_keys: list[tuple[int, float]]) -> list[str]:
+    """A step's strongest keys as "position token weight", strongest first."""
+    return [f"{key} {token_label_text(tokens[key].text, 8)} {w:.2f}" for key, w in top_keys]
+
+
+def _fitting_keys(
+    headings: list[str], rows: list[list[str]], entries: list[list[str]], width: int, last: str
+) -> int:
+    """How many of each row's strongest keys (up to STEP_KEYS) the last column holds on one
+    line beside the other columns (at least one, which may wrap). A width too narrow for
+    the other columns and the longest word stacks the table: each row's keys get a line
+    of their own, and all STEP_KEYS are listed."""
+    widths = [
+        max(cell_len(line) for cell in (heading, *column) for line in cell.split("\n"))
+        for heading, column in zip(headings, zip(*rows, strict=True), strict=True)
     ]
-    return Text(" · ".join(parts))
+    # rich's padding between the columns, and the box's (blank) edge on either side
+    room = width - sum(widths) - 2 * len(widths) - 2
+    words = [w for row in entries for e in row for w in e.split()] + last.split()
+    longest_word = max(cell_len(w) for w in words)  # ``last``: the keys column's heading
+    if room < longest_word:  # FittingTable stacks the rows
+        return STEP_KEYS
+    for count in range(STEP_KEYS, 1, -1):
+        if all(cell_len(" · ".join(row[:count])) <= room for row in entries):
+            return count
+    return 1
 
 
 def step_table(report: GenerationReport, batch_row: int, width: int) -> Table:
     """One row per step: the token chosen, where it goes, the cache its row read, bytes,
-    and that row's strongest keys."""
-    count = STEP_KEYS if width >= STEP_KEYS_WIDTH else STEP_KEYS - 1
+    and that row's strongest keys (as many as fit the width, up to STEP_KEYS)."""
     batched = len(report.texts) > 1
     title = f"steps · block {report.cache_block}"
     table = titled_table(title + (f" · text {batch_row}" if batched else ""))
     sliding = any(step.dropped[report.cache_block] for step in report.steps)
-    for name in ("step", "pos", "token", "KV cache", "bytes", "measured"):
-        right = name in ("step", "pos", "bytes", "measured")
+    headings = ["step", "pos", "token", "KV cache", "bytes", "measured"]
+    headings += ["dropped"] if sliding else []
+    for name in headings:
+        right = name in ("step", "pos", "bytes", "measured", "dropped")
         table.add_column(name, no_wrap=True, justify="right" if right else "left")
-    if sliding:
-        table.add_column("dropped", no_wrap=True, justify="right")
     table.add_column("strongest keys")
+    rows, entries = [], []
     for step in report.steps:
         token_id = step.tokens[batch_row]
         label = token_label_text(step.texts[batch_row], 12)
         ended = step.step > 0 and report.steps[step.step - 1].finished[batch_row]
-        token = Text(f"{label} ({token_id})" + (" ·" if ended else ""))
-        cells: list[RenderableType] = [
+        cells = [
             str(step.step),
             str(step.position),
-            token,
+            f"{label} ({token_id})" + (" ·" if ended else ""),
             _cache_cell(report, step),
             format_bytes(step.estimated_bytes),
             "same"
@@ -106,8 +124,11 @@ def step_table(report: GenerationReport, batch_row: int, width: int) -> Table:
         if sliding:
             dropped = step.dropped[report.cache_block]
             cells.append("—" if not dropped else f"0–{dropped - 1}")
-        cells.append(_keys_cell(report, step, batch_row, count))
-        table.add_row(*cells)
+        rows.append(cells)
+        entries.append(_key_entries(report.trace.tokens[batch_row], step.top_keys[batch_row]))
+    count = _fitting_keys(headings, rows, entries, width, "strongest keys")
+    for cells, keys in zip(rows, entries, strict=True):
+        table.add_row(*[Text(cell) for cell in cells], Text(" · ".join(keys[:count])))
     averaged = _heads_text(report.averaged_heads)
     shape = "(B, Hkv, T, d_k) per kind of block" if report.every_block else "(B, Hkv, T, d_k)"
     table.caption = (
@@ -285,39 +306,39 @@ def alignment_view(view: TranslationView, width: int, digits: int = 2) -> list[R
 def translation_step_table(report: TranslationReport, batch_row: int, width: int) -> Table:
     """One row per decoder step: the token, where it goes, the decoder block's self- and
     cross-attention caches, the bytes, and the source tokens its cross-attention row
-    weighs most."""
-    count = STEP_KEYS if width >= STEP_KEYS_WIDTH else STEP_KEYS - 1
+    weighs most (as many as fit the width, up to STEP_KEYS)."""
     view = report.view
     block = view.decoder_block
     batched = len(report.texts) > 1
     title = f"steps · decoder block {block}" + (f" · text {batch_row}" if batched else "")
     table = titled_table(title)
-    for name in ("step", "pos", "token", "self KV", "cross KV", "bytes", "measured"):
+    headings = ["step", "pos", "token", "self KV", "cross KV", "bytes", "measured"]
+    for name in headings:
         right = name in ("step", "pos", "bytes", "measured")
         table.add_column(name, no_wrap=True, justify="right" if right else "left")
     table.add_column("strongest sources")
-    sources = view.source_tokens[batch_row]
+    rows, entries = [], []
     for step in report.steps:
         label = token_label_text(step.texts[batch_row], 12)
         ended = step.step > 0 and report.steps[step.step - 1].finished[batch_row]
         shapes = step.cache_shapes[block]
-        strongest = step.top_keys[batch_row][:count]
-        keys = " · ".join(
-            f"{key} {token_label_text(sources[key].text, 8)} {weight:.2f}"
-            for key, weight in strongest
+        rows.append(
+            [
+                str(step.step),
+                str(step.position),
+                f"{label} ({step.tokens[batch_row]})" + (" ·" if ended else ""),
+                shape_text(shapes["attention"]),
+                shape_text(shapes["cross_attention"]),
+                format_bytes(step.estimated_bytes),
+                "same"
+                if step.measured_bytes == step.estimated_bytes
+                else format_bytes(step.measured_bytes),
+            ]
         )
-        table.add_row(
-            str(step.step),
-            str(step.position),
-            Text(f"{label} ({step.tokens[batch_row]})" + (" ·" if ended else "")),
-            shape_text(shapes["attention"]),
-            shape_text(shapes["cross_attention"]),
-            format_bytes(step.estimated_bytes),
-            "same"
-            if step.measured_bytes == step.estimated_bytes
-            else format_bytes(step.measured_bytes),
-            Text(keys),
-        )
+        entries.append(_key_entries(view.source_tokens[batch_row], step.top_keys[batch_row]))
+    count = _fitting_keys(headings, rows, entries, width, "strongest sources")
+    for cells, keys in zip(rows, entries, strict=True):
+        table.add_row(*[Text(cell) for cell in cells], Text(" · ".join(keys[:count])))
     table.caption = (
         "pos: where the token goes; self KV: the decoder's cache (B, Hkv, T, d_k) after the "
         "row at pos - 1 read it; cross KV: K and V of the encoder output, made once; bytes: "
