@@ -105,8 +105,15 @@ def plan_attention(
             (q, k),
             # the negated padding mask (B·L bools) is made after q and k are freed, so it
             # never raises this stage's peak
-            what=f"Q · Kᵀ {scale}, one L×L per head"
-            + ("; padded keys set to -inf" if padding and not config.softcap else ""),
+            what=f"Q · Kᵀ {scale}, one L×{key_len} per head"
+            + ("; padded keys set to -inf" if padding and not config.softcap else "")
+            + (
+                "; + block 0's relative position bias"
+                if config.pos == "relative" and not sublayer.computes_bias
+                else "; + the relative position bias"
+                if config.pos == "relative"
+                else ""
+            ),
         )
         if config.softcap:
             cap = f"{config.softcap:g}"
@@ -120,6 +127,8 @@ def plan_attention(
                 # the negated padding mask, made while the scores alone are alive
                 scratch=plan.nbytes(f"B {key_len}", "bool") if padding else 0,
             )
+        if config.pos == "relative":  # T5: a learned bias per head by bucketed distance
+            plan_relative_bias(plan, sublayer, scores, key_len)
         if config.pos == "alibi":
             heads, length = config.heads, sizes["L"]
             # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
@@ -199,6 +208,44 @@ def plan_attention(
     if config.norm == "post":
         plan.add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
     return plan.last
+
+
+def plan_relative_bias(plan: PlanBuilder, sublayer: Attention, scores: str, key_len: str) -> str:
+    """T5's (H, L, Lk) position bias, added to the scores in place: computed by the block
+    that holds the bucket table (block 0) and kept for every block after, which adds it.
+
+    The torch twin is ``nn/positions.relative_bias``: the n = L + Lk - 1 distances
+    (int64) are bucketed (41 bytes of int64 and bool temporaries per distance at the
+    busiest moment, measured), looked up once (n, H), transposed into a copy (H, n), and
+    the (H, L, Lk) bias is one copy of a strided view of that.
+    """
+    if not sublayer.computes_bias:
+        return plan.add(
+            "position_bias",
+            f"H L {key_len}",
+            (scores,),
+            what="block 0's relative position bias (kept since then), added in place",
+        )
+    sizes = plan.sizes
+    config = sublayer.config
+    distances = sizes["L"] + sizes[key_len] - 1
+    by_distance = plan.nbytes("H") * distances  # (n, H) or (H, n) in the dtype
+    bias = plan.nbytes(f"H L {key_len}")
+    busiest = max(
+        (8 + 41) * distances,  # the distances and the bucketing's temporaries
+        8 * distances + 2 * by_distance,  # the buckets, the lookup and its transposed copy
+        by_distance + bias,  # the transposed copy and the bias
+    )
+    side = "both ways (encoder)" if config.mask != "causal" else "causal (decoder)"
+    return plan.add(
+        "position_bias",
+        f"H L {key_len}",
+        (scores,),
+        what=f"relative position bias: key - query distances in {config.relative_buckets} "
+        f"buckets, {side}, up to {config.relative_distance}; added in place, kept for the "
+        "blocks after",
+        scratch=busiest - bias,
+    )
 
 
 def _causal(config: LayerConfig) -> str:
