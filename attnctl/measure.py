@@ -146,7 +146,7 @@ def measure_forward(plan: Plan) -> Measurement:
 
     given = [t for t in (token_ids, context_ids, encoder_output, padding) if t is not None]
     measured = _measure(run, weights.stored, given, weights.parameter_bytes, device)
-    if decoder:  # the caches: measure_seq2seq_caches
+    if decoder or description.is_encoder_decoder:  # its caches: measure_seq2seq_caches
         return measured
     cache: list[torch.Tensor] = []  # then every block, keeping K and V as a decoder does
     with torch.inference_mode():
@@ -198,6 +198,52 @@ def measure_seq2seq_caches(plan: Plan) -> tuple[int, int]:
                     storage = tensor.untyped_storage()
                     side[storage.data_ptr()] = storage.nbytes()
     return sum(kept["self"].values()), sum(kept["cross"].values())
+
+
+def measure_generated_cache(plan: Plan, new_tokens: int) -> int:
+    """The bytes of every block's K and V after generating ``new_tokens`` tokens after a
+    prompt of the plan's length: the prompt read once with the caches, then one token a
+    step (sliding windows dropping what falls out), as nn/generate.greedy runs; the tokens
+    fed are drawn, not chosen (the cache's bytes do not depend on which). Needs the
+    trained weights, as ``run`` does: a header-only folder is refused."""
+    from attnctl.checkpoint import load
+    from attnctl.nn.attention import KVCache
+    from attnctl.nn.generate import cache_bytes
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
+
+    description = plan.description
+    config = plan.config
+    device = resolve_device(config.device)
+    source = description.source
+    _, shared = load(  # the shared tensors alone first, on the CPU: a cheap look
+        source.path, source.prefix, source.tensors, source.table, 0, torch.device("cpu"),
+        TORCH_DTYPES[config.dtype],
+    )  # fmt: skip
+    if not shared["embedding.weight"].any():
+        raise AttnctlError(
+            f"the token embedding in {source.path} is all zeros: a header-only checkpoint? "
+            "--generate with --measure generates tokens: it needs the trained weights"
+        )
+    del shared
+    weights = model_weights(description, config, device, blocks=None)
+    torch.manual_seed(config.seed)
+    vocab_size = description.vocab_size
+    fed = torch.randint(0, vocab_size, (plan.batch, plan.seq_len), device=device)  # (B, L)
+    caches: list[dict[str, KVCache]] = [{} for _ in description.blocks]
+    offset = 0
+    try:
+        with torch.inference_mode():
+            for _ in range(new_tokens + 1):  # the prompt, then each new token
+                forward(description, weights.named, fed, last=description.layers - 1,
+                        recorded=None, caches=caches, offset=offset)  # fmt: skip
+                offset += fed.shape[1]
+                fed = torch.randint(0, vocab_size, (plan.batch, 1), device=device)  # (B, 1)
+    except torch.OutOfMemoryError as error:
+        raise AttnctlError(
+            f"out of memory on {device} while generating", exit_code=RUNTIME
+        ) from error
+    return cache_bytes(caches)
 
 
 def _measure(

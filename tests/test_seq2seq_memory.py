@@ -9,9 +9,14 @@ equal to what a run holds, to the byte.
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import shutil
 from pathlib import Path
 
 import pytest
+import tiny_models
 import tiny_seq2seq
 import torch
 
@@ -154,3 +159,265 @@ def test_marian_positions_are_bit_identical_to_transformers(positions, width):
     ours = sinusoidal_halves(torch.arange(positions), width)
     assert ours.dtype == table.dtype == torch.float32
     assert torch.equal(ours, table)
+
+
+# ---------------------------------------------------------------- the commands
+
+
+def memory_json(invoke, *args: str) -> dict:
+    result = invoke("memory", *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_memory_measure_equals_every_part(invoke, folders, family, dtype):
+    """Weights, each block's peak and both caches: estimated = measured, to the byte."""
+    folder = str(folders[family])
+    data = memory_json(invoke, "--model", folder, "--src-len", "9", "--tgt-len", "6",
+                       "--batch", "2", "--dtype", dtype, "--measure")  # fmt: skip
+    measured = data.pop("measured")
+    assert measured.pop("device") == "cpu" and measured.pop("by") == "live tensor storages"
+    assert measured == {key: data[key] for key in measured}
+    element = TORCH_DTYPES[dtype].itemsize
+    layers, hidden = 2, 32  # the fixtures' decoder blocks, D = H·d_k
+    assert data["kv_cache_bytes"] == layers * 2 * 2 * 6 * hidden * element
+    assert data["cross_kv_cache_bytes"] == layers * 2 * 2 * 9 * hidden * element
+    assert [g["tokens"] for g in data["kv_cache"]] == [6]
+    assert [g["tokens"] for g in data["cross_kv_cache"]] == [9]
+    assert (data["src_len"], data["tgt_len"]) == (9, 6)
+    stored = sum(math.prod(shape) for shape in stored_shapes(folders[family]).values())
+    assert data["parameters"] == stored
+    assert data["parameters_bytes"] == stored * element
+    for block in ("encoder", "decoder"):
+        stages = data[block]["stages"]
+        assert [s["live_bytes"] for s in stages] == [s["measured_live_bytes"] for s in stages]
+    assert data["decoder"]["sizes"]["Lc"] == 9 and data["encoder"]["sizes"]["L"] == 9
+    assert data["peak_bytes"] == data["parameters_bytes"] + max(
+        data["encoder_peak_activation_bytes"],
+        data["decoder_peak_activation_bytes"] + data["kv_cache_bytes"]
+        + data["cross_kv_cache_bytes"],
+    )  # fmt: skip
+    half = data["by_dtype"]["float16"]
+    assert half["kv_cache_bytes"] * element == data["kv_cache_bytes"] * 2
+
+
+def test_memory_terminal_names_every_part(invoke, folders):
+    result = invoke("memory", "--model", str(folders["t5"]), "--src-len", "5", "--tgt-len",
+                    "3", "--measure", columns=160)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for words in ("weights", "encoder activations", "decoder activations", "KV cache",
+                  "cross K/V", "L = the source, 5 tokens", "Lc = the source, 5 tokens",
+                  "cross_scores", "position_bias", "by dtype and implementation"):  # fmt: skip
+        assert words in result.stdout, words
+    assert "peak (sdpa)" not in result.stdout  # T5: the math path only
+
+
+def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        names = handle.keys()
+        return {key: tuple(handle.get_slice(key).get_shape()) for key in names}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_shapes_shows_the_encoder_and_the_decoder_block(invoke, folders, family):
+    model = read_model(folders[family])
+    result = invoke("shapes", "--model", str(folders[family]), "--src-len", "6", "--tgt-len",
+                    "4", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    config = model.layer_config()
+    encoder, decoder = build_seq2seq_plans(model, config, 6, 4, device=config.device)
+    assert data["encoder"]["stages"] == [s.to_dict() for s in encoder.stages]
+    assert data["decoder"]["stages"] == [s.to_dict() for s in decoder.stages]
+    assert (data["src_len"], data["tgt_len"]) == (6, 4)
+    assert data["decoder"]["sizes"]["Lc"] == 6 and data["decoder"]["sizes"]["L"] == 4
+    text = invoke("shapes", "--model", str(folders[family]), "--src-len", "6", "--tgt-len", "4",
+                  columns=200).stdout  # fmt: skip
+    assert "L = the source, 6 tokens" in text and "Lc = the source, 6 tokens" in text
+    assert "cross_weights" in text and "B H L Lc" in text and "(1, 4, 4, 6)" in text
+
+
+@pytest.mark.parametrize(
+    "command,args,message",
+    [
+        ("memory", ["--seq-len", "8"], "is an encoder–decoder: give --src-len and --tgt-len"),
+        ("shapes", ["--seq-len", "8"], "is an encoder–decoder: give --src-len and --tgt-len"),
+        ("memory", ["--src-len", "65"], "--src-len 65 is more than the 64 positions MarianMT"),
+        ("memory", ["--tgt-len", "65"], "--tgt-len 65 is more than the 64 positions MarianMT"),
+        ("shapes", ["--src-len", "65"], "--src-len 65 is more than the 64 positions MarianMT"),
+        ("memory", ["--src-len", "0"], "src-len must be a positive integer, got 0"),
+        ("memory", ["--train"], "--train does not apply to MarianMT"),
+        ("memory", ["--generate", "4"], "--generate does not apply to MarianMT"),
+        ("memory", ["--kv-cache", "4"], "--kv-cache does not apply to MarianMT"),
+        ("memory", ["--budget", "1GiB"], "--budget does not apply to MarianMT"),
+        ("memory", ["--layers", "2"], "--layers does not apply to MarianMT"),
+        ("shapes", ["--context-len", "4"], "--context-len is --src-len on an encoder–decoder"),
+    ],
+)
+def test_bad_seq2seq_lengths_are_one_line(invoke, folders, command, args, message):
+    result = invoke(command, "--model", str(folders["marian"]), *args)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["memory", "shapes"])
+@pytest.mark.parametrize("option", ["--src-len", "--tgt-len"])
+def test_source_and_target_lengths_need_an_encoder_decoder(invoke, causal, command, option):
+    for args in ([], ["--model", str(causal["gpt2"])]):
+        result = invoke(command, *args, option, "4")
+        assert result.exit_code == 2 and result.stdout == ""
+        assert f"{option} is an encoder–decoder's" in result.stderr
+        assert "takes --seq-len" in result.stderr
+
+
+# ---------------------------------------------------------------- memory --generate N
+
+
+@pytest.fixture(scope="module")
+def causal(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("causal_memory")
+    return {f: tiny_seq2seq.write_causal(f, root / f) for f in ("gpt2", "mistral")}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "family,prompt,new,kept",
+    [("gpt2", 6, 5, 11), ("mistral", 40, 20, 48), ("mistral", 3, 0, 3)],  # window 48
+)
+def test_memory_generate_is_the_cache_after_n_more_tokens(
+    invoke, causal, dtype, family, prompt, new, kept
+):
+    data = memory_json(invoke, "--model", str(causal[family]), "--seq-len", str(prompt),
+                       "--generate", str(new), "--dtype", dtype, "--measure")  # fmt: skip
+    after = data["kv_cache_after_generate"]
+    model = read_model(causal[family])
+    per_position = 2 * model.kv_heads * model.config.d_k * TORCH_DTYPES[dtype].itemsize
+    assert after["generate"] == new and after["tokens"] == prompt + new
+    assert [g["tokens"] for g in after["kv_cache"]] == [kept]
+    assert after["bytes"] == model.layers * kept * per_position
+    assert after["measured_bytes"] == after["bytes"]  # really generated
+    assert data["kv_cache_tokens"] == prompt  # the prompt's cache, as before
+
+
+def test_memory_generate_terminal_and_without_measure(invoke, causal):
+    result = invoke("memory", "--model", str(causal["mistral"]), "--seq-len", "40",
+                    "--generate", "20", columns=160)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "KV cache after 20 more" in result.stdout
+    assert "40 + 20 generated = 60 tokens" in result.stdout and "window 48" in result.stdout
+    data = memory_json(invoke, "--model", str(causal["gpt2"]), "--seq-len", "4,8",
+                       "--generate", "2")  # fmt: skip
+    afters = [r["kv_cache_after_generate"] for r in data["results"]]
+    assert [a["tokens"] for a in afters] == [6, 10] and {a["measured_bytes"] for a in afters} == {
+        None
+    }
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--generate", "-1"], "generate must be a number of tokens >= 0, got -1"),
+        (["--seq-len", "60", "--generate", "5"], "60 + --generate 5 = 65 tokens are more"),
+        (["--generate", "64"], "--generate 64 leaves no room for a prompt in the 64 positions"),
+        (["--generate", "2", "--kv-cache", "3"], "give --kv-cache N or --generate N, not both"),
+        (["--generate", "2", "--train"], "--generate is inference: leave out --train"),
+    ],
+)
+def test_bad_generate_is_one_line(invoke, causal, args, message):
+    result = invoke("memory", "--model", str(causal["gpt2"]), *args)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_generate_needs_a_decoder_model(invoke, tmp_path):
+    result = invoke("memory", "--generate", "3")
+    assert result.exit_code == 2 and "--generate needs --model DIR" in result.stderr
+    bert = tiny_models.write("bert", tmp_path / "bert")
+    result = invoke("memory", "--model", str(bert), "--generate", "3")
+    assert result.exit_code == 2 and "it generates nothing" in result.stderr
+
+
+def test_generate_measure_needs_the_weights(invoke, causal, tmp_path):
+    """A header-only folder (zeros) is refused before the model is loaded whole."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "zeros"
+    shutil.copytree(causal["gpt2"], folder)
+    tensors = load_file(folder / "model.safetensors")
+    save_file({k: torch.zeros_like(v) for k, v in tensors.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})  # fmt: skip
+    result = invoke("memory", "--model", str(folder), "--seq-len", "4", "--generate", "2",
+                    "--measure")  # fmt: skip
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "it needs the trained weights" in result.stderr
+    assert invoke("memory", "--model", str(folder), "--generate", "2").exit_code == 0
+
+
+# ---------------------------------------------------------------- full-size headers
+
+# the published parameter counts (Marian's sinusoidal tables are not stored; its
+# final_logits_bias is a stored weight besides them: one per vocabulary entry)
+FULL_SIZE = {
+    "opus-mt-en-de": ("MarianMTModel", 73_886_208 + 58_101, dict(
+        model_type="marian", vocab_size=58101, decoder_vocab_size=58101, d_model=512,
+        encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+        max_position_embeddings=512, pad_token_id=58100, decoder_start_token_id=58100,
+        scale_embedding=True, activation_function="swish")),
+    "t5-small": ("T5ForConditionalGeneration", 60_506_624, dict(
+        model_type="t5", vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
+        num_heads=8, feed_forward_proj="relu")),
+    "flan-t5-small": ("T5ForConditionalGeneration", 76_961_152, dict(
+        model_type="t5", vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8,
+        num_decoder_layers=8, num_heads=6, feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False)),
+}  # fmt: skip
+
+
+def write_header_only(name: str, directory: Path) -> Path:
+    """config.json and a sparse model.safetensors: the tensors save_pretrained stores
+    (float buffers such as final_logits_bias too; a v1.1 T5's own lm_head.weight)."""
+    import transformers
+
+    class_name, _, values = FULL_SIZE[name]
+    values = dict(values)
+    config = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        model = getattr(transformers, class_name)(config)
+    config.save_pretrained(directory)
+    ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    shapes = {k: tuple(p.shape) for k, p in model.named_parameters() if k not in ignored}
+    shapes |= {k: tuple(b.shape) for k, b in model.named_buffers() if b.is_floating_point()}
+    if not values.get("tie_word_embeddings", True):  # what a flan-t5 download holds
+        shapes["lm_head.weight"] = (config.vocab_size, config.d_model)
+        tiny_models.rewrite_config(
+            directory, remove=("scale_decoder_outputs",), tie_word_embeddings=False
+        )
+    header, offset = {}, 0
+    for key, shape in shapes.items():
+        end = offset + math.prod(shape) * 2
+        header[key] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, end]}
+        offset = end
+    raw = json.dumps(header).encode()
+    path = directory / "model.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw)
+    os.truncate(path, 8 + len(raw) + offset)
+    return directory
+
+
+@pytest.mark.parametrize("name", list(FULL_SIZE))
+def test_full_size_weights_from_the_headers(invoke, tmp_path, name):
+    folder = write_header_only(name, tmp_path / name)
+    data = memory_json(invoke, "--model", str(folder), "--src-len", "128", "--tgt-len", "32")
+    assert data["parameters"] == FULL_SIZE[name][1]
+    assert data["by_dtype"]["float32"]["parameters_bytes"] == 4 * FULL_SIZE[name][1]
+    model = read_model(folder)
+    per_block = 2 * model.decoder.heads * model.decoder.config.d_k * 2  # K and V, float16
+    blocks = model.decoder.layers
+    assert data["kv_cache_bytes"] == blocks * 32 * per_block
+    assert data["cross_kv_cache_bytes"] == blocks * 128 * per_block

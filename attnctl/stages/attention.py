@@ -30,6 +30,8 @@ def plan_attention(
     bias = " + b" if config.bias else ""
     split = "transpose(1, 2): no copy"
     scale = f"· {config.query_scale:g}" if config.query_scale else "/ √d_k"
+    if config.query_scale == 1:  # T5: no scaling (folded into W_q in training)
+        scale = "(unscaled)"
 
     h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
     if config.norm == "pre":
@@ -39,10 +41,11 @@ def plan_attention(
     across = f"{norm_name} over every head at once, before the split"
     if config.qk_norm == "all":  # OLMo 2
         q = plan.add("q_norm", f"B L {q_width}", (q,), what=f"{across}: H·d_k")
-    k = plan.add("k", kv_width, (source,), what="x · W_k" + bias)
+    source_name = "encoder output" if context == "encoder_output" else "x"
+    k = plan.add("k", kv_width, (source,), what=f"{source_name} · W_k" + bias)
     if config.qk_norm == "all":
         k = plan.add("k_norm", kv_width, (k,), what=f"{across}: {kv_split}·d_k")
-    plan.add("v", kv_width, (source,), what="x · W_v" + bias)
+    plan.add("v", kv_width, (source,), what=f"{source_name} · W_v" + bias)
     each = f"{norm_name} of each head over d_k, on the view (B, L, heads, d_k)"
     if config.qk_norm == "head":  # Qwen3, Gemma 3
         q = plan.add("q_norm", "B L H d_k", (q,), what=each)
