@@ -234,6 +234,9 @@ def test_shapes_shows_the_encoder_and_the_decoder_block(invoke, folders, family)
     assert data["encoder"]["stages"] == [s.to_dict() for s in encoder.stages]
     assert data["decoder"]["stages"] == [s.to_dict() for s in decoder.stages]
     assert (data["src_len"], data["tgt_len"]) == (6, 4)
+    assert (data["model"]["layers"], data["model"]["decoder_layers"]) == (
+        model.layers, model.decoder.layers
+    )  # fmt: skip
     assert data["decoder"]["sizes"]["Lc"] == 6 and data["decoder"]["sizes"]["L"] == 4
     text = invoke("shapes", "--model", str(folders[family]), "--src-len", "6", "--tgt-len", "4",
                   columns=200).stdout  # fmt: skip
@@ -313,9 +316,11 @@ def test_memory_generate_terminal_and_without_measure(invoke, causal):
     data = memory_json(invoke, "--model", str(causal["gpt2"]), "--seq-len", "4,8",
                        "--generate", "2")  # fmt: skip
     afters = [r["kv_cache_after_generate"] for r in data["results"]]
-    assert [a["tokens"] for a in afters] == [6, 10] and {a["measured_bytes"] for a in afters} == {
-        None
-    }
+    assert [a["tokens"] for a in afters] == [6, 10]
+    assert [a["measured_bytes"] for a in afters] == [None, None]
+    sweep = invoke("memory", "--model", str(causal["gpt2"]), "--seq-len", "4,8", "--generate",
+                   "2", "--measure", columns=160).stdout  # fmt: skip
+    assert "KV cache after 2 more" in sweep and "measured" in sweep
 
 
 @pytest.mark.parametrize(

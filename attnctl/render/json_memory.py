@@ -25,7 +25,7 @@ def shapes_document(shapes: Plan | Seq2SeqShapes) -> dict[str, Any]:
         return shapes_json(shapes)
     encoder, decoder = shapes.encoder, shapes.decoder
     return {
-        "model": model_dict(encoder),
+        "model": _model(encoder),
         "config": encoder.config.to_dict(),
         "src_len": encoder.seq_len,
         "tgt_len": decoder.seq_len,
@@ -37,6 +37,14 @@ def shapes_document(shapes: Plan | Seq2SeqShapes) -> dict[str, Any]:
         "encoder": _block(encoder),
         "decoder": _block(decoder),
     }
+
+
+def _model(encoder: Plan) -> dict[str, Any] | None:
+    """render/json's model, its ``layers`` the encoder's, with the decoder's blocks."""
+    document = model_dict(encoder)
+    if document is not None and encoder.model is not None and encoder.model.decoder:
+        document["decoder_layers"] = encoder.model.decoder.layers
+    return document
 
 
 def _block(plan: Plan) -> dict[str, Any]:
@@ -116,7 +124,7 @@ def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:
             "stages": stages,
         }
     document: dict[str, Any] = {
-        "model": model_dict(encoder),
+        "model": _model(encoder),
         "config": encoder.config.to_dict(),
         "batch": encoder.batch,
         "src_len": report.src_len,

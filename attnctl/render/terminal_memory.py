@@ -401,8 +401,13 @@ BAR_PARTS = (  # what a stacked bar is made of: (name, character, colour)
 def _sweep(reports: list[LengthReport], width: int) -> list[RenderableType]:
     table = titled_table("by sequence length")
     train = reports[0].training is not None
+    generate = reports[0].generate
+    measured_generate = reports[0].measured_generated_kv_cache_bytes is not None
     headings = ["L", "parameters", "attention matrices", "peak", "KV cache"]
-    for name in headings + (["training"] if train else []):
+    headings += ["training"] if train else []
+    headings += [f"KV cache after {generate} more"] if generate is not None else []
+    headings += ["measured"] if measured_generate else []
+    for name in headings:
         table.add_column(name, justify="right", no_wrap=True)
     for report in reports:
         params, _, _, cache = report.bar_parts
@@ -415,6 +420,10 @@ def _sweep(reports: list[LengthReport], width: int) -> list[RenderableType]:
         ]
         if train:
             row.append(format_bytes(report.training.peak_bytes))
+        if generate is not None:
+            row.append(format_bytes(report.generated_kv_cache_bytes or 0))
+        if measured_generate:
+            row.append(format_bytes(report.measured_generated_kv_cache_bytes or 0))
         table.add_row(*row)
     totals = [sum(r.bar_parts) for r in reports]
     label_width = max(len(str(r.plan.seq_len)) for r in reports) + 2
