@@ -19,6 +19,8 @@ import pytest
 import tiny_models
 import tiny_seq2seq
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnctl.families import read_model
 from attnctl.layer import TORCH_DTYPES, Recorder
@@ -118,6 +120,29 @@ def test_estimate_equals_the_measured_bytes(folders, family, dtype, impl, sizes)
         assert list(measured.stage_peak_bytes) == list(predicted.live_bytes), plan.stages
         assert measured.peak_activation_bytes == predicted.peak_activation_bytes
         assert measured.parameter_bytes == predicted.parameter_bytes
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    family=st.sampled_from(FAMILIES),
+    batch=st.integers(1, 3),
+    source=st.integers(1, 64),
+    target=st.integers(1, 64),
+    padded=st.booleans(),
+    dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+)
+def test_any_sizes_plan_and_measure_alike(folders, family, batch, source, target, padded, dtype):
+    """Any batch, source and target length within the positions, any dtype: each stage's
+    live bytes (one per stage recorded) are what a run of the block holds."""
+    model = read_model(folders[family])
+    config = model.layer_config(dtype=dtype, impl="math", device="cpu")
+    plans = build_seq2seq_plans(model, config, source, target, batch, padded, device="cpu")
+    for plan in plans:
+        predicted, measured = estimate(plan), measure_forward(plan)
+        assert list(measured.stage_peak_bytes) == list(predicted.live_bytes)
+    assert plans[1].sizes["Lc"] == source
 
 
 @pytest.mark.parametrize("family", FAMILIES)
