@@ -332,6 +332,19 @@ def test_memory_generate_is_the_cache_after_n_more_tokens(
     assert data["kv_cache_tokens"] == prompt  # the prompt's cache, as before
 
 
+def test_memory_generate_keeps_each_kind_of_block(invoke, tmp_path):
+    """Gemma 3: two sliding blocks keep their window of 6, the global one all 9 tokens."""
+    folder = tiny_models.write("gemma3", tmp_path / "gemma3")
+    data = memory_json(invoke, "--model", str(folder), "--seq-len", "5", "--generate", "4",
+                       "--measure")  # fmt: skip
+    after = data["kv_cache_after_generate"]
+    assert [(g["window"], g["layers"], g["tokens"]) for g in after["kv_cache"]] == [
+        (6, 2, 6),
+        (None, 1, 9),
+    ]
+    assert after["measured_bytes"] == after["bytes"] == sum(g["bytes"] for g in after["kv_cache"])
+
+
 def test_memory_generate_terminal_and_without_measure(invoke, causal):
     result = invoke("memory", "--model", str(causal["mistral"]), "--seq-len", "40",
                     "--generate", "20", columns=160)  # fmt: skip
