@@ -309,8 +309,11 @@ class ModelDescription:
         if attention.output_norm:
             where = "before and after" if attention.placement == "pre" else "after"
             norms = f" · norms {where} each sublayer"
+        layers = f"{self.layers} layers"
+        if self.decoder is not None:
+            layers = f"{self.layers} + {self.decoder.layers} layers (encoder + decoder)"
         return (
-            f"{self.name} · {self.layers} layers · D {self.hidden} · heads {self.heads}{kv} · "
+            f"{self.name} · {layers} · D {self.hidden} · heads {self.heads}{kv} · "
             f"FFN {self.intermediate} {self.activation} · vocab {self.vocab_size:,} · "
             f"{self.dtype}{norms}"
         )

@@ -35,8 +35,8 @@ from attnctl.families.common import (
     attention_config,
     check_activation,
     check_block_count,
+    decoder_generation,
     find_prefix,
-    generation,
     stored_dtype,
 )
 
@@ -191,7 +191,7 @@ def describe(source: Source) -> ModelDescription:
         },
         head_table=tuple(head_table),
     )
-    rules = generation(source, start_default=defaults["decoder_start_token_id"])
+    rules = decoder_generation(source, start_default=defaults["decoder_start_token_id"])
     decoder = ModelDescription(
         embeddings(decoder_vocab),
         (decoder_block,) * decoder_layers,

@@ -7,6 +7,7 @@ which checks each by type and range) and calls these in the order it needs.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +206,18 @@ def generation(source: Source, start_default: int | None = None) -> Generation:
         rules = _generation(source, start_default)
     except AttnctlError as error:
         return Generation(problem=error.message)
+    return rules
+
+
+def decoder_generation(source: Source, start_default: int | None = None) -> Generation:
+    """An encoder–decoder's rules: its decoder must have a first token to start from."""
+    rules = generation(source, start_default)
+    if rules.start_id is None and not rules.problem:
+        return dataclasses.replace(
+            rules,
+            problem=f"{source.path / 'config.json'} has no decoder_start_token_id (nor "
+            "bos_token_id): the decoder has no token to start from",
+        )
     return rules
 
 

@@ -34,8 +34,8 @@ from attnctl.families.common import (
     attention_config,
     check_activation,
     check_block_count,
+    decoder_generation,
     find_prefix,
-    generation,
     stored_dtype,
 )
 
@@ -161,7 +161,7 @@ def describe(source: Source) -> ModelDescription:
         },
         head_table=head_table,
     )
-    rules = generation(source)
+    rules = decoder_generation(source)
     decoder = ModelDescription(
         embeddings,
         tuple(decoder_block(n) for n in range(decoder_layers)),
