@@ -50,16 +50,17 @@ from attnctl.render import (
     check_view,
     generation_json,
     generation_view,
-    memory_json,
     memory_view,
     printable,
     run_json,
     run_view,
-    shapes_json,
     shapes_view,
     translation_json,
     translation_view,
 )
+from attnctl.render.json_memory import memory_document, shapes_document
+from attnctl.render.terminal_memory import seq2seq_memory_view, seq2seq_shapes_view
+from attnctl.report import Seq2SeqMemoryReport, Seq2SeqShapes
 from attnctl.report_generation import GenerationReport, TranslationReport
 from attnctl.window import DEFAULT_ROWS
 
@@ -345,22 +346,39 @@ def run(
         console.print(f"heads {first}–{last} not shown; pick them with --head N", style="dim")
 
 
+SrcLenOption = Annotated[
+    int | None,
+    typer.Option("--src-len", help="An encoder–decoder's source length S (the encoder's L)."),
+]
+TgtLenOption = Annotated[
+    int | None,
+    typer.Option("--tgt-len", help="An encoder–decoder's target length T (the decoder's L)."),
+]
+
+
 @app.command()
 @layer_options(leave_out=("dropout",), with_model=True)
 def shapes(
-    seq_len: SeqLenOption = 16,
+    seq_len: Annotated[
+        int | None, typer.Option("--seq-len", "-L", help="Sequence length L. Default 16.")
+    ] = None,
     batch: BatchOption = 1,
     context_len: ContextLenOption = None,
+    src_len: SrcLenOption = None,
+    tgt_len: TgtLenOption = None,
     as_json: JsonOption = False,
     *,
     layer: LayerRequest,
 ) -> None:
     """Show the shape of every stage for a configuration, symbolically and with numbers."""
-    plan = shapes_use_case(ShapesRequest(layer, seq_len, batch, context_len))
+    plan = shapes_use_case(ShapesRequest(layer, seq_len, batch, context_len, src_len, tgt_len))
     if as_json:
-        _print_json(shapes_json(plan))
+        _print_json(shapes_document(plan))
         return
     console = _console()
+    if isinstance(plan, Seq2SeqShapes):
+        console.print(seq2seq_shapes_view(plan, console.width))
+        return
     console.print(shapes_view(plan, console.width))
 
 
@@ -404,6 +422,15 @@ def memory(
     force: Annotated[
         bool, typer.Option("--force", help="Measure even when the estimate exceeds free memory.")
     ] = False,
+    src_len: SrcLenOption = None,
+    tgt_len: TgtLenOption = None,
+    generate: Annotated[
+        int | None,
+        typer.Option(
+            "--generate",
+            help="A decoder-only model's KV cache after N more tokens (the prompt: --seq-len).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     *,
     layer: LayerRequest,
@@ -421,12 +448,18 @@ def memory(
         train=train,
         measure=measure,
         force=force,
+        src_len=src_len,
+        tgt_len=tgt_len,
+        generate=generate,
     )
     report = memory_use_case(request, _hooks())
     if as_json:
-        _print_json(memory_json(report))
+        _print_json(memory_document(report))
         return
     console = _console()
+    if isinstance(report, Seq2SeqMemoryReport):
+        console.print(seq2seq_memory_view(report, console.width))
+        return
     console.print(memory_view(report, console.width))
 
 

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves
 
 from attnctl.config import LayerConfig
 from attnctl.errors import RUNTIME, AttnctlError
-from attnctl.layer import Recorder, resolve_device
+from attnctl.layer import TORCH_DTYPES, Recorder, resolve_device
 from attnctl.plan import Plan
 
 
@@ -111,28 +111,43 @@ def measure_forward(plan: Plan) -> Measurement:
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # the seeded layer's weights, then the token ids drawn
     weights = model_weights(description, config, device, blocks=None)
+    named = weights.named
+    names = {s.name for s in plan.stages}
+    decoder = "encoder_output" in names  # an encoder–decoder's decoder block
+    if decoder:
+        named = {k.removeprefix("decoder."): v for k, v in named.items()}
     vocab_size = description.vocab_size
     token_ids = torch.randint(0, vocab_size, (plan.batch, plan.seq_len), device=device)
-    context_ids = padding = None  # the model's other inputs, made before it runs
+    context_ids = padding = encoder_output = None  # the model's other inputs, made before
     key_len = plan.sizes.get("Lc", plan.seq_len)
-    if "Lc" in plan.sizes:  # cross-attention: a context of its own length
+    if decoder:  # the encoder's output stands in: random, in the run's dtype
+        encoder_output = torch.randn(
+            plan.batch, key_len, plan.sizes["D"], device=device, dtype=TORCH_DTYPES[config.dtype]
+        )
+    elif "Lc" in plan.sizes:  # cross-attention: a context of its own length
         context_ids = torch.randint(0, vocab_size, (plan.batch, key_len), device=device)
-    if "padding_mask" in {s.name for s in plan.stages}:  # the last row: half of it padding
+    if "padding_mask" in names:  # the last row: half of it padding
         padding = torch.ones(plan.batch, key_len, dtype=torch.bool, device=device)
         padding[-1, (key_len + 1) // 2 :] = False
 
     def run(record: Callable) -> None:
         forward(
             description,
-            weights.named,
+            named,
             token_ids,
             record=record,
-            padding=padding,
+            padding=None if decoder else padding,
             context_ids=context_ids,
+            context=encoder_output,
+            context_padding=padding if decoder else None,
+            last=plan.layer_index,
+            recorded=plan.layer_index,
         )
 
-    given = [t for t in (token_ids, context_ids, padding) if t is not None]
+    given = [t for t in (token_ids, context_ids, encoder_output, padding) if t is not None]
     measured = _measure(run, weights.stored, given, weights.parameter_bytes, device)
+    if decoder or description.is_encoder_decoder:  # its caches: measure_seq2seq_caches
+        return measured
     cache: list[torch.Tensor] = []  # then every block, keeping K and V as a decoder does
     with torch.inference_mode():
         forward(
@@ -147,6 +162,88 @@ def measure_forward(plan: Plan) -> Measurement:
         )
     kv_bytes = sum(t.untyped_storage().nbytes() for t in cache)
     return dataclasses.replace(measured, kv_cache_bytes=kv_bytes)
+
+
+def measure_seq2seq_caches(plan: Plan) -> tuple[int, int]:
+    """What a decoder keeps over its target (the decoder plan's L tokens) for a source of
+    Lc tokens: (self-attention K and V bytes, cross-attention K and V bytes), the storages
+    of every block's caches after a forward that fills them as generation does (the
+    cross-attention's made once from the encoder output)."""
+    from attnctl.nn.attention import KVCache
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
+
+    description = plan.description
+    config = plan.config
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    weights = model_weights(description, config, device, blocks=None)
+    named = {k.removeprefix("decoder."): v for k, v in weights.named.items()}
+    token_ids = torch.randint(0, description.vocab_size, (plan.batch, plan.seq_len), device=device)
+    encoder_output = torch.randn(
+        plan.batch, plan.sizes["Lc"], plan.sizes["D"], device=device,
+        dtype=TORCH_DTYPES[config.dtype],
+    )  # fmt: skip
+    caches: list[dict[str, KVCache]] = [{} for _ in description.blocks]
+    with torch.inference_mode():
+        forward(description, named, token_ids, last=description.layers - 1, recorded=None,
+                context=encoder_output, caches=caches)  # fmt: skip
+    del encoder_output
+    kept = {"self": {}, "cross": {}}  # storages by address: a tensor and its views once
+    for block in caches:
+        for name, cache in block.items():
+            side = kept["self" if name == "attention" else "cross"]
+            for tensor in (cache.keys, cache.values):
+                if tensor is not None:
+                    storage = tensor.untyped_storage()
+                    side[storage.data_ptr()] = storage.nbytes()
+    return sum(kept["self"].values()), sum(kept["cross"].values())
+
+
+def measure_generated_cache(plan: Plan, new_tokens: int) -> int:
+    """The bytes of every block's K and V after generating ``new_tokens`` tokens after a
+    prompt of the plan's length: the prompt read once with the caches, then one token a
+    step (sliding windows dropping what falls out), as nn/generate.greedy runs; the tokens
+    fed are drawn, not chosen (the cache's bytes do not depend on which). Needs the
+    trained weights, as ``run`` does: a header-only folder is refused."""
+    from attnctl.checkpoint import load
+    from attnctl.nn.attention import KVCache
+    from attnctl.nn.generate import cache_bytes
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
+
+    description = plan.description
+    config = plan.config
+    device = resolve_device(config.device)
+    source = description.source
+    _, shared = load(  # the shared tensors alone first, on the CPU: a cheap look
+        source.path, source.prefix, source.tensors, source.table, 0, torch.device("cpu"),
+        TORCH_DTYPES[config.dtype],
+    )  # fmt: skip
+    if not shared["embedding.weight"].any():
+        raise AttnctlError(
+            f"the token embedding in {source.path} is all zeros: a header-only checkpoint? "
+            "--generate with --measure generates tokens: it needs the trained weights"
+        )
+    del shared
+    weights = model_weights(description, config, device, blocks=None)
+    torch.manual_seed(config.seed)
+    vocab_size = description.vocab_size
+    fed = torch.randint(0, vocab_size, (plan.batch, plan.seq_len), device=device)  # (B, L)
+    caches: list[dict[str, KVCache]] = [{} for _ in description.blocks]
+    offset = 0
+    try:
+        with torch.inference_mode():
+            for _ in range(new_tokens + 1):  # the prompt, then each new token
+                forward(description, weights.named, fed, last=description.layers - 1,
+                        recorded=None, caches=caches, offset=offset)  # fmt: skip
+                offset += fed.shape[1]
+                fed = torch.randint(0, vocab_size, (plan.batch, 1), device=device)  # (B, 1)
+    except torch.OutOfMemoryError as error:
+        raise AttnctlError(
+            f"out of memory on {device} while generating", exit_code=RUNTIME
+        ) from error
+    return cache_bytes(caches)
 
 
 def _measure(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from attnctl.config import DTYPE_BYTES, DTYPES, LayerConfig, validate
-from attnctl.describe import ModelDescription
+from attnctl.describe import CROSS_ATTENTION, ModelDescription
 from attnctl.errors import AttnctlError
 from attnctl.plan import Plan, build_plan
 
@@ -59,7 +59,7 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
     for held, until in plan.held_until.items():  # kept alive by the caller
         last_use[owner[held]] = max(last_use[owner[held]], index[until])
     last_use[owner[plan.stages[-1].name]] = last  # the output, returned
-    for given in ("token_ids", "context_ids", "padding_mask"):
+    for given in plan.given:  # alive from the start
         if given in index:
             index[given] = 0
     nbytes = {s.name: s.bytes for s in plan.stages}
@@ -142,6 +142,32 @@ def kv_cache_groups(plan: Plan, tokens: int | None = None, layers: int = 1) -> l
             KVCacheGroup(window, len(members), kept, kv_heads, head_dim, per_layer * len(members))
         )
     return result
+
+
+def cross_kv_cache_groups(plan: Plan, tokens: int | None = None) -> list[KVCacheGroup]:
+    """The cross-attention K and V of a decoder plan's blocks: made once from the encoder
+    output, ``tokens`` positions (default the source's, Lc) in every block, by (Hkv, d_k).
+
+    2 · B · S · Hkv · d_k elements per block in the dtype. Blocks without cross-attention
+    (a decoder-only model) keep none: an empty list.
+    """
+    description = plan.description
+    if description is None:
+        return []
+    count = plan.sizes.get("Lc", 0) if tokens is None else tokens
+    element = DTYPE_BYTES[plan.config.dtype]
+    groups: dict[tuple[int, int], int] = {}  # (Hkv, d_k) -> blocks
+    for block in description.blocks:
+        for sublayer in block.sublayers:
+            if getattr(sublayer, "kind", "") == CROSS_ATTENTION:
+                shape = (sublayer.config.kv_heads, sublayer.config.d_k)
+                groups[shape] = groups.get(shape, 0) + 1
+    batch = plan.sizes["B"]
+    return [
+        KVCacheGroup(0, layers, count, kv_heads, head_dim,
+                     2 * batch * count * kv_heads * head_dim * element * layers)
+        for (kv_heads, head_dim), layers in groups.items()
+    ]  # fmt: skip
 
 
 def kv_cache_bytes(plan: Plan, tokens: int | None = None, layers: int = 1) -> int:

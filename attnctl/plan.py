@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from attnctl.config import DTYPE_BYTES, LARGEST_SIZE, LayerConfig, resolve_impl, validate
-from attnctl.describe import Attention, ModelDescription, Parameter, seeded_model
+from attnctl.describe import CROSS_ATTENTION, Attention, ModelDescription, Parameter, seeded_model
 from attnctl.errors import AttnctlError
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 from attnctl.stages.attention import plan_attention
@@ -22,7 +22,9 @@ from attnctl.stages.embeddings import plan_context_embeddings, plan_embeddings
 from attnctl.stages.feed_forward import plan_feed_forward
 from attnctl.trace import Stage
 
-__all__ = ["MASK_CONVENTION", "Parameter", "Plan", "build_plan"]
+__all__ = ["MASK_CONVENTION", "Parameter", "Plan", "build_plan", "build_seq2seq_plans"]
+
+INPUTS = ("token_ids", "context_ids", "encoder_output", "padding_mask")  # made before it runs
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,9 @@ class Plan:
     model: ModelDescription | None = None  # a checkpoint's, rather than the seeded layer
     layer_index: int = 0  # which of the model's blocks
     description: ModelDescription | None = None  # what was walked (the seeded layer too)
+    # alive before the first stage and held to the last: the inputs, and in a T5 block
+    # after the first, block 0's relative position bias
+    given: tuple[str, ...] = INPUTS
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -112,18 +117,28 @@ def build_plan(
     block's input, then its sublayers. Blocks run one after another, so one block's peak
     is the model's.
     """
-    if context_len is not None:
+    description = model.with_run(resolve_impl(validate(config))) if model is not None else None
+    # an encoder–decoder's decoder block: cross-attention over the encoder output (B, Lc, D)
+    decoder = description is not None and any(
+        s.kind == CROSS_ATTENTION for s in description.blocks[layer_index].sublayers
+    )
+    if context_len is not None and not decoder:
+        if model is not None:
+            raise AttnctlError("a context length applies to a decoder block's cross-attention")
         config = dataclasses.replace(config, cross=True)
     config = resolve_impl(validate(config))
-    description = seeded_model(config, vocab_size) if model is None else model.with_run(config)
+    if description is None:
+        description = seeded_model(config, vocab_size)
     block = description.blocks[layer_index]
     attention = block.attention
     config = attention.config
     cross = attention.kind == "cross_attention"
+    if decoder and context_len is None:
+        raise AttnctlError("a decoder block needs the source's length (context_len)")
     if cross:
         context_len = seq_len if context_len is None else context_len  # a preset says cross
-        if context_len <= 0:
-            raise AttnctlError(f"context-len must be a positive integer, got {context_len}")
+    if (cross or decoder) and context_len <= 0:
+        raise AttnctlError(f"context-len must be a positive integer, got {context_len}")
     for name, value in (("seq-len", seq_len), ("batch", batch), ("context-len", context_len)):
         if value is not None and value >= LARGEST_SIZE:
             raise AttnctlError(f"{name} must be below 2^63 (torch's largest size), got {value}")
@@ -143,7 +158,7 @@ def build_plan(
         "d_k": config.d_k,
         "V": vocab_size,
     }
-    if cross:
+    if cross or decoder:
         sizes["Lc"] = context_len
     feed_forward = next((s for s in block.sublayers if not isinstance(s, Attention)), None)
     if feed_forward is not None:
@@ -155,9 +170,15 @@ def build_plan(
         plan.add(
             "context_ids", "B Lc", dtype="int64", what="the context's token ids (keys, values)"
         )
+    if decoder:
+        plan.add(
+            "encoder_output",
+            "B Lc D",
+            what="the encoder's output over the source (Lc tokens): cross-attention's K, V",
+        )
     padding = padded and config.mask != "causal"
-    if padding:
-        key_len = "Lc" if cross else "L"
+    if padding or (decoder and padded):
+        key_len = "Lc" if cross or decoder else "L"
         plan.add(
             "padding_mask", f"B {key_len}", dtype="bool", what=f"key padding; {MASK_CONVENTION}"
         )
@@ -167,18 +188,32 @@ def build_plan(
         x = plan.add(
             "hidden", "B L D", what=f"block {layer_index - 1}'s output: this block's input"
         )
-    attention_end = x
+    held: dict[str, str] = {}
     for sublayer in block.sublayers:
-        if isinstance(sublayer, Attention):
-            x = attention_end = plan_attention(plan, sublayer, x, context, padding)
+        if isinstance(sublayer, Attention) and sublayer.kind == CROSS_ATTENTION and decoder:
+            prefix = sublayer.name.removesuffix("attention")  # "cross_", as nn/model.py says
+            with plan.scoped(prefix):
+                x = plan_attention(plan, sublayer, x, "encoder_output", padded)
+            held[prefix + "output_projection"] = x  # returned with the output
+        elif isinstance(sublayer, Attention):
+            x = plan_attention(plan, sublayer, x, context, padding)
+            held["output_projection"] = x
         else:
             x = plan_feed_forward(plan, sublayer, x)
     # The caller makes the inputs before the model runs and holds them throughout. An
     # attention sublayer returns its output and its W_o output: both live until it returns.
+    # T5's relative bias, made in block 0, lives until the last block is done.
     end = plan.last
-    held = dict.fromkeys(("token_ids", "context_ids", "padding_mask"), end)
-    held["output_projection"] = attention_end
+    given = INPUTS
     names = {s.name for s in plan.stages}
+    relative = [
+        s for s in block.sublayers if isinstance(s, Attention) and s.config.pos == "relative"
+    ]
+    if relative and not relative[0].computes_bias:  # block 0's, held since then
+        given += ("position_bias",)
+    held.update(dict.fromkeys(given, end))
+    if relative and relative[0].computes_bias:
+        held["position_bias"] = end
     held = {name: until for name, until in held.items() if name in names}
     parameters = layer_parameters(config, vocab_size) if model is None else model_parameters(model)
     return Plan(
@@ -193,4 +228,58 @@ def build_plan(
         model=model if model is None else description,
         layer_index=layer_index,
         description=description,
+        given=tuple(name for name in given if name in names),
     )
+
+
+def build_seq2seq_plans(
+    model: ModelDescription,
+    config: LayerConfig,
+    src_len: int,
+    tgt_len: int,
+    batch: int = 1,
+    padded: bool = False,
+    encoder_block: int = 0,
+    decoder_block: int = 0,
+    device: str = "",
+) -> tuple[Plan, Plan]:
+    """An encoder–decoder's two plans: encoder block ``encoder_block`` over a source of
+    ``src_len`` tokens (L = the source), and decoder block ``decoder_block`` over a target
+    of ``tgt_len`` tokens (L = the target) whose cross-attention reads the encoder output
+    (Lc = the source's length).
+
+    ``config``: the run's dtype, kernel and device (:meth:`ModelDescription.layer_config`);
+    ``padded``: some sources are padded on the right (their padded keys masked, in the
+    encoder's self-attention and the decoder's cross-attention). Each plan's parameters
+    are every weight of the checkpoint (count them once).
+    """
+    decoder = model.decoder
+    if decoder is None:
+        raise AttnctlError(f"{model.name} is not an encoder–decoder: it has no source and target")
+    for what, index, stack in (
+        ("encoder", encoder_block, model),
+        ("decoder", decoder_block, decoder),
+    ):
+        if not 0 <= index < stack.layers:
+            raise AttnctlError(
+                f"{what} block {index} is out of range: the {what} has {stack.layers} blocks "
+                f"(0–{stack.layers - 1})"
+            )
+    for what, length, stack in (("source", src_len, model), ("target", tgt_len, decoder)):
+        if length <= 0:
+            raise AttnctlError(f"the {what} length must be a positive integer, got {length}")
+        longest = stack.longest_input()
+        if longest is not None and length > longest:
+            raise AttnctlError(
+                f"a {what} of {length} tokens is more than the {longest} positions "
+                f"{model.name} was trained with"
+            )
+    encoder_plan = build_plan(
+        config, src_len, batch, model.vocab_size, device, padded, model=model,
+        layer_index=encoder_block,
+    )  # fmt: skip
+    decoder_plan = build_plan(
+        config, tgt_len, batch, decoder.vocab_size, device, padded, context_len=src_len,
+        model=decoder, layer_index=decoder_block,
+    )  # fmt: skip
+    return encoder_plan, decoder_plan

@@ -149,6 +149,16 @@ class LengthReport:
     training: Any = None  # a training.TrainingEstimate when --train
     # the K and V the measured run kept (--measure, when N is the run's own key length)
     measured_kv_cache_bytes: int | None = None
+    # memory --generate N: the cache after N more tokens (N = generate, prompt = L)
+    generate: int | None = None
+    generated_kv_cache: list[KVCacheGroup] | None = None
+    measured_generated_kv_cache_bytes: int | None = None  # by really generating (--measure)
+
+    @property
+    def generated_kv_cache_bytes(self) -> int | None:
+        if self.generated_kv_cache is None:
+            return None
+        return sum(group.bytes for group in self.generated_kv_cache)
 
 
 @dataclass(frozen=True)
@@ -205,3 +215,66 @@ def memory_command_report(
 ) -> MemoryCommandReport:
     plan = lengths[0].plan
     return MemoryCommandReport(lengths, fits, budget_bytes, longest_input(plan.config, plan.model))
+
+
+# ---------------------------------------------------------------- encoder–decoders
+
+
+@dataclass(frozen=True)
+class Seq2SeqShapes:
+    """``shapes`` of an encoder–decoder: an encoder block over the source (L = its
+    length) and a decoder block over the target (L = its length, Lc = the source's)."""
+
+    encoder: Plan
+    decoder: Plan
+
+
+@dataclass(frozen=True)
+class Seq2SeqDtypeRow:
+    """One dtype (and kernel) of ``memory`` on an encoder–decoder."""
+
+    parameter_bytes: int
+    encoder: MemoryEstimate
+    decoder: MemoryEstimate
+    kv_cache_bytes: int  # the decoder's self-attention K and V, T positions per block
+    cross_kv_cache_bytes: int  # the cross-attention's K and V, S positions per block
+
+    @property
+    def peak_bytes(self) -> int:
+        """The weights, and the larger of the encoder's peak and the decoder's with both
+        caches (the encoder runs first; the caches exist while the decoder runs)."""
+        return self.parameter_bytes + max(
+            self.encoder.peak_activation_bytes,
+            self.decoder.peak_activation_bytes + self.kv_cache_bytes + self.cross_kv_cache_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class Seq2SeqMeasured:
+    """``memory --measure`` on an encoder–decoder: each part measured on its own."""
+
+    encoder: Any  # measure.Measurement of encoder block 0
+    decoder: Any  # measure.Measurement of decoder block 0 (cross-attention over the source)
+    kv_cache_bytes: int  # the storages the decoder's self-attention caches held
+    cross_kv_cache_bytes: int
+
+
+@dataclass(frozen=True)
+class Seq2SeqMemoryReport:
+    """``memory --model DIR --src-len S --tgt-len T`` on an encoder–decoder."""
+
+    encoder_plan: Plan
+    decoder_plan: Plan
+    row: Seq2SeqDtypeRow  # the run's dtype and kernel
+    kv_cache: list[KVCacheGroup]  # the decoder's self-attention, by kind of block
+    cross_kv_cache: list[KVCacheGroup]  # the cross-attention's, made once per block
+    variants: dict[str, dict[str, Seq2SeqDtypeRow]]  # dtype -> impl -> row
+    measured: Seq2SeqMeasured | None = None
+
+    @property
+    def src_len(self) -> int:
+        return self.encoder_plan.seq_len
+
+    @property
+    def tgt_len(self) -> int:
+        return self.decoder_plan.seq_len

@@ -121,6 +121,14 @@ def measure_peak(plan: Plan, model: ModelDescription | None, train: bool, layers
         return measure_forward(plan)
 
 
+def measure_generated_cache_of(plan: Plan, new_tokens: int) -> int:
+    """The K and V bytes after really generating ``new_tokens`` after the plan's prompt."""
+    from attnctl.measure import measure_generated_cache
+
+    with device_errors_of(plan.config.device):
+        return measure_generated_cache(plan, new_tokens)
+
+
 def compare_implementations(
     layer: LayerConfig, batch: int, seq_len: int, vocab: int
 ) -> CheckResult:

@@ -61,9 +61,11 @@ class RunRequest:
 @dataclass(frozen=True)
 class ShapesRequest:
     layer: LayerRequest
-    seq_len: int = 16
+    seq_len: int | None = 16  # None: not given (16)
     batch: int = 1
     context_len: int | None = None
+    src_len: int | None = None  # an encoder–decoder's source and target lengths
+    tgt_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class MemoryRequest:
     train: bool = False
     measure: bool = False
     force: bool = False
+    src_len: int | None = None  # an encoder–decoder's source and target lengths
+    tgt_len: int | None = None
+    generate: int | None = None  # a decoder-only model's cache after N more tokens
 
 
 @dataclass(frozen=True)

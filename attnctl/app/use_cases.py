@@ -26,6 +26,7 @@ from attnctl.app.calls import (
 )
 from attnctl.app.generation import generation_use_case, translation_use_case
 from attnctl.app.inputs import choose_blocks, parse_lengths, read_contexts, read_texts
+from attnctl.app.memory_seq2seq import check_length_options, seq2seq_memory, seq2seq_shapes
 from attnctl.app.requests import (
     CheckReport,
     CheckRequest,
@@ -44,6 +45,8 @@ from attnctl.report import (
     LengthReport,
     MemoryCommandReport,
     RunReport,
+    Seq2SeqMemoryReport,
+    Seq2SeqShapes,
     length_report,
     memory_command_report,
     run_report,
@@ -143,22 +146,44 @@ def run_use_case(
     )
 
 
-def shapes_use_case(request: ShapesRequest) -> Plan:
-    """``shapes``: the plan of every stage."""
+def shapes_use_case(request: ShapesRequest) -> Plan | Seq2SeqShapes:
+    """``shapes``: the plan of every stage (an encoder–decoder's encoder and decoder block)."""
     layer, model = resolve_layer(request.layer)
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
-    return sized_plan(layer, request.seq_len, request.batch, request.context_len, model)
+    check_length_options(model, request.seq_len, request.src_len, request.tgt_len)
+    if model is not None and model.is_encoder_decoder:
+        if request.context_len is not None:
+            raise AttnctlError("--context-len is --src-len on an encoder–decoder")
+        return seq2seq_shapes(layer, model, request.src_len, request.tgt_len, request.batch)
+    seq_len = 16 if request.seq_len is None else request.seq_len
+    return sized_plan(layer, seq_len, request.batch, request.context_len, model)
 
 
-def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> MemoryCommandReport:
+def memory_use_case(
+    request: MemoryRequest, hooks: Hooks | None = None
+) -> MemoryCommandReport | Seq2SeqMemoryReport:
     """``memory``: estimate each length (measure it with --measure), then what fits a budget."""
     hooks = hooks or Hooks()
     layer, model = resolve_layer(request.layer)
+    check_length_options(model, request.seq_len, request.src_len, request.tgt_len)
+    if model is not None and model.is_encoder_decoder:
+        return seq2seq_memory(request, layer, model, hooks)
+    generate = request.generate
+    if generate is not None:
+        check_generate(request, layer, model)
     seq_len, layers, kv_cache = request.seq_len, request.layers, request.kv_cache
     batch, context_len, train = request.batch, request.context_len, request.train
     if seq_len is None:  # 2048, or all a model's (or layer's) learned positions
-        seq_len = str(min(2048, longest_input(layer, model) or 2048))
+        longest = longest_input(layer, model)
+        if longest is not None and generate:  # leaving room for the tokens generated
+            if generate >= longest:
+                raise AttnctlError(
+                    f"--generate {generate} leaves no room for a prompt in the {longest} "
+                    f"positions {model.name} was trained with"
+                )
+            longest -= generate
+        seq_len = str(min(2048, longest or 2048))
     lengths = parse_lengths(seq_len)
     stack, kv_layers = layers, layers  # --layers: weights and K/V of a stack of this layer
     if model is not None:
@@ -200,7 +225,10 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
             with hooks.progress(f"measuring {what} over {length} tokens"):
                 measured = measure_peak(plan, model, train, layers)
         kv_groups = kv_cache_of(plan, tokens, kv_layers)
-        reports.append(length_report(plan, result, tokens, kv_groups, measured, training))
+        report = length_report(plan, result, tokens, kv_groups, measured, training)
+        if generate is not None:
+            report = generated_cache(report, generate, request, hooks)
+        reports.append(report)
     budget_bytes = _device_free_bytes(layer.device) if request.fit_device else None
     if request.budget is not None:
         budget_bytes = parse_size(request.budget)
@@ -213,6 +241,56 @@ def memory_use_case(request: MemoryRequest, hooks: Hooks | None = None) -> Memor
             longest = longest_input(layer, model)  # learned positions end the search
             fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of, longest)
     return memory_command_report(reports, fits, budget_bytes)
+
+
+def check_generate(request: MemoryRequest, layer: LayerConfig, model: ModelDescription | None):
+    """``memory --generate N``: a decoder-only checkpoint's cache after N more tokens."""
+    generate = request.generate
+    if model is None:
+        raise AttnctlError("--generate needs --model DIR: a decoder-only checkpoint generates")
+    if layer.mask != "causal":
+        raise AttnctlError(f"{model.name} is an encoder (no causal mask): it generates nothing")
+    if generate < 0:
+        raise AttnctlError(f"generate must be a number of tokens >= 0, got {generate}")
+    if generate >= LARGEST_SIZE:
+        raise AttnctlError(f"generate must be below 2^63 (torch's largest size), got {generate}")
+    if request.kv_cache is not None:
+        raise AttnctlError("give --kv-cache N or --generate N, not both")
+    if request.train:
+        raise AttnctlError("--generate is inference: leave out --train")
+    longest = longest_input(layer, model)
+    lengths = parse_lengths(request.seq_len) if request.seq_len is not None else []
+    for length in lengths:
+        if longest is not None and length + generate > longest:
+            raise AttnctlError(
+                f"--seq-len {length} + --generate {generate} = {length + generate} tokens are "
+                f"more than the {longest} positions {model.name} was trained with"
+            )
+
+
+def generated_cache(
+    report: LengthReport, generate: int, request: MemoryRequest, hooks: Hooks
+) -> LengthReport:
+    """The cache after ``generate`` more tokens than the prompt (the plan's L): estimated
+    by kind of block, and (--measure) by really generating them."""
+    plan = report.plan
+    tokens = plan.seq_len + generate
+    groups = kv_cache_of(plan, tokens, plan.description.layers)
+    measured = None
+    if request.measure:
+        from attnctl.app.calls import measure_generated_cache_of
+
+        need = report.estimate.peak_bytes + sum(g.bytes for g in groups)
+        blocks = plan.description.layers * (1 + generate)
+        preflight(plan, need, request.force, hooks, blocks=blocks)
+        with hooks.progress(f"generating {generate} tokens after {plan.seq_len}"):
+            measured = measure_generated_cache_of(plan, generate)
+    return dataclasses.replace(
+        report,
+        generate=generate,
+        generated_kv_cache=groups,
+        measured_generated_kv_cache_bytes=measured,
+    )
 
 
 def check_use_case(request: CheckRequest, hooks: Hooks | None = None) -> CheckReport:

@@ -90,8 +90,12 @@ def forward(
         recording("token_ids", token_ids, "B L")
     if context_ids is not None:
         recording("context_ids", context_ids, "B Lc")
+    if context is not None:  # a decoder's: the encoder output, made before it runs
+        recording("encoder_output", context, "B Lc D")
     if padding is not None:
         recording("padding_mask", padding, "B Lc" if context_ids is not None else "B L")
+    elif context_padding is not None:  # the source's real tokens, the cross-attention keys
+        recording("padding_mask", context_padding, "B Lc")
     if embeddings is None:
         embeddings = F.embedding(token_ids, weights["embedding.weight"])  # (B, L, D)
     looked_up = [embeddings]

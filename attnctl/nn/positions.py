@@ -46,14 +46,20 @@ def sinusoidal_halves(
     ceil(D/2) frequencies, cos fills what is left); positions (L,) int64 -> (L, D).
 
     transformers builds the whole table in float64 numpy, then stores it as float32: so
-    here (then rounded to the run's dtype).
+    here, on the CPU (each float64 sin and cos rounded into a float32 table), then moved
+    to the positions' device in the run's dtype. What it holds is what ``plan.py`` counts.
     """
     half = (d_model + 1) // 2  # sin columns
-    even = torch.arange(0, d_model, 2, dtype=torch.float64)  # 2i, i < ceil(D/2)
-    frequencies = torch.pow(10000.0, even / d_model)  # (ceil(D/2),) float64
-    angles = positions.to(torch.float64).cpu().unsqueeze(1) / frequencies  # (L, ceil(D/2))
-    table = torch.cat((angles.sin(), angles.cos()[:, : d_model - half]), dim=1)  # (L, D)
-    return table.to(torch.float32).to(device=positions.device, dtype=dtype or torch.float32)
+    exponents = torch.arange(0, d_model, 2, dtype=torch.float64) / d_model  # 2i/D, (⌈D/2⌉,)
+    frequencies = torch.pow(10000.0, exponents)  # (⌈D/2⌉,) float64
+    del exponents
+    angles = positions.cpu().to(torch.float64).unsqueeze(1) / frequencies  # (L, ⌈D/2⌉)
+    del frequencies
+    table = torch.empty(angles.shape[0], d_model, dtype=torch.float32)  # (L, D)
+    table[:, :half] = angles.sin()
+    table[:, half:] = angles.cos()[:, : d_model - half]
+    del angles
+    return table.to(device=positions.device, dtype=dtype or torch.float32)
 
 
 def relative_buckets(

@@ -13,7 +13,13 @@ from attnctl.memory import format_bytes
 from attnctl.plan import Plan
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.text import config_line, model_lines, shape_text, sizes_line
-from attnctl.report import LengthReport, MemoryCommandReport
+from attnctl.report import (
+    LengthReport,
+    MemoryCommandReport,
+    Seq2SeqDtypeRow,
+    Seq2SeqMemoryReport,
+    Seq2SeqShapes,
+)
 from attnctl.training import TrainingEstimate
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
@@ -38,6 +44,151 @@ def shapes_view(plan: Plan, width: int) -> Group:
         Text(""),
         stage_table(plan.stages, width, plan, show_device=False),
     )
+
+
+def seq2seq_dims_lines(encoder: Plan, decoder: Plan) -> list[tuple[str, str]]:
+    """What L and Lc are in an encoder–decoder's two stage tables."""
+    source, target = encoder.seq_len, decoder.seq_len
+    return [
+        ("encoder", f"block {encoder.layer_index} · L = the source, {source} tokens"),
+        (
+            "decoder",
+            f"block {decoder.layer_index} · L = the target, {target} tokens · Lc = the "
+            f"source, {source} tokens (the encoder output, cross-attention's K and V)",
+        ),
+    ]
+
+
+def seq2seq_shapes_view(shapes: Seq2SeqShapes, width: int) -> Group:
+    """``shapes`` of an encoder–decoder: its encoder block's stages, then its decoder's."""
+    encoder, decoder = shapes.encoder, shapes.decoder
+    config = encoder.config
+    return Group(
+        header(
+            "attnctl shapes",
+            [
+                *model_lines(encoder),
+                ("layer", config_line(config)),
+                ("dtype", f"{config.dtype} · device {config.device}"),
+                *seq2seq_dims_lines(encoder, decoder),
+            ],
+        ),
+        Text(""),
+        Text(f"encoder block {encoder.layer_index}   {sizes_line(encoder)}", style="bold"),
+        stage_table(encoder.stages, width, encoder, show_device=False),
+        Text(""),
+        Text(f"decoder block {decoder.layer_index}   {sizes_line(decoder)}", style="bold"),
+        stage_table(decoder.stages, width, decoder, show_device=False),
+    )
+
+
+def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
+    """``memory`` of an encoder–decoder: weights, each block's peak, both caches, per dtype."""
+    encoder, decoder, row = report.encoder_plan, report.decoder_plan, report.row
+    config = encoder.config
+    element = DTYPE_BYTES[config.dtype]
+    measured = report.measured
+    b = encoder.batch
+    grid = size_grid()
+    grid.add_row(
+        "weights",
+        format_bytes(row.parameter_bytes),
+        f"{encoder.parameter_count:,} stored values (encoder, decoder, embeddings, head)",
+    )
+    grid.add_row(
+        "encoder activations",
+        format_bytes(row.encoder.peak_activation_bytes),
+        f"the peak of one encoder block over S = {report.src_len} (at {row.encoder.peak_stage})",
+    )
+    grid.add_row(
+        "decoder activations",
+        format_bytes(row.decoder.peak_activation_bytes),
+        f"the peak of one decoder block over T = {report.tgt_len}, cross-attention over "
+        f"S = {report.src_len} (at {row.decoder.peak_stage})",
+    )
+    made_once = "made once from the encoder output, S"
+    for name, groups, n, what in (
+        ("KV cache", report.kv_cache, report.tgt_len, "self-attention K and V, T"),
+        ("cross K/V", report.cross_kv_cache, report.src_len, made_once),
+    ):
+        total = sum(g.bytes for g in groups)
+        shapes = " + ".join(
+            f"2·{b}·{g.tokens}·{g.kv_heads}·{g.head_dim}·{element} bytes·{g.layers} blocks"
+            for g in groups
+        )
+        grid.add_row(name, format_bytes(total), f"{what} = {n} positions per block: {shapes}")
+    grid.add_row(
+        "peak",
+        format_bytes(row.peak_bytes),
+        "weights + the larger of the encoder's peak and the decoder's with both caches",
+    )
+    parts: list[RenderableType] = [
+        header(
+            "attnctl memory",
+            [
+                *model_lines(encoder),
+                ("layer", config_line(config)),
+                ("dtype", config.dtype),
+                *seq2seq_dims_lines(encoder, decoder),
+            ],
+        ),
+        Text(""),
+        grid,
+    ]
+    if measured is not None:
+        compared = size_grid(f"measured on {measured.encoder.device} by {measured.encoder.method}")
+        for name, estimated, got in (
+            ("weights", row.parameter_bytes, measured.encoder.parameter_bytes),
+            ("encoder activations", row.encoder.peak_activation_bytes,
+             measured.encoder.peak_activation_bytes),
+            ("decoder activations", row.decoder.peak_activation_bytes,
+             measured.decoder.peak_activation_bytes),
+            ("KV cache", row.kv_cache_bytes, measured.kv_cache_bytes),
+            ("cross K/V", row.cross_kv_cache_bytes, measured.cross_kv_cache_bytes),
+        ):  # fmt: skip
+            compared.add_row(
+                name, format_bytes(got), f"estimate {_percent(estimated, got)} vs measured"
+            )
+        parts += [Text(""), compared]
+    for plan, estimate, title, stage_peaks in (
+        (encoder, row.encoder, "encoder block", measured.encoder if measured else None),
+        (decoder, row.decoder, "decoder block", measured.decoder if measured else None),
+    ):
+        table = titled_table(f"{title} {plan.layer_index} activations   {sizes_line(plan)}")
+        headings = ["#", "stage", "shape", "bytes", "alive during"]
+        headings += ["measured", "diff"] if stage_peaks is not None else []
+        for name in headings:
+            table.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
+        table.add_column("", no_wrap=True)
+        for i, stage in enumerate(plan.stages):
+            size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
+            alive = estimate.live_bytes[i]
+            cells = [str(i), stage.name, shape_text(stage.shape), size, format_bytes(alive)]
+            if stage_peaks is not None:
+                got = stage_peaks.stage_peak_bytes[i]
+                cells += [format_bytes(got), _percent(alive, got)]
+            table.add_row(*cells, "◀ peak" if stage.name == estimate.peak_stage else "")
+        parts += [Text(""), table]
+    variants = titled_table("by dtype and implementation")
+    impls = list(next(iter(report.variants.values())))
+    columns = ["dtype", "weights", "encoder", "decoder", "KV cache", "cross K/V"]
+    columns += [f"peak ({impl})" for impl in impls]
+    for name in columns:
+        variants.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
+    for dtype in DTYPES:
+        rows: dict[str, Seq2SeqDtypeRow] = report.variants[dtype]
+        shown = rows.get(config.impl) or next(iter(rows.values()))
+        variants.add_row(
+            dtype,
+            format_bytes(shown.parameter_bytes),
+            format_bytes(shown.encoder.peak_activation_bytes),
+            format_bytes(shown.decoder.peak_activation_bytes),
+            format_bytes(shown.kv_cache_bytes),
+            format_bytes(shown.cross_kv_cache_bytes),
+            *(format_bytes(rows[impl].peak_bytes) for impl in impls),
+        )
+    parts += [Text(""), variants]
+    return Group(*parts)
 
 
 def memory_view(command: MemoryCommandReport, width: int) -> Group:
@@ -152,6 +303,26 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
                 f"2·{b}·{group.tokens}·{group.kv_heads}·{group.head_dim}·{element} "
                 f"bytes·{group.layers}",
             )
+    if report.generated_kv_cache is not None:
+        tokens = plan.seq_len + (report.generate or 0)
+        kinds = " · ".join(
+            f"{g.layers} blocks "
+            + (f"window {g.window}: {g.tokens} positions" if g.window else f"{g.tokens} positions")
+            for g in report.generated_kv_cache
+        )
+        summary.add_row(
+            f"KV cache after {report.generate} more",
+            format_bytes(report.generated_kv_cache_bytes or 0),
+            f"the prompt's {plan.seq_len} + {report.generate} generated = {tokens} tokens: {kinds}",
+        )
+        if report.measured_generated_kv_cache_bytes is not None:
+            got = report.measured_generated_kv_cache_bytes
+            summary.add_row(
+                "  measured",
+                format_bytes(got),
+                f"the K and V every block kept after generating {report.generate} tokens; "
+                f"estimate {_percent(report.generated_kv_cache_bytes or 0, got)} vs measured",
+            )
     training = report.training
     if measured is not None and training is None:
         summary.add_row(
@@ -230,8 +401,13 @@ BAR_PARTS = (  # what a stacked bar is made of: (name, character, colour)
 def _sweep(reports: list[LengthReport], width: int) -> list[RenderableType]:
     table = titled_table("by sequence length")
     train = reports[0].training is not None
+    generate = reports[0].generate
+    measured_generate = reports[0].measured_generated_kv_cache_bytes is not None
     headings = ["L", "parameters", "attention matrices", "peak", "KV cache"]
-    for name in headings + (["training"] if train else []):
+    headings += ["training"] if train else []
+    headings += [f"KV cache after {generate} more"] if generate is not None else []
+    headings += ["measured"] if measured_generate else []
+    for name in headings:
         table.add_column(name, justify="right", no_wrap=True)
     for report in reports:
         params, _, _, cache = report.bar_parts
@@ -244,6 +420,10 @@ def _sweep(reports: list[LengthReport], width: int) -> list[RenderableType]:
         ]
         if train:
             row.append(format_bytes(report.training.peak_bytes))
+        if generate is not None:
+            row.append(format_bytes(report.generated_kv_cache_bytes or 0))
+        if measured_generate:
+            row.append(format_bytes(report.measured_generated_kv_cache_bytes or 0))
         table.add_row(*row)
     totals = [sum(r.bar_parts) for r in reports]
     label_width = max(len(str(r.plan.seq_len)) for r in reports) + 2

@@ -8,6 +8,8 @@ in the output leads to its plan and its code with one search. ``plan.py`` walks 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from attnctl.config import DTYPE_BYTES
@@ -24,6 +26,26 @@ class PlanBuilder:
     dtype: str  # the run's dtype: what a stage is unless it says otherwise
     device: str = ""
     stages: list[Stage] = field(default_factory=list)
+    # the names of a scope's stages start with it ("cross_": a decoder's cross-attention)
+    scope: str = ""
+
+    @contextmanager
+    def scoped(self, prefix: str) -> Iterator[None]:
+        """Stages added inside are named ``prefix + name``, and a read of ``name`` is of
+        the scope's own stage of that name when there is one (``v`` is ``cross_v``)."""
+        outer, self.scope = self.scope, prefix
+        try:
+            yield
+        finally:
+            self.scope = outer
+
+    def resolve(self, name: str) -> str:
+        """The stage a read of ``name`` means inside the current scope."""
+        if self.scope and not name.startswith(self.scope):
+            scoped = self.scope + name
+            if any(s.name == scoped for s in self.stages):
+                return scoped
+        return name
 
     def add(
         self,
@@ -37,6 +59,9 @@ class PlanBuilder:
         scratch: int = 0,
     ) -> str:
         """One stage; returns its name, for the stages that read it."""
+        reads = tuple(self.resolve(read) for read in reads)
+        view_of = None if view_of is None else self.resolve(view_of)
+        name = self.scope + name
         dtype = dtype or self.dtype
         dim_names = tuple(dims.split())
         shape = tuple(self.sizes[d] for d in dim_names)

@@ -30,6 +30,8 @@ def plan_attention(
     bias = " + b" if config.bias else ""
     split = "transpose(1, 2): no copy"
     scale = f"· {config.query_scale:g}" if config.query_scale else "/ √d_k"
+    if config.query_scale == 1:  # T5: no scaling (folded into W_q in training)
+        scale = "(unscaled)"
 
     h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
     if config.norm == "pre":
@@ -39,10 +41,11 @@ def plan_attention(
     across = f"{norm_name} over every head at once, before the split"
     if config.qk_norm == "all":  # OLMo 2
         q = plan.add("q_norm", f"B L {q_width}", (q,), what=f"{across}: H·d_k")
-    k = plan.add("k", kv_width, (source,), what="x · W_k" + bias)
+    source_name = "encoder output" if context == "encoder_output" else "x"
+    k = plan.add("k", kv_width, (source,), what=f"{source_name} · W_k" + bias)
     if config.qk_norm == "all":
         k = plan.add("k_norm", kv_width, (k,), what=f"{across}: {kv_split}·d_k")
-    plan.add("v", kv_width, (source,), what="x · W_v" + bias)
+    plan.add("v", kv_width, (source,), what=f"{source_name} · W_v" + bias)
     each = f"{norm_name} of each head over d_k, on the view (B, L, heads, d_k)"
     if config.qk_norm == "head":  # Qwen3, Gemma 3
         q = plan.add("q_norm", "B L H d_k", (q,), what=each)
@@ -105,8 +108,15 @@ def plan_attention(
             (q, k),
             # the negated padding mask (B·L bools) is made after q and k are freed, so it
             # never raises this stage's peak
-            what=f"Q · Kᵀ {scale}, one L×L per head"
-            + ("; padded keys set to -inf" if padding and not config.softcap else ""),
+            what=f"Q · Kᵀ {scale}, one L×{key_len} per head"
+            + ("; padded keys set to -inf" if padding and not config.softcap else "")
+            + (
+                "; + block 0's relative position bias"
+                if config.pos == "relative" and not sublayer.computes_bias
+                else "; + the relative position bias"
+                if config.pos == "relative"
+                else ""
+            ),
         )
         if config.softcap:
             cap = f"{config.softcap:g}"
@@ -120,6 +130,8 @@ def plan_attention(
                 # the negated padding mask, made while the scores alone are alive
                 scratch=plan.nbytes(f"B {key_len}", "bool") if padding else 0,
             )
+        if config.pos == "relative":  # T5: a learned bias per head by bucketed distance
+            plan_relative_bias(plan, sublayer, scores, key_len)
         if config.pos == "alibi":
             heads, length = config.heads, sizes["L"]
             # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
@@ -199,6 +211,44 @@ def plan_attention(
     if config.norm == "post":
         plan.add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
     return plan.last
+
+
+def plan_relative_bias(plan: PlanBuilder, sublayer: Attention, scores: str, key_len: str) -> str:
+    """T5's (H, L, Lk) position bias, added to the scores in place: computed by the block
+    that holds the bucket table (block 0) and kept for every block after, which adds it.
+
+    The torch twin is ``nn/positions.relative_bias``: the n = L + Lk - 1 distances
+    (int64) are bucketed (41 bytes of int64 and bool temporaries per distance at the
+    busiest moment, measured), looked up once (n, H), transposed into a copy (H, n), and
+    the (H, L, Lk) bias is one copy of a strided view of that.
+    """
+    if not sublayer.computes_bias:
+        return plan.add(
+            "position_bias",
+            f"H L {key_len}",
+            (scores,),
+            what="block 0's relative position bias (kept since then), added in place",
+        )
+    sizes = plan.sizes
+    config = sublayer.config
+    distances = sizes["L"] + sizes[key_len] - 1
+    by_distance = plan.nbytes("H") * distances  # (n, H) or (H, n) in the dtype
+    bias = plan.nbytes(f"H L {key_len}")
+    busiest = max(
+        (8 + 41) * distances,  # the distances and the bucketing's temporaries
+        8 * distances + 2 * by_distance,  # the buckets, the lookup and its transposed copy
+        by_distance + bias,  # the transposed copy and the bias
+    )
+    side = "both ways (encoder)" if config.mask != "causal" else "causal (decoder)"
+    return plan.add(
+        "position_bias",
+        f"H L {key_len}",
+        (scores,),
+        what=f"relative position bias: key - query distances in {config.relative_buckets} "
+        f"buckets, {side}, up to {config.relative_distance}; added in place, kept for the "
+        "blocks after",
+        scratch=busiest - bias,
+    )
 
 
 def _causal(config: LayerConfig) -> str:

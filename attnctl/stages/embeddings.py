@@ -19,9 +19,10 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
         else ("embedding lookup: one D-vector per token")
     )
     x = plan.add("embeddings", "B L D", ("token_ids",), what=lookup)
-    if embeddings.scale:  # Gemma: × √D, rounded to the dtype
+    if embeddings.scale:  # Gemma: × √D rounded to the dtype; Marian, BART: not rounded
+        rounded = " in the dtype" if embeddings.scale_rounded else ""
         x = plan.add(
-            "scaled_embeddings", "B L D", (x,), what=f"× {embeddings.scale:g} (√D) in the dtype"
+            "scaled_embeddings", "B L D", (x,), what=f"× {embeddings.scale:g} (√D){rounded}"
         )
     if embeddings.positions == "sinusoidal":
         positions = plan.add(
@@ -30,9 +31,21 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
             what="sinusoidal position table",
             scratch=_sinusoidal_scratch(embeddings.d_model, length),
         )
-    elif embeddings.positions == "learned":  # the int64 position ids live during the lookup
+    elif embeddings.positions == "sinusoidal_halves":  # Marian
         positions = plan.add(
-            "positions", "L D", what="learned position table rows", scratch=8 * length
+            "positions",
+            "L D",
+            what="sinusoidal table: sin in the first D/2 columns, cos in the rest",
+            scratch=_halves_scratch(plan, length),
+        )
+    elif embeddings.positions == "learned":  # the int64 position ids live during the lookup
+        offset = embeddings.position_offset
+        positions = plan.add(
+            "positions",
+            "L D",
+            what="learned position table rows"
+            + (f" {offset}… (position p reads row p + {offset})" if offset else ""),
+            scratch=8 * length,
         )
     else:  # none here: RoPE turns Q and K in every block, ALiBi biases the scores
         return x
@@ -79,8 +92,32 @@ def _sinusoidal_scratch(d_model: int, length: int) -> int:
     return 4 * (length + half + 2 * length * half)
 
 
+def _halves_scratch(plan: PlanBuilder, length: int) -> int:
+    """What ``nn/positions.sinusoidal_halves`` holds beyond its (L, D) table: the int64
+    positions (L) throughout; on the CPU the float64 exponents and frequencies (⌈D/2⌉),
+    positions (L), angles (L·⌈D/2⌉) and each of sin and cos (L·⌈D/2⌉) while it is
+    rounded into the float32 table (L·D), which a narrower dtype then copies. Built on
+    the CPU, a table for a GPU holds only the positions and the table there."""
+    ids = 8 * length
+    if plan.device.startswith("cuda"):
+        return ids
+    d_model = plan.sizes["D"]
+    half = (d_model + 1) // 2
+    table32 = 4 * length * d_model
+    table = plan.nbytes("L D")
+    moments = [
+        16 * half,  # exponents and frequencies
+        8 * half + 8 * length + 8 * length * half,  # frequencies, positions, angles
+        16 * length * half + table32,  # angles, sin (or cos), the float32 table
+    ]
+    if table != table32:  # .to() the run's dtype: a copy beside the float32 table
+        moments.append(table32 + table)
+    return ids + max(moments) - table
+
+
 def _check_length(embeddings: Embeddings, length: int) -> None:
-    if embeddings.positions != "learned" or length <= embeddings.max_positions:
+    limited = embeddings.positions in ("learned", "sinusoidal_halves")
+    if not limited or length <= embeddings.max_positions:
         return
     if embeddings.trained_by:
         raise AttnctlError(

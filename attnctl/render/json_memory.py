@@ -1,0 +1,155 @@
+"""``--json`` of ``shapes`` and ``memory`` on encoder–decoders, and ``memory --generate``.
+
+The decoder-only documents are ``render/json.py``'s; this adds what an encoder–decoder
+and generation bring.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnctl.memory import KVCacheGroup
+from attnctl.plan import Plan
+from attnctl.render.json import memory_dict, memory_json, model_dict, shapes_json
+from attnctl.report import (
+    MemoryCommandReport,
+    Seq2SeqDtypeRow,
+    Seq2SeqMemoryReport,
+    Seq2SeqShapes,
+)
+
+
+def shapes_document(shapes: Plan | Seq2SeqShapes) -> dict[str, Any]:
+    """``shapes --json``: one plan's, or an encoder–decoder's two blocks."""
+    if isinstance(shapes, Plan):
+        return shapes_json(shapes)
+    encoder, decoder = shapes.encoder, shapes.decoder
+    return {
+        "model": _model(encoder),
+        "config": encoder.config.to_dict(),
+        "src_len": encoder.seq_len,
+        "tgt_len": decoder.seq_len,
+        "batch": encoder.batch,
+        "dims": {
+            "L": "encoder: the source's length; decoder: the target's",
+            "Lc": "the source's length (the encoder output)",
+        },
+        "encoder": _block(encoder),
+        "decoder": _block(decoder),
+    }
+
+
+def _model(encoder: Plan) -> dict[str, Any] | None:
+    """render/json's model, its ``layers`` the encoder's, with the decoder's blocks."""
+    document = model_dict(encoder)
+    if document is not None and encoder.model is not None and encoder.model.decoder:
+        document["decoder_layers"] = encoder.model.decoder.layers
+    return document
+
+
+def _block(plan: Plan) -> dict[str, Any]:
+    return {
+        "layer": plan.layer_index,
+        "seq_len": plan.seq_len,
+        "sizes": plan.sizes,
+        "stages": [s.to_dict() for s in plan.stages],
+    }
+
+
+def cache_groups(groups: list[KVCacheGroup]) -> list[dict[str, Any]]:
+    return [
+        {
+            "window": group.window or None,
+            "layers": group.layers,
+            "tokens": group.tokens,
+            "kv_heads": group.kv_heads,
+            "head_dim": group.head_dim,
+            "bytes": group.bytes,
+        }
+        for group in groups
+    ]
+
+
+def memory_document(report: MemoryCommandReport | Seq2SeqMemoryReport) -> dict[str, Any]:
+    """``memory --json``: an encoder–decoder's document, or render/json.py's with the cache
+    after ``--generate N`` under ``kv_cache_after_generate``."""
+    if isinstance(report, Seq2SeqMemoryReport):
+        return seq2seq_memory_json(report)
+    document = memory_json(report)
+    if report.lengths[0].generate is None:
+        return document
+    documents = document.get("results", [document])
+    for entry, length in zip(documents, report.lengths, strict=True):
+        entry["kv_cache_after_generate"] = {
+            "generate": length.generate,
+            "tokens": length.plan.seq_len + length.generate,
+            "bytes": length.generated_kv_cache_bytes,
+            "kv_cache": cache_groups(length.generated_kv_cache or []),
+            "measured_bytes": length.measured_generated_kv_cache_bytes,
+        }
+    return document
+
+
+def _row(row: Seq2SeqDtypeRow) -> dict[str, int]:
+    return {
+        "parameters_bytes": row.parameter_bytes,
+        "encoder_peak_activation_bytes": row.encoder.peak_activation_bytes,
+        "decoder_peak_activation_bytes": row.decoder.peak_activation_bytes,
+        "kv_cache_bytes": row.kv_cache_bytes,
+        "cross_kv_cache_bytes": row.cross_kv_cache_bytes,
+        "peak_bytes": row.peak_bytes,
+    }
+
+
+def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:
+    encoder, decoder, row, measured = (
+        report.encoder_plan, report.decoder_plan, report.row, report.measured
+    )  # fmt: skip
+    blocks = {}
+    for name, plan, estimate, got in (
+        ("encoder", encoder, row.encoder, measured.encoder if measured else None),
+        ("decoder", decoder, row.decoder, measured.decoder if measured else None),
+    ):
+        stages = []
+        for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
+            entry = {**stage.to_dict(), "live_bytes": live, "scratch_bytes": stage.scratch}
+            if got is not None:
+                entry["measured_live_bytes"] = got.stage_peak_bytes[i]
+            stages.append(entry)
+        blocks[name] = {
+            "layer": plan.layer_index,
+            "seq_len": plan.seq_len,
+            "sizes": plan.sizes,
+            **memory_dict(estimate),
+            "stages": stages,
+        }
+    document: dict[str, Any] = {
+        "model": _model(encoder),
+        "config": encoder.config.to_dict(),
+        "batch": encoder.batch,
+        "src_len": report.src_len,
+        "tgt_len": report.tgt_len,
+        "parameters": encoder.parameter_count,
+        **_row(row),
+        "kv_cache_tokens": report.tgt_len,
+        "kv_cache": cache_groups(report.kv_cache),
+        "cross_kv_cache_tokens": report.src_len,
+        "cross_kv_cache": cache_groups(report.cross_kv_cache),
+        "by_dtype": {
+            dtype: _row(rows.get(encoder.config.impl) or next(iter(rows.values())))
+            for dtype, rows in report.variants.items()
+        },
+        "by_impl": {impl: _row(r) for impl, r in report.variants[encoder.config.dtype].items()},
+        **blocks,
+    }
+    if measured is not None:
+        document["measured"] = {
+            "parameters_bytes": measured.encoder.parameter_bytes,
+            "encoder_peak_activation_bytes": measured.encoder.peak_activation_bytes,
+            "decoder_peak_activation_bytes": measured.decoder.peak_activation_bytes,
+            "kv_cache_bytes": measured.kv_cache_bytes,
+            "cross_kv_cache_bytes": measured.cross_kv_cache_bytes,
+            "device": measured.encoder.device,
+            "by": measured.encoder.method,
+        }
+    return document
