@@ -274,6 +274,10 @@ class TranslationReport:
     final_estimated_bytes: int
     final_measured_bytes: int
     heads_not_shown: tuple[int, int] | None = None
+    # the stages of the encoder block over the source and of the decoder block over the
+    # whole target at once (the steps compute its rows one at a time)
+    encoder_plan: Plan | None = None
+    decoder_plan: Plan | None = None
     # --layer all: "encoder", "decoder", "cross" -> one Trace per block, and its statistics
     block_traces: dict[str, list[Trace]] = field(default_factory=dict)
     block_stats: dict[str, list[list[HeadStats]]] = field(default_factory=dict)
@@ -289,23 +293,6 @@ class TranslationReport:
     @property
     def generated_count(self) -> int:
         return len(self.steps)
-
-
-def seq2seq_cache_bytes(
-    decoder: Any, batch: int, target_len: int, source_len: int, dtype_bytes: int
-) -> int:
-    """The K and V a decoder keeps: per block, 2·B·T·Hkv·d_k of its self-attention
-    (the ``target_len`` tokens fed) and 2·B·Ls·Hkv·d_k of its cross-attention, made once
-    from the encoder output (``source_len`` tokens)."""
-    total = 0
-    for block in decoder.blocks:
-        for sublayer in block.sublayers:
-            config = getattr(sublayer, "config", None)
-            if config is None:
-                continue  # a feed-forward
-            length = source_len if sublayer.kind == "cross_attention" else target_len
-            total += 2 * batch * length * config.kv_heads * config.d_k * dtype_bytes
-    return total
 
 
 def alignment_of(

@@ -70,6 +70,12 @@ def test_ids_and_the_three_attentions_equal_transformers(
     decoder = torch.tensor(document["decoder_attention"])  # (B, H, Lt, Lt)
     cross = torch.tensor(document["cross_attention"])  # (B, H, Lt, Ls)
     assert (decoder - forced.decoder_attentions[decoder_block]).abs().max() <= TOLERANCE
+    # the stages as planned: the same shapes as the weights the run kept
+    planned = {s["name"]: s["shape"] for s in document["encoder_stages"]}
+    assert planned["weights"] == list(encoder.shape)
+    planned = {s["name"]: s["shape"] for s in document["decoder_stages"]}
+    assert planned["weights"] == list(decoder.shape)
+    assert planned["cross_weights"] == list(torch.tensor(document["cross_attention"]).shape)
     assert (cross - forced.cross_attentions[decoder_block]).abs().max() <= TOLERANCE
     steps = len(reference.cross_attentions)
     per_step_self = hf_seq2seq.step_rows(reference.decoder_attentions, decoder_block)
@@ -132,6 +138,7 @@ def test_the_terminal_view_shows_steps_alignment_and_tables(invoke, folders):
         assert "steps · decoder block 1" in out
         assert "alignment · block 1 · mean of head 1" in out
         assert "cross-attention weights, decoder block 1" in out
+        assert "cross_weights" in out and "B H L Lc" in out  # the decoder block's stages
         assert " → " in out
         assert max(len(line) for line in out.splitlines()) <= columns
 

@@ -12,8 +12,14 @@ from typing import TYPE_CHECKING, Any
 from attnctl.config import DTYPE_BYTES, LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.families import read_model
-from attnctl.memory import KVCacheGroup, MemoryEstimate, estimate, kv_cache_groups
-from attnctl.plan import Plan, build_plan
+from attnctl.memory import (
+    KVCacheGroup,
+    MemoryEstimate,
+    cross_kv_cache_groups,
+    estimate,
+    kv_cache_groups,
+)
+from attnctl.plan import Plan, build_plan, build_seq2seq_plans
 from attnctl.report_generation import GenerationRun, TranslationRun
 from attnctl.tokenize import Batch
 from attnctl.training import TrainingEstimate, estimate_training
@@ -235,9 +241,23 @@ def generate_tokens(
     )
 
 
-def checkpoint_weight_bytes(model: ModelDescription, dtype: str) -> int:
-    """The bytes of every weight of the checkpoint, in the run's dtype."""
-    return sum(info.count for info in model.weights().values()) * DTYPE_BYTES[dtype]
+def seq2seq_plans_of(
+    model: ModelDescription,
+    layer: LayerConfig,
+    src_len: int,
+    tgt_len: int,
+    batch: int,
+    padded: bool,
+    encoder_block: int,
+    decoder_block: int,
+) -> tuple[Plan, Plan]:
+    return build_seq2seq_plans(
+        model, layer, src_len, tgt_len, batch, padded, encoder_block, decoder_block, layer.device
+    )
+
+
+def cross_kv_cache_of(plan: Plan, tokens: int) -> list[KVCacheGroup]:
+    return cross_kv_cache_groups(plan, tokens)
 
 
 def translate_tokens(

@@ -13,17 +13,18 @@ from __future__ import annotations
 import dataclasses
 
 from attnctl.app.calls import (
-    checkpoint_weight_bytes,
+    cross_kv_cache_of,
     estimate_of,
     generate_tokens,
     generation_weight_bytes,
     kv_cache_of,
     plan_for,
+    seq2seq_plans_of,
     translate_tokens,
 )
 from attnctl.app.inputs import choose_blocks, read_texts
 from attnctl.app.requests import Hooks, RunRequest
-from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.config import LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
 from attnctl.report_generation import (
@@ -32,7 +33,6 @@ from attnctl.report_generation import (
     TranslationView,
     alignment_of,
     generation_report,
-    seq2seq_cache_bytes,
     stop_reason,
 )
 from attnctl.stats import head_stats
@@ -321,22 +321,27 @@ def translation_use_case(
         heads_shown = all_heads[:DEFAULT_HEADS_SHOWN]
     layer = dataclasses.replace(layer, impl="math")
     rows, source_len, target_len = len(texts), batch.seq_len, new_tokens + 1
-    plan = plan_for(layer, source_len, rows, model.vocab_size, model=model)  # the encoder's
-    element = DTYPE_BYTES[layer.dtype]
-    cache = seq2seq_cache_bytes(decoder, rows, target_len, source_len, element)
+    # the encoder block over the source, the decoder block over the whole target at once
+    encoder_plan, decoder_plan = seq2seq_plans_of(
+        model, layer, source_len, target_len, rows, batch.padded, encoder_block, decoder_block
+    )
+
+    def cache_bytes(target: int) -> int:  # the decoder's K and V, and cross-attention's
+        groups = kv_cache_of(decoder_plan, target, decoder.layers)
+        return sum(g.bytes for g in groups + cross_kv_cache_of(decoder_plan, source_len))
+
     kept = rows * len(all_heads) * (source_len + target_len) ** 2  # the three, (B, h, L, L)
     if every_block:
         kept *= max(model.layers, decoder.layers)
     per_weight = 4 + PYTHON_FLOAT_BYTES  # as computed, then as Python floats
     logits = rows * decoder.vocab_size * 4 * 2
-    need = (
-        checkpoint_weight_bytes(model, layer.dtype)
-        + estimate_of(plan).peak_activation_bytes
-        + cache
-        + kept * per_weight
-        + logits
-    )
-    preflight(plan, need, request.force, hooks, blocks=model.layers + decoder.layers)
+    peaks = max(
+        estimate_of(encoder_plan).peak_activation_bytes,
+        estimate_of(decoder_plan).peak_activation_bytes,  # the whole target at once: above
+    )  # a step's
+    need = encoder_plan.parameter_bytes + peaks + cache_bytes(target_len)
+    need += kept * per_weight + logits
+    preflight(encoder_plan, need, request.force, hooks, blocks=model.layers + decoder.layers)
     pad = rules.pad_id if rules.pad_id is not None else batch.pad_id
     padded = [[t.id for t in row] + [pad] * (source_len - len(row)) for row in batch.rows]
     with hooks.progress(f"translating with {model.name}: up to {new_tokens} tokens"):
@@ -358,7 +363,7 @@ def translation_use_case(
         dataclasses.replace(
             step,
             texts=[row[step.position] for row in pieces],
-            estimated_bytes=seq2seq_cache_bytes(decoder, rows, step.position, source_len, element),
+            estimated_bytes=cache_bytes(step.position),
         )
         for step in run.steps
     ]
@@ -443,7 +448,12 @@ def translation_use_case(
         stop=stop_reason(run.generated, rules.eos_ids),
         requested=new_tokens,
         final_cache_shapes=run.final_cache_shapes,
-        final_estimated_bytes=seq2seq_cache_bytes(decoder, rows, fed, source_len, element),
+        final_estimated_bytes=cache_bytes(fed),
+        # planned again for the target the run made (an early end makes it shorter)
+        encoder_plan=encoder_plan,
+        decoder_plan=seq2seq_plans_of(
+            model, layer, source_len, fed, rows, batch.padded, encoder_block, decoder_block
+        )[1],
         final_measured_bytes=run.final_measured_bytes,
         heads_not_shown=hidden,
         block_traces=block_traces,

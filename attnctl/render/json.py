@@ -332,6 +332,12 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         "device": report.device,
         "dtype": report.dtype,
         "impl": "math",
+        "encoder_stages": None
+        if report.encoder_plan is None
+        else [s.to_dict() for s in report.encoder_plan.stages],
+        "decoder_stages": None
+        if report.decoder_plan is None
+        else [s.to_dict() for s in report.decoder_plan.stages],  # the whole target at once
         **translation_dict(report.view),
         "generated_ids": report.generated_ids,
         "generated_tokens": [[t.text for t in row[1:]] for row in report.view.target_tokens],

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnctl.memory import format_bytes
-from attnctl.render.tables import header, size_grid, titled_table
+from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.terminal_heads import heads_map
 from attnctl.render.terminal_run import _shade, token_table, weight_tables
 from attnctl.render.text import (
@@ -16,6 +16,7 @@ from attnctl.render.text import (
     printable,
     shape_text,
     shown_text,
+    sizes_line,
     token_label_text,
     weight_text,
 )
@@ -380,6 +381,7 @@ def translation_view(report: TranslationReport, width: int) -> Group:
         parts.append(
             token_table(row, list(range(len(row))), f"source · text {b}" if batched else "source")
         )
+    parts += _stage_tables(report, width)
     for b in range(len(report.texts)):
         parts.append(translation_step_table(report, b, width))
     parts.append(Text(""))
@@ -391,6 +393,27 @@ def translation_view(report: TranslationReport, width: int) -> Group:
     parts.append(Text(""))
     parts.append(_translation_summary(report))
     return Group(*parts)
+
+
+def _stage_tables(report: TranslationReport, width: int) -> list[RenderableType]:
+    """The encoder block's stages over the source, then the decoder block's over the whole
+    target at once (its cross-attention: queries from the target, keys and values from the
+    encoder output, Lq ≠ Lk), as ``shapes`` plans them."""
+    parts: list[RenderableType] = []
+    for what, plan in (("encoder", report.encoder_plan), ("decoder", report.decoder_plan)):
+        if plan is None:
+            continue
+        parts.append(Text(f"{what} block {plan.layer_index}   {sizes_line(plan)}", style="bold"))
+        if what == "decoder":
+            parts.append(
+                Text(
+                    "over the whole target at once (Lc: the source); the steps compute its "
+                    "rows one at a time",
+                    style="dim",
+                )
+            )
+        parts += [stage_table(plan.stages, width, plan), Text("")]
+    return parts
 
 
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
