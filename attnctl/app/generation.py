@@ -1,11 +1,14 @@
-"""``run TEXT --model DIR --generate N``: greedy decoding of a decoder-only model, step by step.
+"""Greedy decoding, step by step: ``run TEXT --model DIR --generate N`` on a decoder-only
+model (:func:`generation_use_case`), and ``run`` on an encoder–decoder, which always
+generates (:func:`translation_use_case`).
 
 Every refusal comes before anything is allocated: the model must have a causal LM head
-and usable generation rules, the prompt and N must fit its positions, the texts must be
-of one length (a batch is padded on the right, and a decoder would generate after the
-padding), and the memory the whole run needs (weights, the cache and the kept weights of
-the final sequence) must be free. Then ``app/calls.generate_tokens`` decodes, and the
-report says what each step chose and what its cache held.
+(or a decoder start token) and usable generation rules, the prompt and N must fit its
+positions, a decoder-only model's texts must be of one length (a batch is padded on the
+right, and a decoder would generate after the padding; an encoder–decoder masks its
+padded source), and the memory the whole run needs (weights, the caches and the kept
+weights) must be free. Then ``app/calls.generate_tokens`` (``translate_tokens``) decodes,
+and the report says what each step chose and what its cache held.
 """
 
 from __future__ import annotations

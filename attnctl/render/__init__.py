@@ -10,7 +10,7 @@ characters show as escapes.
 - ``terminal_run``, ``terminal_heads``: ``run`` (one block, or every block)
 - ``terminal_memory``: ``shapes`` and ``memory``
 - ``terminal_check``: ``check``
-- ``terminal_generation``: ``run --generate``
+- ``terminal_generation``: ``run --generate``, and ``run`` on an encoder–decoder
 - ``json``: the ``--json`` documents
 """
 
