@@ -422,3 +422,20 @@ def test_tokenizer_help_never_breaks_a_word(columns):
     assert {"source.spm", "vocab.json", "spiece.model", "--force"} <= set(words) | shown
     assert not [word for word in words if word not in shown]
 
+
+# ---------------------------------------------------------------- the missing-tokenizer line
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_a_folder_without_tokenizer_json_points_to_attnctl_tokenizer(invoke, tmp_path, family):
+    import tiny_seq2seq
+
+    folder = tiny_seq2seq.write_sentencepiece_only(family, tmp_path / family)
+    result = invoke("run", "Are you OK?", "--model", str(folder), "--device", "cpu")
+    assert result.exit_code == 2 and result.stdout == ""
+    files = "source.spm, vocab.json" if family == "marian" else "spiece.model"
+    assert f"no tokenizer.json in {folder}, only " in result.stderr
+    assert f"({files}): make it with `attnctl tokenizer {folder}`" in result.stderr
+    assert "transformers cannot" not in result.stderr
+    # the placeholder files are no sentencepiece models: one line, nothing written
+    _fails(invoke, folder, "malformed sentencepiece model")
