@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import struct
 import tempfile
 from collections.abc import Iterator
@@ -44,8 +43,6 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # Wire types of the protobuf encoding
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
-
-LANGUAGE_CODE = re.compile(r">>[^<>\s]+<<")  # Marian's target-language tokens: >>fra<<
 
 
 @dataclass(frozen=True)
@@ -278,8 +275,20 @@ def _check_supported(model: SentencePieceModel, path: Path) -> None:
 def _never_score(model: SentencePieceModel, longest: int) -> float:
     """A score no Unigram path chooses where sentencepiece has pieces or unknowns instead:
     below any path over ``longest`` characters (each node costs at least min − 10)."""
-    lowest = min([0.0] + [p.score for p in model.pieces if p.kind in (NORMAL, USER_DEFINED)])
+    lowest = min([0.0] + [p.score for p in model.pieces if p.kind == NORMAL])
     return (longest + 1) * (lowest - UNK_PENALTY)
+
+
+def _spm_score(model: SentencePieceModel, piece: Piece, never: float) -> float:
+    """The score sentencepiece's lattice gives a piece (unigram_model.cc): a user-defined
+    piece ``length · max score − 0.1`` (so that it is chosen), a piece it never puts in the
+    lattice (control, unknown, unused) ``never``."""
+    if piece.kind == NORMAL:
+        return piece.score
+    if piece.kind == USER_DEFINED:
+        highest = max([p.score for p in model.pieces if p.kind == NORMAL], default=0.0)
+        return len(piece.text) * highest - 0.1
+    return never
 
 
 def _build(
@@ -287,10 +296,8 @@ def _build(
     vocab: list[tuple[str, float]],
     unk_id: int,
     special: list[str],
-    user_defined: list[str],
     eos: str,
     pair_eos_between: bool,
-    isolate_unknown: bool = False,
 ) -> str:
     """tokenizer.json text: Unigram over ``vocab`` (id = position) and the spm's rules."""
     from tokenizers import (
@@ -309,7 +316,8 @@ def _build(
     if model.charsmap:
         try:
             steps.append(normalizers.Precompiled(model.charsmap))
-        except Exception as error:  # tokenizers raises plain Exception on a bad map
+        except BaseException as error:  # an Exception, or a Rust panic (a BaseException)
+            _reraise_unless_tokenizers(error)
             raise _Malformed(f"its precompiled_charsmap is not readable: {error}") from None
     if model.remove_extra_whitespaces:  # sentencepiece: only U+0020 is whitespace here
         steps += [
@@ -320,19 +328,20 @@ def _build(
         tokenizer.normalizer = normalizers.Sequence(steps)
     prepend = "always" if model.add_dummy_prefix else "never"
     # split=False: one Viterbi over the whole text, as sentencepiece does (a piece may
-    # hold a ▁ in its middle where the spm was trained without split_by_whitespace)
-    metaspace = pre_tokenizers.Metaspace("▁", prepend, split=False)
-    if isolate_unknown:
-        # Runs of characters the spm does not know become pre-tokens of their own, as
-        # sentencepiece's unknown runs are pieces of their own: a vocab.json piece that
-        # holds such a character then never swallows the known characters around it.
-        unknown_runs = Regex(f"[^{_character_class(model)}]+")
-        split = pre_tokenizers.Split(unknown_runs, behavior="isolated")
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([metaspace, split])
-    else:
-        tokenizer.pre_tokenizer = metaspace
+    # hold a ▁ in its middle where the spm was trained without split_by_whitespace).
+    # Then user-defined pieces and runs of characters the spm does not know become
+    # pre-tokens of their own, as they are pieces of their own in sentencepiece: a
+    # vocab.json piece holding such a character never swallows the known ones around it.
+    user_defined = sorted((p.text for p in model.pieces if p.kind == USER_DEFINED), key=len)
+    alternatives = [_escaped(text) for text in reversed(user_defined)]  # longest first
+    alternatives.append(f"[^{_character_class(model)}]+")
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Metaspace("▁", prepend, split=False),
+            pre_tokenizers.Split(Regex("|".join(alternatives)), behavior="isolated"),
+        ]
+    )
     tokenizer.decoder = decoders.Metaspace("▁", prepend, split=False)
-    tokenizer.add_tokens([AddedToken(t, normalized=False, special=False) for t in user_defined])
     tokenizer.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in special])
     eos_id = tokenizer.token_to_id(eos)
     pair = ["$A", eos, "$B:1", f"{eos}:1"] if pair_eos_between else ["$A", "$B:1", f"{eos}:1"]
@@ -340,10 +349,23 @@ def _build(
         single=["$A", eos], pair=pair, special_tokens=[(eos, eos_id)]
     )
     try:
-        tokenizer.encode("Are you OK? 猫吃鱼")  # a charsmap that only fails when used
-    except Exception as error:
+        tokenizer.encode("Are you OK? 猫吃鱼 ＡＢＣ ﬁ")  # a charsmap that fails only in use
+    except BaseException as error:
+        _reraise_unless_tokenizers(error)
         raise _Malformed(f"its precompiled_charsmap is not readable: {error}") from None
     return tokenizer.to_str(pretty=True)
+
+
+def _reraise_unless_tokenizers(error: BaseException) -> None:
+    """Ctrl-C and exits go on; tokenizers' errors and panics (pyo3's PanicException is a
+    BaseException) become a line about the file."""
+    if isinstance(error, Exception) or type(error).__name__ == "PanicException":
+        return
+    raise error
+
+
+def _escaped(text: str) -> str:
+    return "".join(f"\\x{{{ord(char):x}}}" for char in text)
 
 
 def _character_class(model: SentencePieceModel) -> str:
@@ -430,7 +452,8 @@ def marian_tokenizer(folder: Path) -> tuple[str, int]:
             f"{len(missing)} pieces of {spm_path} are not in {vocab_path} (the first "
             f"{missing[0]!r}): Marian reads them as {unk}, which a tokenizer.json cannot say"
         )
-    codes = [p for p in pieces if LANGUAGE_CODE.fullmatch(p)]
+    # transformers' MarianTokenizer: every vocab.json piece >>…<< is a language code (>>fra<<)
+    codes = [p for p in pieces if p.startswith(">>") and p.endswith("<<")]
     special = [t for t in (eos, unk, pad) if t in ids] + codes
     # Pieces the spm never produces from text (vocab.json's other pieces: the target
     # side's, <pad>, language codes; the spm's control pieces) keep their ids but lose
@@ -439,11 +462,9 @@ def marian_tokenizer(folder: Path) -> tuple[str, int]:
     vocab = []
     for piece in pieces:
         found = spm.get(piece)
-        produced = found is not None and found.kind in (NORMAL, USER_DEFINED)
-        vocab.append((piece, found.score if produced else never))
-    user_defined = [p.text for p in model.pieces if p.kind == USER_DEFINED]
+        vocab.append((piece, never if found is None else _spm_score(model, found, never)))
     try:
-        text = _build(model, vocab, ids[unk], special, user_defined, eos, False, True)
+        text = _build(model, vocab, ids[unk], special, eos, pair_eos_between=False)
     except _Malformed as reason:
         raise AttnctlError(f"malformed sentencepiece model {spm_path}: {reason}") from None
     return text, len(pieces)
@@ -462,7 +483,8 @@ def t5_tokenizer(folder: Path) -> tuple[str, int]:
             f"to 10000, got {extra_ids!r}"
         )
     eos = _token_setting(config, "eos_token", "</s>", config_path)
-    vocab = [(p.text, p.score) for p in model.pieces]
+    never = _never_score(model, max(len(p.text) for p in model.pieces))
+    vocab = [(p.text, _spm_score(model, p, never)) for p in model.pieces]
     names = {p.text for p in model.pieces}
     sentinels = [f"<extra_id_{i}>" for i in range(extra_ids - 1, -1, -1)]
     clash = next((s for s in sentinels if s in names), None)
@@ -481,9 +503,8 @@ def t5_tokenizer(folder: Path) -> tuple[str, int]:
             )
     unk_id = next(i for i, p in enumerate(model.pieces) if p.kind == UNKNOWN)
     special = [p.text for p in model.pieces if p.kind in (UNKNOWN, CONTROL)]
-    user_defined = [p.text for p in model.pieces if p.kind == USER_DEFINED]
     try:
-        text = _build(model, vocab, unk_id, special + sentinels, user_defined, eos, True)
+        text = _build(model, vocab, unk_id, special + sentinels, eos, pair_eos_between=True)
     except _Malformed as reason:
         raise AttnctlError(f"malformed sentencepiece model {spm_path}: {reason}") from None
     return text, len(vocab)

@@ -107,7 +107,10 @@ def trained(tmp_path_factory):
 
 def marian_folder(trained, tmp_path: Path, normalization="nmt_nfkc", dummy_prefix=True) -> Path:
     """source.spm, target.spm, vocab.json (opus-mt's shape) and tokenizer_config.json."""
-    spm_folder = trained(normalization, dummy_prefix)
+    return _marian_folder_from(trained(normalization, dummy_prefix), tmp_path)
+
+
+def _marian_folder_from(spm_folder: Path, tmp_path: Path) -> Path:
     folder = tmp_path / "opus-mt"
     folder.mkdir()
     pieces: list[str] = []
@@ -178,6 +181,38 @@ def test_marian_ids_equal_transformers_marian_tokenizer(
     eos = reference.eos_token_id
     assert all(ours.encode(t).ids[-1] == eos for t in TEXTS)  # </s> appended, no BOS
     assert ours.encode(">>fra<< Are you OK?").ids[0] == ours.token_to_id(">>fra<<")
+
+
+USER_DEFINED = ["<sep>", "@@"]
+USER_DEFINED_TEXTS = ["a<sep>b", "x @@ y", "<sep> <sep>", " <sep>x", "＠＠ full", "@@"]
+
+
+@pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+def test_user_defined_pieces_are_chosen_as_sentencepiece_chooses_them(invoke, tmp_path):
+    """sentencepiece puts user-defined pieces in its lattice with a bonus (length · max
+    score − 0.1), and ▁ stays a piece of its own before them."""
+    spm_folder = tmp_path / "spm"
+    spm_folder.mkdir()
+    ids = {"eos_id": 0, "unk_id": 1, "pad_id": -1, "user_defined_symbols": USER_DEFINED}
+    for side, lines in (("source", CORPUS), ("target", CORPUS[: len(CORPUS) // 2])):
+        _train(spm_folder / f"{side}.spm", lines, "nmt_nfkc", True, **dict(ids))
+    folder = _marian_folder_from(spm_folder, tmp_path)
+    _write(invoke, folder)
+    ours, reference = _load(folder), _marian_reference(folder)
+    texts = USER_DEFINED_TEXTS + TEXTS
+    differ = [t for t in texts if ours.encode(t).ids != reference(t)["input_ids"]]
+    assert differ == []
+    assert "<sep>" in ours.encode("a<sep>b").tokens
+    # the same for T5: sentencepiece's own ids, then </s>
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    ids = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "user_defined_symbols": USER_DEFINED}
+    _train(t5 / "spiece.model", CORPUS, "nmt_nfkc", True, **ids)
+    _write(invoke, t5)
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(t5 / "spiece.model"))
+    ours = _load(t5)
+    texts = [t for t in texts if "<" not in t or "<sep>" in t]  # no </s>, <unk>, <pad>
+    assert [t for t in texts if ours.encode(t).ids != [*processor.encode(t), 1]] == []
 
 
 @pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
