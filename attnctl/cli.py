@@ -456,6 +456,15 @@ def tokenizer(
         f"wrote {printable(str(written.path))}: {written.family} tokenizer, vocab "
         f"{written.vocab_size}, from {written.source}"
     )
+    if written.left_out:
+        typer.echo(
+            f"attnctl: note: {len(written.left_out)} piece"
+            f"{'s' if len(written.left_out) > 1 else ''} of source.spm not in "
+            f"vocab.json (the first {printable(repr(written.left_out[0]))}): transformers' "
+            "MarianTokenizer reads them as <unk>, this tokenizer.json splits them into "
+            "pieces vocab.json has",
+            err=True,
+        )
 
 
 def main() -> None:

@@ -75,6 +75,7 @@ class Written:
     vocab_size: int
     family: str  # "Marian" or "T5"
     source: str  # the files it was built from
+    left_out: list[str]  # source.spm pieces vocab.json lacks (Marian reads them as <unk>)
 
 
 # ---------------------------------------------------------------- the protobuf reader
@@ -334,7 +335,8 @@ def _build(
     # vocab.json piece holding such a character never swallows the known ones around it.
     user_defined = sorted((p.text for p in model.pieces if p.kind == USER_DEFINED), key=len)
     alternatives = [_escaped(text) for text in reversed(user_defined)]  # longest first
-    alternatives.append(f"[^{_character_class(model)}]+")
+    known = {text for text, _ in vocab}
+    alternatives.append(f"[^{_character_class(model, known)}]+")
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Metaspace("▁", prepend, split=False),
@@ -368,9 +370,11 @@ def _escaped(text: str) -> str:
     return "".join(f"\\x{{{ord(char):x}}}" for char in text)
 
 
-def _character_class(model: SentencePieceModel) -> str:
-    """The spm's characters (its one-character pieces) as regex ranges: \\x{41}-\\x{5a}..."""
-    points = sorted({ord(p.text) for p in model.pieces if p.kind == NORMAL and len(p.text) == 1})
+def _character_class(model: SentencePieceModel, known: set[str]) -> str:
+    """The spm's characters (its one-character pieces that the tokenizer has) as regex
+    ranges: \\x{41}-\\x{5a}..."""
+    singles = (p.text for p in model.pieces if p.kind == NORMAL and len(p.text) == 1)
+    points = sorted({ord(text) for text in singles if text in known})
     ranges: list[list[int]] = []
     for point in points:
         if ranges and point == ranges[-1][1] + 1:
@@ -423,7 +427,7 @@ def _read_vocab(path: Path) -> list[str]:
     return [by_id[i] for i in range(len(by_id))]  # ids in range and unique: all of 0..N-1
 
 
-def marian_tokenizer(folder: Path) -> tuple[str, int]:
+def marian_tokenizer(folder: Path) -> tuple[str, int, list[str]]:
     """Marian's source side: source.spm's segmentation, vocab.json's ids (transformers'
     MarianTokenizer: spm pieces looked up in vocab.json, a leading >>xx<< split off)."""
     spm_path = folder / "source.spm"
@@ -444,14 +448,12 @@ def marian_tokenizer(folder: Path) -> tuple[str, int]:
         if token not in ids:
             raise AttnctlError(f"malformed vocabulary {vocab_path}: it has no {token}")
     spm = {p.text: p for p in model.pieces}
-    missing = [
+    # Pieces the spm makes that vocab.json lacks: MarianTokenizer reads them as <unk>, and
+    # a tokenizer.json cannot give two pieces one id, so they are left out of its lattice
+    # (sentencepiece would pick them; this picks the best of the rest) and reported.
+    left_out = [
         p.text for p in model.pieces if p.kind in (NORMAL, USER_DEFINED) and p.text not in ids
     ]
-    if missing:
-        raise AttnctlError(
-            f"{len(missing)} pieces of {spm_path} are not in {vocab_path} (the first "
-            f"{missing[0]!r}): Marian reads them as {unk}, which a tokenizer.json cannot say"
-        )
     # transformers' MarianTokenizer: every vocab.json piece >>…<< is a language code (>>fra<<)
     codes = [p for p in pieces if p.startswith(">>") and p.endswith("<<")]
     special = [t for t in (eos, unk, pad) if t in ids] + codes
@@ -467,10 +469,10 @@ def marian_tokenizer(folder: Path) -> tuple[str, int]:
         text = _build(model, vocab, ids[unk], special, eos, pair_eos_between=False)
     except _Malformed as reason:
         raise AttnctlError(f"malformed sentencepiece model {spm_path}: {reason}") from None
-    return text, len(pieces)
+    return text, len(pieces), left_out
 
 
-def t5_tokenizer(folder: Path) -> tuple[str, int]:
+def t5_tokenizer(folder: Path) -> tuple[str, int, list[str]]:
     """T5: spiece.model's pieces with their ids, then <extra_id_{N-1}> … <extra_id_0> as
     transformers' T5Tokenizer adds them (so <extra_id_0> is the last id)."""
     spm_path = folder / "spiece.model"
@@ -507,7 +509,7 @@ def t5_tokenizer(folder: Path) -> tuple[str, int]:
         text = _build(model, vocab, unk_id, special + sentinels, eos, pair_eos_between=True)
     except _Malformed as reason:
         raise AttnctlError(f"malformed sentencepiece model {spm_path}: {reason}") from None
-    return text, len(vocab)
+    return text, len(vocab), []
 
 
 def write_tokenizer(folder: Path, force: bool = False) -> Written:
@@ -519,10 +521,10 @@ def write_tokenizer(folder: Path, force: bool = False) -> Written:
     if (target.exists() or target.is_symlink()) and not force:
         raise AttnctlError(f"{target} exists already; give --force to replace it")
     if (folder / "source.spm").exists():
-        text, size = marian_tokenizer(folder)
+        text, size, left_out = marian_tokenizer(folder)
         family, source = "Marian", "source.spm and vocab.json"
     elif (folder / "spiece.model").exists():
-        text, size = t5_tokenizer(folder)
+        text, size, left_out = t5_tokenizer(folder)
         family, source = "T5", "spiece.model"
     else:
         raise AttnctlError(
@@ -530,7 +532,7 @@ def write_tokenizer(folder: Path, force: bool = False) -> Written:
             "and vocab.json or T5's spiece.model"
         )
     _write_atomically(target, text)
-    return Written(target, size, family, source)
+    return Written(target, size, family, source, left_out)
 
 
 def _write_atomically(target: Path, text: str) -> None:
