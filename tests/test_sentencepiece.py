@@ -491,3 +491,31 @@ def test_a_folder_without_tokenizer_json_points_to_attnctl_tokenizer(invoke, tmp
     assert "transformers cannot" not in result.stderr
     # the placeholder files are no sentencepiece models: one line, nothing written
     _fails(invoke, folder, "malformed sentencepiece model")
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+def test_an_opus_mt_like_folder_runs_as_transformers_does(invoke, trained, tmp_path):
+    """source.spm + vocab.json -> attnctl tokenizer -> run --model: the tokens are
+    MarianTokenizer's, and the encoder attention transformers' eager one on those ids."""
+    import tiny_seq2seq
+    import torch
+
+    folder = marian_folder(trained, tmp_path)
+    _write(invoke, folder)
+    model = tiny_seq2seq.build_model("marian", _load(folder))
+    model.save_pretrained(folder, safe_serialization=True)
+    text = "Are you OK? 猫吃鱼"
+    args = ("run", text, "--model", str(folder), "--layer", "1", "--json", "--device", "cpu")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    source_ids = _marian_reference(folder)(text)["input_ids"]
+    assert [token["id"] for token in report["tokens"][0]] == source_ids
+    with torch.no_grad():
+        encoded = model.model.encoder(torch.tensor([source_ids]), output_attentions=True)
+    ours = torch.tensor(report["attention"])  # (B, H, L, L)
+    assert ours.shape == encoded.attentions[1].shape
+    assert (ours - encoded.attentions[1]).abs().max() <= 1e-5
