@@ -6,12 +6,17 @@ only ``spiece.model``. This module reads the sentencepiece ModelProto itself (a 
 protobuf reader: no sentencepiece or protobuf package) and builds the same tokenizer with
 the `tokenizers` library:
 
-- a Unigram model with the spm scores, over vocab.json's ids (Marian) or the spm's own
-  ids followed by the ``<extra_id_*>`` sentinels in transformers' reversed order (T5);
+- a Unigram model with the scores sentencepiece's lattice uses, over vocab.json's ids
+  (Marian) or the spm's own ids followed by the ``<extra_id_*>`` sentinels in
+  transformers' reversed order (T5); pieces the spm never makes from text (vocab.json's
+  target-side pieces, control pieces) get a score no segmentation chooses;
 - the spm normalizer: its precompiled character map, and sentencepiece's whitespace rules
   (only U+0020 counts: leading and trailing spaces removed, runs of spaces made one);
-- a Metaspace pre-tokenizer and decoder (``▁``, prepended as the spm's add_dummy_prefix);
-- ``</s>`` appended after every text, as transformers' Marian and T5 tokenizers do.
+- a Metaspace pre-tokenizer and decoder (``▁``, prepended as the spm's add_dummy_prefix),
+  then user-defined pieces and runs of characters the spm does not know as pre-tokens of
+  their own, as they are pieces of their own in sentencepiece;
+- Marian's language codes (``>>fra<<``) as special tokens, and ``</s>`` appended after
+  every text, as transformers' Marian and T5 tokenizers do.
 
 Every field read is checked; a bad file is one :class:`AttnctlError` line (exit 2).
 """

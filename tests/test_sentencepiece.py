@@ -519,3 +519,21 @@ def test_an_opus_mt_like_folder_runs_as_transformers_does(invoke, trained, tmp_p
     ours = torch.tensor(report["attention"])  # (B, H, L, L)
     assert ours.shape == encoded.attentions[1].shape
     assert (ours - encoded.attentions[1]).abs().max() <= 1e-5
+
+
+def test_attnctl_tokenizer_never_imports_torch(trained, tmp_path):
+    import subprocess
+    import sys
+
+    folder = marian_folder(trained, tmp_path)
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from attnctl.cli import app\n"
+        f"result = CliRunner().invoke(app, ['tokenizer', {str(folder)!r}])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+    assert (folder / "tokenizer.json").is_file()
