@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -484,6 +485,40 @@ def check(
         console.print(check_view(report.result, report.plan))
     if not report.result.ok:
         raise typer.Exit(RUNTIME)
+
+
+@app.command()
+def tokenizer(
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR",
+            help="A Marian (opus-mt) folder with source.spm and vocab.json, or a T5 folder "
+            "with spiece.model.",
+            show_default=False,
+        ),
+    ],
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a tokenizer.json that is there already.")
+    ] = False,
+) -> None:
+    """Write DIR/tokenizer.json from the folder's sentencepiece files (Marian, T5)."""
+    from attnctl.sentencepiece import write_tokenizer
+
+    written = write_tokenizer(folder.expanduser(), force=force)
+    typer.echo(
+        f"wrote {printable(str(written.path))}: {written.family} tokenizer, vocab "
+        f"{written.vocab_size}, from {written.source}"
+    )
+    if written.left_out:
+        typer.echo(
+            f"attnctl: note: {len(written.left_out)} piece"
+            f"{'s' if len(written.left_out) > 1 else ''} of source.spm not in "
+            f"vocab.json (the first {printable(repr(written.left_out[0]))}): transformers' "
+            "MarianTokenizer reads them as <unk>, this tokenizer.json splits them into "
+            "pieces vocab.json has",
+            err=True,
+        )
 
 
 def main() -> None:

@@ -230,7 +230,6 @@ def decode_pieces(
 
 # What a model folder may hold instead of tokenizer.json, and how to make one from it
 _CONVERTIBLE = (
-    (("spiece.model",), "T5's sentencepiece model"),
     (("sentencepiece.bpe.model",), "a sentencepiece model"),
     (("vocab.json", "merges.txt"), "a byte-level BPE's vocab.json and merges.txt"),
 )
@@ -244,12 +243,16 @@ def missing_tokenizer(folder: Path) -> str:
     """The line for a model folder without tokenizer.json: attnctl reads no other
     tokenizer format (it never guesses one), so it says how to make the file."""
     start = f"no tokenizer.json in {folder}"
-    if (folder / "source.spm").is_file():
-        return (
-            f"{start}, only Marian's sentencepiece files (source.spm, target.spm): "
-            "transformers cannot convert them to tokenizer.json; build one with the "
-            "tokenizers library from source.spm and vocab.json, or give one with --tokenizer"
-        )
+    own = (  # attnctl tokenizer reads these itself (attnctl/sentencepiece.py)
+        (("source.spm",), "Marian's sentencepiece files (source.spm, vocab.json)"),
+        (("spiece.model",), "T5's sentencepiece model (spiece.model)"),
+    )
+    for files, what in own:
+        if all((folder / name).is_file() for name in files):
+            return (
+                f"{start}, only {what}: make it with `attnctl tokenizer {folder}`, "
+                "or give one with --tokenizer"
+            )
     for files, what in _CONVERTIBLE:
         if all((folder / name).is_file() for name in files):
             extra = (
