@@ -225,7 +225,8 @@ EncoderLayerOption = Annotated[
     typer.Option(
         "--encoder-layer",
         metavar="N",
-        help="An encoder–decoder's encoder block to show (-1 = the last). Default the last.",
+        help="An encoder–decoder's encoder block to show (-1 = the last). Default --layer's "
+        "block, else the last.",
         rich_help_panel="Model",
     ),
 ]

@@ -42,7 +42,9 @@ def _translate(invoke, folder: Path, *extra: str) -> dict:
 
 
 @pytest.mark.parametrize("family", tiny_seq2seq.SEQ2SEQ_FAMILIES)
-@pytest.mark.parametrize("blocks", [(), ("--layer", "0", "--encoder-layer", "0")])
+@pytest.mark.parametrize(
+    "blocks", [(), ("--layer", "0"), ("--layer", "0", "--encoder-layer", "-1")]
+)
 def test_ids_and_the_three_attentions_equal_transformers(
     invoke, folders, references, family, blocks
 ):
@@ -59,8 +61,12 @@ def test_ids_and_the_three_attentions_equal_transformers(
     if not blocks:  # the last blocks by default
         assert encoder_block == len(reference.encoder_attentions) - 1
         assert decoder_block == len(reference.teacher_forced.cross_attentions) - 1
-    else:
+    elif "--encoder-layer" in blocks:  # another encoder block than --layer's
+        assert decoder_block == 0 and encoder_block == len(reference.encoder_attentions) - 1
+    else:  # --layer N: decoder block N and encoder block N
         assert encoder_block == decoder_block == 0
+    assert document["attention"] == document["encoder_attention"]  # run's keys too
+    assert document["tokens"] == document["source_tokens"]
     real = reference.source_mask.bool()[:, None, :, None]  # padded query rows: not compared
     encoder = torch.tensor(document["encoder_attention"])  # (B, H, Ls, Ls)
     assert ((encoder - reference.encoder_attentions[encoder_block]).abs() * real).max() <= (
@@ -152,7 +158,7 @@ def _refused(result, message: str) -> None:
 
 def test_bad_requests_are_refused_in_one_line(invoke, folders, tmp_path):
     marian = str(folders["marian"])
-    _refused(invoke("run", "hi", "--model", marian, "--layer", "5"), "out of range")
+    _refused(invoke("run", "hi", "--model", marian, "--layer", "5"), "the decoder has 2 blocks")
     _refused(invoke("run", "hi", "--model", marian, "--encoder-layer", "x"), "block number")
     _refused(invoke("run", "hi", "--model", marian, "--context", "x"), "leave out --context")
     _refused(invoke("run", "hi", "--model", marian, "--generate", "0"), ">= 1, got 0")

@@ -296,10 +296,14 @@ def translation_use_case(
         spec is not None and spec.strip().lower() == "all"
         for spec in (request.block, request.encoder_block)
     )  # --layer all: every block of both stacks
-    decoder_block = _one_block(None if every_block else request.block, decoder, "--layer")
-    encoder_block = _one_block(
-        None if every_block else request.encoder_block, model, "--encoder-layer"
-    )
+    # --layer N: decoder block N and encoder block N (--encoder-layer: another); default
+    # each stack's last block
+    layer_spec = None if every_block else request.block
+    decoder_block = _one_block(layer_spec, decoder, "--layer", "decoder")
+    encoder_spec, option = layer_spec, "--layer"
+    if request.encoder_block is not None and not every_block:
+        encoder_spec, option = request.encoder_block, "--encoder-layer"
+    encoder_block = _one_block(encoder_spec, model, option, "encoder")
     texts = read_texts(request.texts, request.file)
     own_tokenizer = model.path / "tokenizer.json"
     if layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
@@ -464,18 +468,19 @@ def translation_use_case(
     )
 
 
-def _one_block(spec: str | None, stack: ModelDescription, option: str) -> int:
-    """--layer N (the decoder's block) or --encoder-layer N; default the last block
-    (--layer all is read before)."""
+def _one_block(spec: str | None, stack: ModelDescription, option: str, what: str) -> int:
+    """A block of the decoder or the encoder (``what``) as --layer N or --encoder-layer N
+    gives it; None: the stack's last (--layer all is read before)."""
     if spec is None:
         return stack.layers - 1
     try:
         number = int(spec)
     except ValueError:
-        raise AttnctlError(f"{option} must be a block number, got {spec!r}") from None
+        raise AttnctlError(f"{option} must be a block number or 'all', got {spec!r}") from None
     if not -stack.layers <= number < stack.layers:
+        other = " (--encoder-layer picks the encoder's)" if option == "--layer" else ""
         raise AttnctlError(
-            f"{option} {number} is out of range: the stack has {stack.layers} blocks "
-            f"(0–{stack.layers - 1}, or -1 for the last)"
+            f"{option} {number} is out of range: the {what} has {stack.layers} blocks "
+            f"(0–{stack.layers - 1}, or -1 for the last){other}"
         )
     return number % stack.layers

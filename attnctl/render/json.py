@@ -339,6 +339,10 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         if report.decoder_plan is None
         else [s.to_dict() for s in report.decoder_plan.stages],  # the whole target at once
         **translation_dict(report.view),
+        # as run gives them for any model: the text's tokens and the encoder block's weights
+        "tokens": [[t.to_dict() for t in row] for row in report.view.source_tokens],
+        "attention": report.view.encoder_attention,
+        "attention_rows": list(range(len(report.view.source_tokens[0]))),
         "generated_ids": report.generated_ids,
         "generated_tokens": [[t.text for t in row[1:]] for row in report.view.target_tokens],
         "generated_text": report.generated_texts,
