@@ -1,10 +1,13 @@
 """Write the model folders that the README's and docs' `--model` examples read.
 
-    python scripts/make_example_models.py      # models/gpt2-tiny, llama-2-7b, gemma-3-1b
-    python scripts/make_example_models.py DIR  # the same three in DIR
+    python scripts/make_example_models.py      # models/gpt2-tiny, marian-tiny, llama-2-7b, ...
+    python scripts/make_example_models.py DIR  # the same four in DIR
 
 - gpt2-tiny: a tiny random GPT-2 (3 blocks, D 32, 4 heads), its weights a seeded draw, with a
   small byte-level BPE tokenizer; its heads show no real language.
+- marian-tiny: a tiny random MarianMT translator (2 + 2 blocks, D 32, 4 heads), its weights a
+  seeded draw, with a small tokenizer that splits Chinese by character and ends a text with
+  </s>: it shows the three attentions of an encoder–decoder, not a translation.
 - llama-2-7b: Llama-2-7B's config.json and a model.safetensors that holds only the header
   (tensor names, shapes, float16), all that `shapes` and `memory` read.
 - gemma-3-1b: the same for Gemma-3-1B (bfloat16): 22 of its 26 blocks slide over 512 keys.
@@ -20,11 +23,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("gpt2-tiny", "llama-2-7b", "gemma-3-1b")
+FOLDERS = ("gpt2-tiny", "marian-tiny", "llama-2-7b", "gemma-3-1b")
 
 
 def write_example_models(directory: Path) -> list[Path]:
-    """Write DIR/gpt2-tiny, DIR/llama-2-7b and DIR/gemma-3-1b (nothing else); return them."""
+    """Write DIR/gpt2-tiny, marian-tiny, llama-2-7b and gemma-3-1b (nothing else); return them."""
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -33,11 +36,13 @@ def write_example_models(directory: Path) -> list[Path]:
         ) from None
     sys.path.insert(0, str(ROOT / "tests"))
     import tiny_models  # the tests' own writers: the examples show what the tests check
+    import tiny_seq2seq
 
     gpt2 = tiny_models.write("gpt2", directory / "gpt2-tiny")
+    marian = tiny_seq2seq.write("marian", directory / "marian-tiny")
     llama = tiny_models.write_header_only("llama-2-7b", directory / "llama-2-7b")
     gemma = tiny_models.write_header_only("gemma-3-1b", directory / "gemma-3-1b", "bfloat16")
-    return [gpt2, llama, gemma]
+    return [gpt2, marian, llama, gemma]
 
 
 def main() -> int:

@@ -49,6 +49,12 @@ EXAMPLES = {
     "--device cpu": (100, "every block", "weights and stages of one block"),
     'attnctl run "Are you OK?" --model models/gpt2-tiny --generate 5 --device cpu': (
         100, None, "<attention weights of the final"),
+    'attnctl run "Are you OK?" --model models/marian-tiny --generate 6 --device cpu': (
+        100, "steps", "→"),
+    "attnctl run 猫吃鱼 --model models/marian-tiny --generate 6 --device cpu": (
+        100, "alignment", "→"),
+    "attnctl memory --model models/marian-tiny --src-len 48 --tgt-len 32 --measure --device cpu": (
+        100, "weights", "<encoder block 0"),
     "attnctl memory --model models/llama-2-7b --seq-len 4096": (100, "one attention matrix", None),
     "attnctl memory --model models/gemma-3-1b --seq-len 32768": (100, "peak", "<by dtype"),
 }  # fmt: skip

@@ -116,15 +116,21 @@ def test_make_example_models_writes_exactly_the_folders_the_examples_read(tmp_pa
     from make_example_models import write_example_models
 
     write_example_models(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemma-3-1b", "gpt2-tiny", "llama-2-7b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gemma-3-1b", "gpt2-tiny", "llama-2-7b", "marian-tiny"
+    ]  # fmt: skip
     gpt2 = {p.name for p in (tmp_path / "gpt2-tiny").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= gpt2
+    marian = {p.name for p in (tmp_path / "marian-tiny").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= (
+        marian
+    )
     llama = {p.name for p in (tmp_path / "llama-2-7b").iterdir()}
     assert {"config.json", "model.safetensors"} <= llama
     used = set()
     for page in pages():
         used |= set(re.findall(r"--model models/([\w.-]+)", page.read_text(encoding="utf-8")))
-    assert used == {"gpt2-tiny", "llama-2-7b", "gemma-3-1b"}
+    assert used == {"gpt2-tiny", "marian-tiny", "llama-2-7b", "gemma-3-1b"}
 
 
 def test_ci_reads_the_readme_test_command():
