@@ -66,6 +66,13 @@ class Embeddings:
     # whose trained positions these are: a longer input is then refused in those words
     trained_by: str = ""
 
+    @property
+    def limited_by(self) -> str:
+        """What limits the input's length, in words: "learned positions", ..."""
+        if self.positions == "sinusoidal_halves":
+            return "rows of its sinusoidal position table"
+        return f"{self.positions} positions"
+
 
 @dataclass(frozen=True)
 class Attention:

@@ -200,13 +200,28 @@ def measure_seq2seq_caches(plan: Plan) -> tuple[int, int]:
     return sum(kept["self"].values()), sum(kept["cross"].values())
 
 
+def require_trained_weights(plan: Plan) -> None:
+    """A header-only folder (its token embedding all zeros) cannot generate: one line."""
+    from attnctl.checkpoint import load
+
+    source = plan.description.source
+    _, shared = load(  # the shared tensors alone, on the CPU: a cheap look
+        source.path, source.prefix, source.tensors, source.table, 0, torch.device("cpu"),
+        TORCH_DTYPES[plan.config.dtype],
+    )  # fmt: skip
+    if not shared["embedding.weight"].any():
+        raise AttnctlError(
+            f"the token embedding in {source.path} is all zeros: a header-only checkpoint? "
+            "--generate with --measure generates tokens: it needs the trained weights"
+        )
+
+
 def measure_generated_cache(plan: Plan, new_tokens: int) -> int:
     """The bytes of every block's K and V after generating ``new_tokens`` tokens after a
     prompt of the plan's length: the prompt read once with the caches, then one token a
     step (sliding windows dropping what falls out), as nn/generate.greedy runs; the tokens
     fed are drawn, not chosen (the cache's bytes do not depend on which). Needs the
     trained weights, as ``run`` does: a header-only folder is refused."""
-    from attnctl.checkpoint import load
     from attnctl.nn.attention import KVCache
     from attnctl.nn.generate import cache_bytes
     from attnctl.nn.model import forward
@@ -215,17 +230,7 @@ def measure_generated_cache(plan: Plan, new_tokens: int) -> int:
     description = plan.description
     config = plan.config
     device = resolve_device(config.device)
-    source = description.source
-    _, shared = load(  # the shared tensors alone first, on the CPU: a cheap look
-        source.path, source.prefix, source.tensors, source.table, 0, torch.device("cpu"),
-        TORCH_DTYPES[config.dtype],
-    )  # fmt: skip
-    if not shared["embedding.weight"].any():
-        raise AttnctlError(
-            f"the token embedding in {source.path} is all zeros: a header-only checkpoint? "
-            "--generate with --measure generates tokens: it needs the trained weights"
-        )
-    del shared
+    require_trained_weights(plan)
     weights = model_weights(description, config, device, blocks=None)
     torch.manual_seed(config.seed)
     vocab_size = description.vocab_size

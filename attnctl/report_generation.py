@@ -133,10 +133,22 @@ def window_notes(
     return notes
 
 
-def stop_reason(generated: list[list[int]], eos_ids: Sequence[int]) -> str:
-    """ "eos" when every text holds an end-of-sequence token, else "limit"."""
-    ended = all(any(token in eos_ids for token in row) for row in generated)
-    return "eos" if eos_ids and ended else "limit"
+def stop_reason(
+    generated: list[list[int]],
+    eos_ids: Sequence[int],
+    requested: int = 0,
+    forced_eos: int | None = None,
+) -> str:
+    """ "eos" when every text chose an end-of-sequence token; "forced_eos" when the limit
+    was reached and the generation config forced the last token to one (Marian, BART:
+    forced_eos_token_id); else "limit"."""
+    if not eos_ids:
+        return "limit"
+    ends = [next((i for i, t in enumerate(row) if t in eos_ids), None) for row in generated]
+    if any(end is None for end in ends):
+        return "limit"
+    forced = forced_eos is not None and any(end == requested - 1 for end in ends)
+    return "forced_eos" if forced else "eos"
 
 
 def generation_report(
@@ -162,6 +174,7 @@ def generation_report(
     kv_groups: list[KVCacheGroup],
     windows: Sequence[int],
     heads_not_shown: tuple[int, int] | None = None,
+    forced_eos: int | None = None,
 ) -> GenerationReport:
     stats = [head_stats(trace) for trace in traces]
     summaries = (
@@ -189,7 +202,7 @@ def generation_report(
         head_stats=stats,
         windows=text_windows(traces[0]),
         block_summaries=summaries,
-        stop=stop_reason(run.generated, eos_ids),
+        stop=stop_reason(run.generated, eos_ids, requested, forced_eos),
         requested=requested,
         final_cache_shapes=run.final_cache_shapes,
         final_estimated_bytes=final_estimated_bytes,

@@ -172,16 +172,25 @@ def _load(path: Path, spec: str):
     return tokenizer
 
 
+METASPACE = "\u2581"  # ▁
+
+
 def _encode_bpe(text: str, tokenizer) -> list[Token]:
     encoding = tokenizer.encode(text)
     spans = list(encoding.offsets)
     special = encoding.special_tokens_mask
+    # sentencepiece's lone word-start mark "▁" (Marian, T5): tokenizers gives it the span
+    # of the character after it; it is the space before that word, no piece of it
+    marks = [not special[i] and piece == METASPACE for i, piece in enumerate(encoding.tokens)]
+    spans = [(span[0], span[0]) if mark else span for span, mark in zip(spans, marks, strict=True)]
     pieces = Counter(spans)  # tokens sharing one non-empty span are pieces of one character
     seen: Counter[tuple[int, int]] = Counter()
     tokens = []
     for i, (token_id, (start, end)) in enumerate(zip(encoding.ids, spans, strict=True)):
         if special[i]:  # [CLS], <s>: no text of their own, show the token itself
             label = encoding.tokens[i]
+        elif marks[i]:
+            label = " "
         elif end > start:
             label = text[start:end]
         else:  # a whitespace token whose offsets were trimmed to nothing

@@ -10,7 +10,7 @@ tokens. Then it times whole processes, interleaved round by round: wall time and
 step's rows as JSON (`--json`, every head); the plain scripts load the folder with
 transformers (eager attention, the implementation that returns weights) and call
 generate(do_sample=False, num_beams=1, max_new_tokens=N, output_attentions=True,
-return_dict_in_generate=True). Target: attnctl <= 1.3x the transformers script in time
+return_dict_in_generate=True). Target: attnctl <= 1.15x the transformers script in time
 and in peak RSS, for each model.
 """
 

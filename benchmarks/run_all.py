@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["startup.py", "long_input.py", "memory_accuracy.py", "pretrained.py"]
+SCRIPTS = ["startup.py", "long_input.py", "memory_accuracy.py", "pretrained.py", "generate.py"]
 
 
 def main() -> int:

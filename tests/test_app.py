@@ -126,7 +126,7 @@ def test_check_returns_its_result(capfd):
     ("request_", "message"),
     [
         (RunRequest(CPU), "give the text either as TEXT or with --file PATH"),
-        (RunRequest(CPU, texts=["a"], digits=9), "digits must be between 0 and 8"),
+        (RunRequest(CPU, texts=["a"], digits=9), "--digits must be between 0 and 8"),
         (RunRequest(CPU, texts=["a"], block="0"), "--layer picks a block"),
         (MemoryRequest(CPU, seq_len="0"), "seq-len must be a positive integer"),
         (MemoryRequest(CPU, budget="1GiB", fit_device=True), "give --budget SIZE or --fit"),

@@ -319,7 +319,7 @@ ERRORS = [
     (["run", "hi", "--tokenizer", "/no/tokenizer.json"], 2, "tokenizer file not found"),
     (["shapes", "--tokenizer", "/no/tokenizer.json"], 2, "tokenizer file not found"),
     (["run", "hi", "--head", "8"], 2, "--head 8 does not exist; heads are 0–7"),
-    (["run", "hi", "--digits", "12"], 2, "digits must be between 0 and 8"),
+    (["run", "hi", "--digits", "12"], 2, "--digits must be between 0 and 8"),
 ]  # fmt: skip
 if not torch.cuda.is_available() or torch.cuda.device_count() < 8:
     ERRORS.append((["run", "hi", "--device", "cuda:7"], 2, "device cuda:7 is not available"))

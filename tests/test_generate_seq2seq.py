@@ -165,9 +165,21 @@ def test_bad_requests_are_refused_in_one_line(invoke, folders, tmp_path):
     _refused(invoke("run", "hi", "--model", marian, "--generate", "64"), "at most 64")
     _refused(
         invoke("run", "hi " * 70, "--model", marian, "--generate", "2"),
-        "takes at most 64 (learned positions)",
+        "takes at most 64 (rows of its sinusoidal position table)",
     )
     _refused(invoke("run", "hi", "--encoder-layer", "0"), "--encoder-layer")
+    _refused(
+        invoke("run", "hi", "--model", marian, "--encoder-layer", "all"),
+        "--encoder-layer takes a block number",
+    )
+    _refused(
+        invoke("run", "hi", "--model", marian, "--layer", "all", "--encoder-layer", "0"),
+        "leave out --encoder-layer",
+    )
+    _refused(
+        invoke("run", "hi", "--model", marian, "--generate", "99999999999999999999999"),
+        "--generate must be below 2^63",
+    )
     folder = tmp_path / "t5"
     tiny_seq2seq.write("t5", folder)
     for name in ("config.json", "generation_config.json"):
@@ -190,3 +202,52 @@ def test_an_encoder_decoder_generates_without_generate_and_refuses_sdpa(invoke, 
         invoke("run", "hi", "--model", str(folders["bart"]), "--impl", "sdpa"),
         "leave out --impl sdpa",
     )
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"eos_token_id": "zero"}, "eos_token_id must be a token id or a list of them"),
+        ({"bad_words_ids": 5}, "bad_words_ids attnctl bans single tokens only"),
+        ({"pad_token_id": True}, "pad_token_id must be a token id"),
+        ({"decoder_start_token_id": 1.5}, "decoder_start_token_id must be a token id"),
+        ({"decoder_start_token_id": 99999}, "names token 99999, outside the vocabulary of"),
+        ({"bad_words_ids": [[99999]]}, "bad_words_ids names token 99999"),
+        ({"forced_bos_token_id": 5000}, "forced_bos_token_id names token 5000"),
+        ({"suppress_tokens": [99999]}, "suppress_tokens names token 99999"),
+    ],
+)
+def test_a_broken_generation_config_is_named_in_one_line(tmp_path, invoke, values, message):
+    folder = tiny_seq2seq.write("marian", tmp_path / "marian")
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **values}))
+    _refused(invoke("run", "hi", "--model", str(folder), "--generate", "2"), message)
+
+
+def test_a_generation_config_without_the_start_token_falls_back_to_config_json(tmp_path, invoke):
+    folder = tiny_seq2seq.write("t5", tmp_path / "t5")
+    path = folder / "generation_config.json"
+    values = json.loads(path.read_text())
+    values.pop("decoder_start_token_id")
+    path.write_text(json.dumps(values))
+    result = invoke("run", "hi", "--model", str(folder), "--generate", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["target_tokens"][0][0]["id"] == 0
+
+
+def test_a_forced_end_token_at_the_limit_is_said_so(folders, invoke):
+    marian = str(folders["marian"])
+    result = invoke("run", "Are you OK?", "--model", marian, "--generate", "3", "--json")
+    document = json.loads(result.stdout)
+    assert document["generated_ids"][0][-1] == 0 and document["stop"] == "forced_eos"
+    shown = invoke("run", "Are you OK?", "--model", marian, "--generate", "3")
+    assert "forces the last token to the end token (forced_eos_token_id)" in " ".join(
+        shown.stdout.split()
+    )
+
+
+def test_the_stage_tables_name_the_device_the_run_used(folders, invoke):
+    result = invoke("run", "hi", "--model", str(folders["bart"]), "--generate", "2", "--json")
+    document = json.loads(result.stdout)
+    devices = {s["device"] for s in document["encoder_stages"] + document["decoder_stages"]}
+    assert devices == {"cpu"}

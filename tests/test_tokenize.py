@@ -82,3 +82,17 @@ def test_shipped_tokenizer_is_what_the_build_script_makes():
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_lone_sentencepiece_word_mark_is_the_space_not_a_piece_of_the_next_character(
+    tmp_path,
+):
+    """Metaspace tokenizers (Marian, T5) give "▁" alone the span of the character after it."""
+    import tiny_seq2seq
+
+    path = tmp_path / "tokenizer.json"
+    tiny_seq2seq.build_tokenizer("marian").save(str(path))
+    tokens = encode("猫吃鱼", str(path)).tokens
+    assert [t.text for t in tokens] == [" ", "猫", " ", "吃", " ", "鱼", "</s>"]
+    assert [(t.piece, t.pieces) for t in tokens] == [(1, 1)] * 7
+    assert [(t.start, t.end) for t in tokens[:2]] == [(0, 0), (0, 1)]

@@ -127,6 +127,12 @@ def measure_peak(plan: Plan, model: ModelDescription | None, train: bool, layers
         return measure_forward(plan)
 
 
+def require_trained_weights(plan: Plan) -> None:
+    from attnctl.measure import require_trained_weights
+
+    require_trained_weights(plan)
+
+
 def measure_generated_cache_of(plan: Plan, new_tokens: int) -> int:
     """The K and V bytes after really generating ``new_tokens`` after the plan's prompt."""
     from attnctl.measure import measure_generated_cache
@@ -251,8 +257,9 @@ def seq2seq_plans_of(
     encoder_block: int,
     decoder_block: int,
 ) -> tuple[Plan, Plan]:
+    device = str(device_of(layer.device))  # "auto" as the run resolves it
     return build_seq2seq_plans(
-        model, layer, src_len, tgt_len, batch, padded, encoder_block, decoder_block, layer.device
+        model, layer, src_len, tgt_len, batch, padded, encoder_block, decoder_block, device
     )
 
 

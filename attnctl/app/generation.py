@@ -27,7 +27,7 @@ from attnctl.app.calls import (
 )
 from attnctl.app.inputs import choose_blocks, read_texts
 from attnctl.app.requests import Hooks, RunRequest
-from attnctl.config import LayerConfig
+from attnctl.config import LARGEST_SIZE, LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
 from attnctl.report_generation import (
@@ -52,6 +52,15 @@ from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads
 PYTHON_FLOAT_BYTES = 36  # a weight kept for --json: a Python float and its list slot
 
 
+def check_new_tokens(new_tokens: int) -> None:
+    if new_tokens < 1:
+        raise AttnctlError(f"--generate takes a number of new tokens >= 1, got {new_tokens}")
+    if new_tokens >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"--generate must be below 2^63 (torch's largest size), got {new_tokens}"
+        )
+
+
 def check_generation_request(
     request: RunRequest, model: ModelDescription | None, new_tokens: int
 ) -> ModelDescription:
@@ -61,8 +70,7 @@ def check_generation_request(
             "--generate needs a pretrained model with an LM head: give --model DIR "
             "(attnctl's seeded layer has no vocabulary head)"
         )
-    if new_tokens < 1:
-        raise AttnctlError(f"--generate takes a number of new tokens >= 1, got {new_tokens}")
+    check_new_tokens(new_tokens)
     if request.rows:
         raise AttnctlError(
             "--rows does not apply to --generate: every row of the final sequence is shown"
@@ -117,12 +125,12 @@ def generation_use_case(
     new_tokens = request.generate if request.generate is not None else 0
     model = check_generation_request(request, model, new_tokens)
     if not 0 <= request.digits <= 8:
-        raise AttnctlError(f"digits must be between 0 and 8, got {request.digits}")
+        raise AttnctlError(f"--digits must be between 0 and 8, got {request.digits}")
     limit = positions_limit(model)
     if limit is not None and new_tokens >= limit:  # before any text is read
         raise AttnctlError(
             f"--generate {new_tokens} does not fit: {model.name} takes at most {limit} "
-            "positions (learned positions), prompt included"
+            f"positions ({model.embeddings.limited_by}), prompt included"
         )
     chosen = choose_blocks(request.block, model)
     every_block = chosen is not None and len(chosen) > 1
@@ -144,7 +152,8 @@ def generation_use_case(
         )
         raise AttnctlError(
             f"the prompt's {prompt_len} tokens and --generate {new_tokens} make {total} "
-            f"positions: {model.name} takes at most {limit} (learned positions); {room}"
+            f"positions: {model.name} takes at most {limit} "
+            f"({model.embeddings.limited_by}); {room}"
         )
     largest = max(t.id for row in batch.rows for t in row)
     if largest >= model.vocab_size:
@@ -232,6 +241,7 @@ def generation_use_case(
         every_block=every_block,
         eos_ids=eos,
         requested=new_tokens,
+        forced_eos=model.generation.forced_eos_id if model.generation else None,
         final_estimated_bytes=sum(g.bytes for g in kv_groups),
         kv_groups=kv_groups,
         windows=[block.attention.window for block in model.blocks],
@@ -263,10 +273,9 @@ def translation_use_case(
 
     decoder = model.decoder
     new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate
-    if new_tokens < 1:
-        raise AttnctlError(f"--generate takes a number of new tokens >= 1, got {new_tokens}")
+    check_new_tokens(new_tokens)
     if not 0 <= request.digits <= 8:
-        raise AttnctlError(f"digits must be between 0 and 8, got {request.digits}")
+        raise AttnctlError(f"--digits must be between 0 and 8, got {request.digits}")
     if request.rows:
         raise AttnctlError("--rows does not apply to an encoder–decoder: every row is shown")
     if request.contexts or request.context_file is not None:
@@ -279,23 +288,27 @@ def translation_use_case(
             f"leave out --impl {request.layer.options['impl']}"
         )
     rules = decoder.generation
+    if rules is not None and rules.problem:
+        raise AttnctlError(rules.problem)
     if rules is None or rules.start_id is None:
         raise AttnctlError(
             f"{model.path} names no decoder_start_token_id (config.json or "
             "generation_config.json): the decoder has no first token"
         )
-    if rules.problem:
-        raise AttnctlError(rules.problem)
     target_limit = decoder.longest_input()
     if target_limit is not None and new_tokens + 1 > target_limit:
         raise AttnctlError(
             f"--generate {new_tokens} does not fit: {model.name}'s decoder takes at most "
-            f"{target_limit} positions (learned positions), its start token included"
+            f"{target_limit} positions ({decoder.embeddings.limited_by}), its start token "
+            "included"
         )
-    every_block = any(
-        spec is not None and spec.strip().lower() == "all"
-        for spec in (request.block, request.encoder_block)
-    )  # --layer all: every block of both stacks
+    if request.encoder_block is not None and request.encoder_block.strip().lower() == "all":
+        raise AttnctlError("--encoder-layer takes a block number; --layer all shows every block")
+    every_block = request.block is not None and request.block.strip().lower() == "all"
+    if every_block and request.encoder_block is not None:
+        raise AttnctlError(
+            "--layer all shows every block of both stacks: leave out --encoder-layer"
+        )  # --layer all: every block of both stacks
     # --layer N: decoder block N and encoder block N (--encoder-layer: another); default
     # each stack's last block
     layer_spec = None if every_block else request.block
@@ -313,7 +326,7 @@ def translation_use_case(
     if source_limit is not None and batch.seq_len > source_limit:
         raise AttnctlError(
             f"the source is {batch.seq_len} tokens: {model.name} takes at most {source_limit} "
-            "(learned positions); give a shorter text"
+            f"({model.embeddings.limited_by}); give a shorter text"
         )
     largest = max(t.id for row in batch.rows for t in row)
     if largest >= model.vocab_size:
@@ -452,7 +465,7 @@ def translation_use_case(
         ),
         heads=heads_shown,
         digits=request.digits,
-        stop=stop_reason(run.generated, rules.eos_ids),
+        stop=stop_reason(run.generated, rules.eos_ids, new_tokens, rules.forced_eos_id),
         requested=new_tokens,
         final_cache_shapes=run.final_cache_shapes,
         final_estimated_bytes=cache_bytes(fed),
@@ -476,7 +489,8 @@ def _one_block(spec: str | None, stack: ModelDescription, option: str, what: str
     try:
         number = int(spec)
     except ValueError:
-        raise AttnctlError(f"{option} must be a block number or 'all', got {spec!r}") from None
+        allowed = "a block number or 'all'" if option == "--layer" else "a block number"
+        raise AttnctlError(f"{option} must be {allowed}, got {spec!r}") from None
     if not -stack.layers <= number < stack.layers:
         other = " (--encoder-layer picks the encoder's)" if option == "--layer" else ""
         raise AttnctlError(

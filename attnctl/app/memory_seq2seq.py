@@ -50,7 +50,7 @@ def check_length_options(
         raise AttnctlError(
             f"{model.name} is an encoder–decoder: give --src-len and --tgt-len, not --seq-len"
         )
-    for option, value in (("src-len", src_len), ("tgt-len", tgt_len)):
+    for option, value in (("--src-len", src_len), ("--tgt-len", tgt_len)):
         if value is None:
             continue
         if value <= 0:

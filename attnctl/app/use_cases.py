@@ -91,7 +91,7 @@ def run_use_case(
     if request.generate is not None:
         return generation_use_case(request, layer, model, hooks)
     if not 0 <= request.digits <= 8:
-        raise AttnctlError(f"digits must be between 0 and 8, got {request.digits}")
+        raise AttnctlError(f"--digits must be between 0 and 8, got {request.digits}")
     blocks = choose_blocks(request.block, model)
     texts = read_texts(request.texts, request.file)
     contexts = read_contexts(request.contexts, request.context_file, len(texts))
@@ -193,8 +193,8 @@ def memory_use_case(
                 raise AttnctlError(f"{option} does not apply to --model (a whole model's memory)")
         stack, kv_layers = 1, model.layers  # the plan holds every weight; K and V per block
     if kv_cache is not None and kv_cache < 0:
-        raise AttnctlError(f"kv-cache must be a number of tokens >= 0, got {kv_cache}")
-    for option, value in (("layers", layers), ("kv-cache", kv_cache)):
+        raise AttnctlError(f"--kv-cache must be a number of tokens >= 0, got {kv_cache}")
+    for option, value in (("--layers", layers), ("--kv-cache", kv_cache)):
         if value is not None and value >= LARGEST_SIZE:
             raise AttnctlError(f"{option} must be below 2^63 (torch's largest size), got {value}")
     if request.budget is not None and request.fit_device:
@@ -250,10 +250,10 @@ def check_generate(request: MemoryRequest, layer: LayerConfig, model: ModelDescr
         raise AttnctlError("--generate needs --model DIR: a decoder-only checkpoint generates")
     if layer.mask != "causal":
         raise AttnctlError(f"{model.name} is an encoder (no causal mask): it generates nothing")
-    if generate < 0:
-        raise AttnctlError(f"generate must be a number of tokens >= 0, got {generate}")
+    if generate < 1:
+        raise AttnctlError(f"--generate takes a number of new tokens >= 1, got {generate}")
     if generate >= LARGEST_SIZE:
-        raise AttnctlError(f"generate must be below 2^63 (torch's largest size), got {generate}")
+        raise AttnctlError(f"--generate must be below 2^63 (torch's largest size), got {generate}")
     if request.kv_cache is not None:
         raise AttnctlError("give --kv-cache N or --generate N, not both")
     if request.train:
@@ -278,8 +278,9 @@ def generated_cache(
     groups = kv_cache_of(plan, tokens, plan.description.layers)
     measured = None
     if request.measure:
-        from attnctl.app.calls import measure_generated_cache_of
+        from attnctl.app.calls import measure_generated_cache_of, require_trained_weights
 
+        require_trained_weights(plan)  # a header-only folder: refused before any warning
         need = report.estimate.peak_bytes + sum(g.bytes for g in groups)
         blocks = plan.description.layers * (1 + generate)
         preflight(plan, need, request.force, hooks, blocks=blocks)

@@ -191,7 +191,9 @@ def describe(source: Source) -> ModelDescription:
         },
         head_table=tuple(head_table),
     )
-    rules = decoder_generation(source, start_default=defaults["decoder_start_token_id"])
+    rules = decoder_generation(
+        source, start_default=defaults["decoder_start_token_id"], vocab=decoder_vocab
+    )
     decoder = ModelDescription(
         embeddings(decoder_vocab),
         (decoder_block,) * decoder_layers,

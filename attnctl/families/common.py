@@ -135,7 +135,7 @@ def description(
         checkpoint,
         final_norm=head.norm,
         head=head.head,
-        generation=generation(source),
+        generation=generation(source, vocab=embeddings.vocab_size),
     )
 
 
@@ -195,7 +195,9 @@ REFUSED_GENERATION = {
 }
 
 
-def generation(source: Source, start_default: int | None = None) -> Generation:
+def generation(
+    source: Source, start_default: int | None = None, vocab: int | None = None
+) -> Generation:
     """How greedy decoding starts, stops and pads (:func:`_generation`). A problem with
     those keys is kept, not raised: it stops generation only, never a plain run.
 
@@ -203,15 +205,17 @@ def generation(source: Source, start_default: int | None = None) -> Generation:
     none (its config class's); without one its bos_token_id, as transformers falls back.
     """
     try:
-        rules = _generation(source, start_default)
+        rules = _generation(source, start_default, vocab)
     except AttnctlError as error:
         return Generation(problem=error.message)
     return rules
 
 
-def decoder_generation(source: Source, start_default: int | None = None) -> Generation:
+def decoder_generation(
+    source: Source, start_default: int | None = None, vocab: int | None = None
+) -> Generation:
     """An encoder–decoder's rules: its decoder must have a first token to start from."""
-    rules = generation(source, start_default)
+    rules = generation(source, start_default, vocab)
     if rules.start_id is None and not rules.problem:
         return dataclasses.replace(
             rules,
@@ -221,7 +225,7 @@ def decoder_generation(source: Source, start_default: int | None = None) -> Gene
     return rules
 
 
-def _generation(source: Source, start_default: int | None) -> Generation:
+def _generation(source: Source, start_default: int | None, vocab: int | None) -> Generation:
     """How greedy decoding starts, stops and pads: generation_config.json's keys where
     the folder has one, else config.json's (as transformers reads them); keys that would
     change the tokens and that attnctl does not apply are refused by name."""
@@ -233,11 +237,19 @@ def _generation(source: Source, start_default: int | None) -> Generation:
 
         values = read_json_object(path, "generation config")
         fields = Fields(path, values)
-    elif start_default is not None and "decoder_start_token_id" not in values:
+        if values.get("decoder_start_token_id") is None:  # the model's config has it
+            start = source.config.get("decoder_start_token_id")
+            values = {**values, "decoder_start_token_id": start}
+    if start_default is not None and values.get("decoder_start_token_id") is None:
         values = {**values, "decoder_start_token_id": start_default}
     for key, neutral in REFUSED_GENERATION.items():
         if key in values and values[key] not in (neutral, None, [], 0):
             raise fields.error(key, "changes greedy decoding and attnctl does not apply it")
+
+    def in_vocabulary(key: str, ids: list[int]) -> None:
+        outside = [i for i in ids if vocab is not None and i >= vocab]
+        if outside:
+            raise fields.error(key, f"names token {outside[0]}, outside the vocabulary of {vocab}")
 
     def token(key: str) -> int | None:
         value = values.get(key)
@@ -245,22 +257,30 @@ def _generation(source: Source, start_default: int | None) -> Generation:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise fields.error(key, "must be a token id (an integer at least 0)")
+        in_vocabulary(key, [value])
         return value
 
     eos = values.get("eos_token_id")
     eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
     if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_list):
         raise fields.error("eos_token_id", "must be a token id or a list of them")
+    in_vocabulary("eos_token_id", eos_list)
     banned: list[int] = []
     bad_words = values.get("bad_words_ids")
     if bad_words is not None:
         if not isinstance(bad_words, list) or not all(
-            isinstance(w, list) and len(w) == 1 and isinstance(w[0], int) for w in bad_words
+            isinstance(w, list)
+            and len(w) == 1
+            and isinstance(w[0], int)
+            and not isinstance(w[0], bool)
+            and w[0] >= 0
+            for w in bad_words
         ):
             raise fields.error(
                 "bad_words_ids", "attnctl bans single tokens only: a list of [id] lists"
             )
         banned = [w[0] for w in bad_words]
+        in_vocabulary("bad_words_ids", banned)
 
     def count(key: str) -> int:
         value = values.get(key)
@@ -278,6 +298,7 @@ def _generation(source: Source, start_default: int | None) -> Generation:
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
         ):
             raise fields.error(key, "must be a list of token ids")
+        in_vocabulary(key, value)
         return tuple(value)
 
     penalty = values.get("repetition_penalty")

@@ -161,7 +161,7 @@ def describe(source: Source) -> ModelDescription:
         },
         head_table=head_table,
     )
-    rules = decoder_generation(source)
+    rules = decoder_generation(source, vocab=vocab)
     decoder = ModelDescription(
         embeddings,
         tuple(decoder_block(n) for n in range(decoder_layers)),

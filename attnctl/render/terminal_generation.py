@@ -231,14 +231,21 @@ def generation_view(report: GenerationReport, width: int) -> Group:
     return Group(*parts)
 
 
+def stop_words(stop: str, requested: int) -> str:
+    if stop == "eos":
+        return "every text ended with an end-of-sequence token"
+    if stop == "forced_eos":
+        return (
+            f"the limit of {requested} (--generate): the generation config forces the "
+            "last token to the end token (forced_eos_token_id)"
+        )
+    return f"the limit of {requested} (--generate)"
+
+
 def summary(report: GenerationReport) -> Table:
     grid = header("generated", [])
     count = report.generated_count
-    why = (
-        "every text ended with an end-of-sequence token"
-        if report.stop == "eos"
-        else f"the limit of {report.requested} (--generate)"
-    )
+    why = stop_words(report.stop, report.requested)
     grid.add_row("tokens", Text(f"{count} · stopped by {why}"))
     for b, text in enumerate(report.generated_texts):
         label = "text" if len(report.texts) == 1 else f"text {b}"
@@ -459,11 +466,7 @@ def _cross_tables(report: TranslationReport, width: int) -> list[RenderableType]
 
 def _translation_summary(report: TranslationReport) -> Table:
     grid = header("generated", [])
-    why = (
-        "every text ended with an end-of-sequence token"
-        if report.stop == "eos"
-        else f"the limit of {report.requested} (--generate)"
-    )
+    why = stop_words(report.stop, report.requested)
     grid.add_row("tokens", Text(f"{report.generated_count} · stopped by {why}"))
     measured = report.final_measured_bytes
     same = measured == report.final_estimated_bytes
