@@ -17,6 +17,7 @@ and in peak RSS, for each model.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -85,15 +86,23 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--write", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write:  # in a child process: see below
+        for model in write_checkpoints(args.write):
+            (model / "prompt.txt").write_text(text_of(args.tokens, model), encoding="utf-8")
+        return 0
     failed = 0
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         script = folder / "plain.py"
         script.write_text(PLAIN, encoding="utf-8")
-        for model in write_checkpoints(folder):
+        # written by a child: Linux carries a process's peak RSS across exec, so a parent
+        # that had built the models would lend every timed command its own peak
+        writer = [sys.executable, __file__, "--write", str(folder), "--tokens", str(args.tokens)]
+        subprocess.run(writer, check=True, stdout=subprocess.DEVNULL)
+        for model in (folder / "gpt2", folder / "marian"):
             path = model / "prompt.txt"
-            path.write_text(text_of(args.tokens, model), encoding="utf-8")
             new = str(args.new)
             commands = {
                 "attnctl --generate": [sys.executable, "-m", "attnctl", "run", "--file", str(path),

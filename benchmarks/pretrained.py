@@ -14,6 +14,7 @@ attnctl <= 1.3x the transformers script in time and in peak RSS.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -65,12 +66,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--write", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.write:  # in a child process: see below
+        write_checkpoint(args.write)
+        (args.write / "text.txt").write_text(text_of(args.tokens, args.write), encoding="utf-8")
+        return 0
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
-        write_checkpoint(folder)
+        # written by a child: Linux carries a process's peak RSS across exec, so a parent
+        # that had built the model would lend every timed command its own peak
+        writer = [sys.executable, __file__, "--write", str(folder), "--tokens", str(args.tokens)]
+        subprocess.run(writer, check=True, stdout=subprocess.DEVNULL)
         path = folder / "text.txt"
-        path.write_text(text_of(args.tokens, folder), encoding="utf-8")
         script = folder / "plain.py"
         script.write_text(PLAIN, encoding="utf-8")
         commands = {
