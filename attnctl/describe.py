@@ -316,7 +316,7 @@ class ModelDescription:
         if attention.output_norm:
             where = "before and after" if attention.placement == "pre" else "after"
             norms = f" · norms {where} each sublayer"
-        layers = f"{self.layers} layers"
+        layers = f"{self.layers} layer{'s' * (self.layers != 1)}"
         if self.decoder is not None:
             layers = f"{self.layers} + {self.decoder.layers} layers (encoder + decoder)"
         return (

@@ -314,11 +314,14 @@ def alignment_of(
     averaged_heads: list[int],
     target_ids: list[list[int]],
     source_lengths: list[int],
+    eos_ids: Sequence[int] = (),
 ) -> tuple[list[list[list[float]]], list[list[AlignedToken]]]:
     """Per text: the cross-attention (h, Lt, Ls) averaged over ``averaged_heads`` (which
     ``heads`` lists the order of), and for each generated token the source token (among
     the text's own ``source_lengths``, no padding) weighed most by the row that chose it:
-    target token r (r >= 1; 0 is the start token) was chosen by row r - 1."""
+    target token r (r >= 1; 0 is the start token) was chosen by row r - 1. A text's
+    alignment ends at its end-of-sequence token (``eos_ids``): the pads after it chose
+    nothing."""
     indices = [heads.index(h) for h in averaged_heads]
     matrices, alignments = [], []
     for batch_row, per_head in enumerate(cross_attention):
@@ -333,6 +336,8 @@ def alignment_of(
             chooser = matrix[r - 1]  # the row of the token before: it chose token r
             best = max(range(length), key=chooser.__getitem__)
             aligned.append(AlignedToken(r, target_ids[batch_row][r], best, chooser[best]))
+            if target_ids[batch_row][r] in eos_ids:
+                break
         matrices.append(matrix)
         alignments.append(aligned)
     return matrices, alignments

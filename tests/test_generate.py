@@ -294,6 +294,8 @@ def test_alignment_takes_the_row_that_chose_each_token():
     ]
     _, one_head = alignment_of(cross, [0, 1], [1], [[9, 5, 7]], [2])  # padding: 2 sources
     assert [a.source_position for a in one_head[0]] == [0, 1]
+    _, ended = alignment_of(cross, [0, 1], [0, 1], [[9, 5, 7]], [3], eos_ids=(5,))
+    assert [a.target_id for a in ended[0]] == [5]  # the pad after the end chose nothing
 
 
 def _render(renderables, width: int) -> str:

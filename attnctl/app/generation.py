@@ -392,7 +392,12 @@ def translation_use_case(
         for row in batch.rows
     ]
     matrix, alignment = alignment_of(
-        run.cross_attention, all_heads, all_heads, targets, [len(row) for row in batch.rows]
+        run.cross_attention,
+        all_heads,
+        all_heads,
+        targets,
+        [len(row) for row in batch.rows],
+        rules.eos_ids,
     )
     view = TranslationView(
         source_tokens=source_tokens,
@@ -494,7 +499,8 @@ def _one_block(spec: str | None, stack: ModelDescription, option: str, what: str
     if not -stack.layers <= number < stack.layers:
         other = " (--encoder-layer picks the encoder's)" if option == "--layer" else ""
         raise AttnctlError(
-            f"{option} {number} is out of range: the {what} has {stack.layers} blocks "
+            f"{option} {number} is out of range: the {what} has {stack.layers} "
+            f"block{'s' * (stack.layers != 1)} "
             f"(0–{stack.layers - 1}, or -1 for the last){other}"
         )
     return number % stack.layers

@@ -87,7 +87,10 @@ def run_use_case(
     if model is not None and model.is_encoder_decoder:  # it always generates
         return translation_use_case(request, layer, model, hooks)
     if request.encoder_block is not None:
-        raise AttnctlError("--encoder-layer picks a block of an encoder–decoder's encoder")
+        raise AttnctlError(
+            "--encoder-layer picks a block of an encoder–decoder's encoder (Marian, BART, "
+            "T5); this model's blocks are picked with --layer"
+        )
     if request.generate is not None:
         return generation_use_case(request, layer, model, hooks)
     if not 0 <= request.digits <= 8:
