@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from long_input import report, run
+from pretrained import text_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,17 +69,6 @@ def write_checkpoints(folder: Path) -> tuple[Path, Path]:
         eos_token_id=None,
     )  # fmt: skip
     return gpt2, marian
-
-
-def text_of(tokens: int, folder: Path) -> str:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    words = (ROOT / "scripts" / "corpus" / "en.txt").read_text(encoding="utf-8").split()
-    text = ""
-    while len(tokenizer.encode(text).ids) < tokens:
-        text += " " + words[len(text.split()) % len(words)]
-    return text.strip()
 
 
 def main() -> int:

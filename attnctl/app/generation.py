@@ -52,6 +52,15 @@ from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads
 PYTHON_FLOAT_BYTES = 36  # a weight kept for --json: a Python float and its list slot
 
 
+def in_vocabulary(batch: Batch, model: ModelDescription) -> None:
+    largest = max(t.id for row in batch.rows for t in row)
+    if largest >= model.vocab_size:
+        raise AttnctlError(
+            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
+            "is this tokenizer the model's own?"
+        )
+
+
 def check_new_tokens(new_tokens: int) -> None:
     if new_tokens < 1:
         raise AttnctlError(f"--generate takes a number of new tokens >= 1, got {new_tokens}")
@@ -155,12 +164,7 @@ def generation_use_case(
             f"positions: {model.name} takes at most {limit} "
             f"({model.embeddings.limited_by}); {room}"
         )
-    largest = max(t.id for row in batch.rows for t in row)
-    if largest >= model.vocab_size:
-        raise AttnctlError(
-            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
-            "is this tokenizer the model's own?"
-        )
+    in_vocabulary(batch, model)
     all_heads = list(choose_heads(request.heads, layer.heads))
     heads_shown = all_heads
     if not request.heads and not request.every_weight and not every_block:
@@ -328,12 +332,7 @@ def translation_use_case(
             f"the source is {batch.seq_len} tokens: {model.name} takes at most {source_limit} "
             f"({model.embeddings.limited_by}); give a shorter text"
         )
-    largest = max(t.id for row in batch.rows for t in row)
-    if largest >= model.vocab_size:
-        raise AttnctlError(
-            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
-            "is this tokenizer the model's own?"
-        )
+    in_vocabulary(batch, model)
     heads_count = min(model.heads, decoder.heads)
     all_heads = list(choose_heads(request.heads, heads_count))
     heads_shown = all_heads

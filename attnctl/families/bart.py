@@ -24,7 +24,6 @@ from attnctl.describe import (
     CROSS_ATTENTION,
     Attention,
     Block,
-    Checkpoint,
     Embeddings,
     FeedForward,
     LMHead,
@@ -32,10 +31,12 @@ from attnctl.describe import (
 )
 from attnctl.families.common import (
     Source,
+    Stack,
     attention_config,
     check_activation,
     check_block_count,
     decoder_generation,
+    encoder_decoder,
     find_prefix,
     stored_dtype,
 )
@@ -174,39 +175,23 @@ def describe(source: Source) -> ModelDescription:
                 absolute=True,
             )
         )  # fmt: skip
-    checkpoint = Checkpoint(
-        path=source.path,
-        model_type=model_type,
-        name=source.name,
-        family=source.family,
-        prefix=prefix,
-        dtype=dtype,
-        tensors=source.tensors,
-        table=table,
-        facts={
-            "max_positions": max_positions,
-            "intermediate": encoder_inner,
-            "activation": activation,
-            "decoder_layers": decoder_layers,
-        },
-        head_table=tuple(head_table),
-    )
     rules = decoder_generation(
         source, start_default=defaults["decoder_start_token_id"], vocab=decoder_vocab
     )
-    decoder = ModelDescription(
-        embeddings(decoder_vocab),
-        (decoder_block,) * decoder_layers,
-        checkpoint,
-        head=LMHead(tied=tied, bias=True),
-        generation=rules,
-    )
-    return ModelDescription(
-        embeddings(vocab),
-        (encoder_block,) * encoder_layers,
-        checkpoint,
-        decoder=decoder,
-        generation=rules,
+    return encoder_decoder(
+        source,
+        prefix,
+        dtype,
+        table,
+        tuple(head_table),
+        Stack(embeddings(vocab), (encoder_block,) * encoder_layers),
+        Stack(embeddings(decoder_vocab), (decoder_block,) * decoder_layers),
+        LMHead(tied=tied, bias=True),
+        rules,
+        max_positions=max_positions,
+        intermediate=encoder_inner,
+        activation=activation,
+        decoder_layers=decoder_layers,
     )
 
 

@@ -140,6 +140,74 @@ def description(
 
 
 @dataclass(frozen=True)
+class Stack:
+    """One stack of an encoder–decoder: its embeddings, blocks and final norm."""
+
+    embeddings: Embeddings
+    blocks: tuple[Block, ...]
+    final_norm: Norm | None = None
+
+
+def encoder_decoder(
+    source: Source,
+    prefix: str,
+    dtype: str,
+    table: tuple[TensorEntry, ...],
+    head_table: tuple[TensorEntry, ...],
+    encoder: Stack,
+    decoder: Stack,
+    head: LMHead,
+    rules: Generation,
+    **facts: Any,
+) -> ModelDescription:
+    """An encoder–decoder: the encoder's description, its ``decoder`` the decoder's (its
+    weights named ``decoder.…``), both of one checkpoint and its tables."""
+    checkpoint = Checkpoint(
+        path=source.path,
+        model_type=source.model_type,
+        name=source.name,
+        family=source.family,
+        prefix=prefix,
+        dtype=dtype,
+        tensors=source.tensors,
+        table=table,
+        facts=facts,
+        head_table=head_table,
+    )
+    second = ModelDescription(
+        decoder.embeddings,
+        decoder.blocks,
+        checkpoint,
+        final_norm=decoder.final_norm,
+        head=head,
+        generation=rules,
+    )
+    return ModelDescription(
+        encoder.embeddings,
+        encoder.blocks,
+        checkpoint,
+        final_norm=encoder.final_norm,
+        decoder=second,
+        generation=rules,
+    )
+
+
+def gemma_head(
+    source: Source, prefix: str, hidden: int, vocab: int, eps: float, softcap_default: float
+) -> OutputHead:
+    """Gemma's final norm (RMS, scaling by 1 + weight) and its tied head, whose logits
+    ``final_logit_softcapping`` caps (null: no cap)."""
+    softcap = 0.0
+    default = softcap_default or None
+    if source.config.get("final_logit_softcapping", default) is not None:
+        softcap = source.fields.number("final_logit_softcapping", default=softcap_default)
+    return output_head(
+        source, prefix, hidden, vocab, "norm", Norm("rms", eps), tied_default=True,
+        offset=1.0, softcap=softcap,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class OutputHead:
     """A decoder's final norm and LM head, with the tensors they read."""
 

@@ -12,7 +12,7 @@ import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
-from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription, Norm
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
 from attnctl.families.common import (
     Source,
     attention_config,
@@ -22,8 +22,8 @@ from attnctl.families.common import (
     decoder_mask,
     description,
     find_prefix,
+    gemma_head,
     gemma_windows,
-    output_head,
     rope_values,
     stored_dtype,
 )
@@ -71,9 +71,6 @@ def describe(source: Source) -> ModelDescription:
     windows = _layer_windows(source, layers)
     mask = decoder_mask(source, windows)
     rope = rope_values(source, head_dim, max_positions)
-    final_softcap = 0.0  # final_logit_softcapping: the logits' cap (null: none)
-    if source.config.get("final_logit_softcapping", 30.0) is not None:
-        final_softcap = fields.number("final_logit_softcapping", default=30.0)
     prefix = find_prefix(source, EMBEDDING_KEY, vocab, hidden)
     check_block_count(source, BLOCK_PATTERN, prefix, layers, "num_hidden_layers")
 
@@ -121,17 +118,7 @@ def describe(source: Source) -> ModelDescription:
         embeddings,
         blocks,
         _table(hidden, inner, vocab, head_dim, heads, kv_heads, layers, bias),
-        head=output_head(
-            source,
-            prefix,
-            hidden,
-            vocab,
-            "norm",
-            Norm("rms", eps),
-            tied_default=True,
-            offset=1.0,
-            softcap=final_softcap,
-        ),
+        head=gemma_head(source, prefix, hidden, vocab, eps, softcap_default=30.0),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,

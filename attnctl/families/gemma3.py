@@ -13,7 +13,7 @@ import dataclasses
 import re
 
 from attnctl.checkpoint import TensorEntry
-from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription, Norm
+from attnctl.describe import Attention, Block, Embeddings, FeedForward, ModelDescription
 from attnctl.families.common import (
     LAYER_TYPES,
     Source,
@@ -24,9 +24,9 @@ from attnctl.families.common import (
     decoder_mask,
     description,
     find_prefix,
+    gemma_head,
     gemma_windows,
     norm_entry,
-    output_head,
     rope_values,
     stored_dtype,
 )
@@ -79,9 +79,6 @@ def describe(source: Source) -> ModelDescription:
     windows = gemma_windows(source, kinds)
     window = max(windows)  # the sliding blocks' (0 when none slides)
     mask = decoder_mask(source, windows)
-    final_softcap = 0.0  # final_logit_softcapping: the logits' cap (null: none)
-    if source.config.get("final_logit_softcapping") is not None:
-        final_softcap = fields.number("final_logit_softcapping", default=0.0)
     prefix = find_prefix(source, EMBEDDING_KEY, vocab, hidden)
     check_block_count(source, BLOCK_PATTERN, prefix, layers, "num_hidden_layers")
 
@@ -139,17 +136,7 @@ def describe(source: Source) -> ModelDescription:
         embeddings,
         blocks,
         tuple(table),
-        head=output_head(
-            source,
-            prefix,
-            hidden,
-            vocab,
-            "norm",
-            Norm("rms", eps),
-            tied_default=True,
-            offset=1.0,
-            softcap=final_softcap,
-        ),
+        head=gemma_head(source, prefix, hidden, vocab, eps, softcap_default=0.0),
         max_positions=max_positions,
         intermediate=inner,
         activation=activation,

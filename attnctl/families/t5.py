@@ -22,7 +22,6 @@ from attnctl.describe import (
     CROSS_ATTENTION,
     Attention,
     Block,
-    Checkpoint,
     Embeddings,
     FeedForward,
     LMHead,
@@ -31,10 +30,12 @@ from attnctl.describe import (
 )
 from attnctl.families.common import (
     Source,
+    Stack,
     attention_config,
     check_activation,
     check_block_count,
     decoder_generation,
+    encoder_decoder,
     find_prefix,
     stored_dtype,
 )
@@ -134,49 +135,25 @@ def describe(source: Source) -> ModelDescription:
                 "lm_head.weight", (vocab, hidden), -1, ("decoder.lm_head.weight",), absolute=True
             ),
         )
-    checkpoint = Checkpoint(
-        path=source.path,
-        model_type=source.model_type,
-        name=source.name,
-        family=source.family,
-        prefix=prefix,
-        dtype=dtype,
-        tensors=source.tensors,
-        table=_table(
-            hidden,
-            heads * head_dim,
-            inner,
-            vocab,
-            heads,
-            buckets,
-            encoder_layers,
-            decoder_layers,
-            gated,
-        ),
-        facts={
-            "max_positions": 0,  # relative positions: no limit
-            "intermediate": inner,
-            "activation": ("gated " if gated else "") + activation,
-            "decoder_layers": decoder_layers,
-        },
-        head_table=head_table,
-    )
     rules = decoder_generation(source, vocab=vocab)
-    decoder = ModelDescription(
-        embeddings,
-        tuple(decoder_block(n) for n in range(decoder_layers)),
-        checkpoint,
-        final_norm=norm,
-        head=LMHead(tied=not separate_head, scale=hidden**-0.5 if scaled else 0.0),
-        generation=rules,
-    )
-    return ModelDescription(
-        embeddings,
-        tuple(encoder_block(n) for n in range(encoder_layers)),
-        checkpoint,
-        final_norm=norm,
-        decoder=decoder,
-        generation=rules,
+    table = _table(
+        hidden, heads * head_dim, inner, vocab, heads, buckets, encoder_layers, decoder_layers,
+        gated,
+    )  # fmt: skip
+    return encoder_decoder(
+        source,
+        prefix,
+        dtype,
+        table,
+        head_table,
+        Stack(embeddings, tuple(encoder_block(n) for n in range(encoder_layers)), norm),
+        Stack(embeddings, tuple(decoder_block(n) for n in range(decoder_layers)), norm),
+        LMHead(tied=not separate_head, scale=hidden**-0.5 if scaled else 0.0),
+        rules,
+        max_positions=0,  # relative positions: no limit
+        intermediate=inner,
+        activation=("gated " if gated else "") + activation,
+        decoder_layers=decoder_layers,
     )
 
 
