@@ -22,17 +22,13 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from attnctl import __version__
-from attnctl.app import (
+from attnctl.app.requests import (
     CheckRequest,
     Hooks,
     LayerRequest,
     MemoryRequest,
     RunRequest,
     ShapesRequest,
-    check_use_case,
-    memory_use_case,
-    run_use_case,
-    shapes_use_case,
 )
 from attnctl.cli_options import (
     BatchOption,
@@ -44,26 +40,11 @@ from attnctl.cli_options import (
     layer_options,
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
-from attnctl.render import (
-    blocks_json,
-    blocks_view,
-    check_json,
-    check_view,
-    generation_json,
-    generation_view,
-    memory_view,
-    printable,
-    run_json,
-    run_view,
-    shapes_view,
-    translation_json,
-    translation_view,
-)
-from attnctl.render.json_memory import memory_document, shapes_document
-from attnctl.render.terminal_memory import seq2seq_memory_view, seq2seq_shapes_view
-from attnctl.report import Seq2SeqMemoryReport, Seq2SeqShapes
-from attnctl.report_generation import GenerationReport, TranslationReport
+from attnctl.render.text import printable
 from attnctl.window import DEFAULT_ROWS
+
+# The use cases and views are imported by the command that runs (`attnctl --help` loads
+# none of them: its start-up is a benchmark's target).
 
 # Newer Typer vendors click; its BadParameter's bases name the ClickException it raises.
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -324,6 +305,12 @@ def run(
         generate=generate,
         encoder_block=encoder_block,
     )
+    from attnctl.app.use_cases import run_use_case
+    from attnctl.render.json import blocks_json, generation_json, run_json, translation_json
+    from attnctl.render.terminal_generation import generation_view, translation_view
+    from attnctl.render.terminal_run import blocks_view, run_view
+    from attnctl.report_generation import GenerationReport, TranslationReport
+
     report = run_use_case(request, _hooks())
     if isinstance(report, GenerationReport | TranslationReport):
         generated = isinstance(report, GenerationReport)
@@ -372,6 +359,11 @@ def shapes(
     layer: LayerRequest,
 ) -> None:
     """Show the shape of every stage for a configuration, symbolically and with numbers."""
+    from attnctl.app.use_cases import shapes_use_case
+    from attnctl.render.json_memory import shapes_document
+    from attnctl.render.terminal_memory import seq2seq_shapes_view, shapes_view
+    from attnctl.report import Seq2SeqShapes
+
     plan = shapes_use_case(ShapesRequest(layer, seq_len, batch, context_len, src_len, tgt_len))
     if as_json:
         _print_json(shapes_document(plan))
@@ -453,6 +445,11 @@ def memory(
         tgt_len=tgt_len,
         generate=generate,
     )
+    from attnctl.app.use_cases import memory_use_case
+    from attnctl.render.json_memory import memory_document
+    from attnctl.render.terminal_memory import memory_view, seq2seq_memory_view
+    from attnctl.report import Seq2SeqMemoryReport
+
     report = memory_use_case(request, _hooks())
     if as_json:
         _print_json(memory_document(report))
@@ -477,6 +474,10 @@ def check(
     layer: LayerRequest,
 ) -> None:
     """Compare the math path, SDPA and nn.MultiheadAttention, and gradcheck the layer."""
+    from attnctl.app.use_cases import check_use_case
+    from attnctl.render.json import check_json
+    from attnctl.render.terminal_check import check_view
+
     report = check_use_case(CheckRequest(layer, seq_len, batch, force), _hooks())
     if as_json:
         _print_json(check_json(report.result, report.plan))

@@ -12,23 +12,33 @@ data that ``render`` draws; nothing here prints or exits. torch is imported only
 - ``calls``: every call into the computation, one function each
 """
 
-from attnctl.app.inputs import MAX_TEXT_BYTES
-from attnctl.app.requests import (
-    CheckReport,
-    CheckRequest,
-    Hooks,
-    LayerRequest,
-    MemoryRequest,
-    RunRequest,
-    ShapesRequest,
-)
-from attnctl.app.use_cases import (
-    check_use_case,
-    memory_use_case,
-    resolve_layer,
-    run_use_case,
-    shapes_use_case,
-)
+import importlib
+from typing import Any
+
+# each name's module, imported when the name is first used (PEP 562): `attnctl --help`
+# then loads the requests alone, none of the use cases
+_MODULES = {
+    "MAX_TEXT_BYTES": "inputs",
+    "CheckReport": "requests",
+    "CheckRequest": "requests",
+    "Hooks": "requests",
+    "LayerRequest": "requests",
+    "MemoryRequest": "requests",
+    "RunRequest": "requests",
+    "ShapesRequest": "requests",
+    "check_use_case": "use_cases",
+    "memory_use_case": "use_cases",
+    "resolve_layer": "use_cases",
+    "run_use_case": "use_cases",
+    "shapes_use_case": "use_cases",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+
 
 __all__ = [
     "MAX_TEXT_BYTES",

@@ -20,13 +20,16 @@ from attnctl.memory import (
     kv_cache_groups,
 )
 from attnctl.plan import Plan, build_plan, build_seq2seq_plans
-from attnctl.report_generation import GenerationRun, TranslationRun
 from attnctl.tokenize import Batch
 from attnctl.training import TrainingEstimate, estimate_training
 
 if TYPE_CHECKING:  # they import torch
     from attnctl.check import CheckResult
     from attnctl.trace import Trace
+
+
+if TYPE_CHECKING:  # generation's report types: imported by the calls that make them
+    from attnctl.report_generation import GenerationRun, TranslationRun
 
 
 def load_model(directory: str) -> ModelDescription:

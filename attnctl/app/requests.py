@@ -8,10 +8,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnctl.plan import Plan
-
-if TYPE_CHECKING:  # check.py imports torch
+if TYPE_CHECKING:  # check.py imports torch; the plan is a type here
     from attnctl.check import CheckResult
+    from attnctl.plan import Plan
 
 
 def _no_progress(description: str) -> AbstractContextManager[None]:

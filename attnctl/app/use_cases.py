@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 from attnctl.app.calls import (
     compare_implementations,
@@ -24,7 +25,6 @@ from attnctl.app.calls import (
     run_traces,
     training_estimate_of,
 )
-from attnctl.app.generation import generation_use_case, translation_use_case
 from attnctl.app.inputs import choose_blocks, parse_lengths, read_contexts, read_texts
 from attnctl.app.memory_seq2seq import check_length_options, seq2seq_memory, seq2seq_shapes
 from attnctl.app.requests import (
@@ -51,9 +51,11 @@ from attnctl.report import (
     memory_command_report,
     run_report,
 )
-from attnctl.report_generation import GenerationReport, TranslationReport
 from attnctl.tokenize import encode_batch, missing_tokenizer, vocab_size
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads, choose_rows
+
+if TYPE_CHECKING:  # run's other reports: their use case is imported when it runs
+    from attnctl.report_generation import GenerationReport, TranslationReport
 
 MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer")  # options that still apply to a model
 
@@ -85,6 +87,8 @@ def run_use_case(
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
     if model is not None and model.is_encoder_decoder:  # it always generates
+        from attnctl.app.generation import translation_use_case
+
         return translation_use_case(request, layer, model, hooks)
     if request.encoder_block is not None:
         raise AttnctlError(
@@ -92,6 +96,8 @@ def run_use_case(
             "T5); this model's blocks are picked with --layer"
         )
     if request.generate is not None:
+        from attnctl.app.generation import generation_use_case
+
         return generation_use_case(request, layer, model, hooks)
     if not 0 <= request.digits <= 8:
         raise AttnctlError(f"--digits must be between 0 and 8, got {request.digits}")

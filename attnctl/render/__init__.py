@@ -14,20 +14,38 @@ characters show as escapes.
 - ``json``: the ``--json`` documents
 """
 
-from attnctl.render.json import (
-    blocks_json,
-    check_json,
-    generation_json,
-    memory_json,
-    run_json,
-    shapes_json,
-    translation_json,
-)
-from attnctl.render.terminal_check import check_view
-from attnctl.render.terminal_generation import generation_view, translation_view
-from attnctl.render.terminal_memory import memory_view, shapes_view
-from attnctl.render.terminal_run import blocks_view, run_view
-from attnctl.render.text import difference_bound, printable, shape_text, weight_text
+import importlib
+from typing import Any
+
+# each name's module, imported when the name is first used (PEP 562): `attnctl --help`
+# then loads none of the views
+_MODULES = {
+    "blocks_json": "json",
+    "check_json": "json",
+    "generation_json": "json",
+    "memory_json": "json",
+    "run_json": "json",
+    "shapes_json": "json",
+    "translation_json": "json",
+    "check_view": "terminal_check",
+    "generation_view": "terminal_generation",
+    "translation_view": "terminal_generation",
+    "memory_view": "terminal_memory",
+    "shapes_view": "terminal_memory",
+    "blocks_view": "terminal_run",
+    "run_view": "terminal_run",
+    "difference_bound": "text",
+    "printable": "text",
+    "shape_text": "text",
+    "weight_text": "text",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+
 
 __all__ = [
     "blocks_json",

@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING, Any
 from attnctl.memory import MemoryEstimate
 from attnctl.plan import Plan
 from attnctl.report import LengthReport, MemoryCommandReport, RunReport
-from attnctl.report_generation import GenerationReport, TranslationReport, TranslationView
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
     from attnctl.check import CheckResult
 
 
 # ---------------------------------------------------------------- JSON
+
+if TYPE_CHECKING:  # generation's reports: their module loads with their use case
+    from attnctl.report_generation import GenerationReport, TranslationReport, TranslationView
 
 
 def memory_dict(estimate: MemoryEstimate) -> dict[str, int | str]:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from typing import TYPE_CHECKING
 
 from attnctl.config import LayerConfig
-from attnctl.plan import Plan
 from attnctl.trace import Token
+
+if TYPE_CHECKING:  # the plan's module is not needed to print a line
+    from attnctl.plan import Plan
 
 LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
 MAX_TEXT = 200  # characters of the input shown in the header
