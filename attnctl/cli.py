@@ -36,6 +36,7 @@ from attnctl.cli_options import (
     EncoderLayerOption,
     GenerateOption,
     JsonOption,
+    SaveOption,
     SeqLenOption,
     layer_options,
 )
@@ -286,10 +287,14 @@ def run(
     generate: GenerateOption = None,
     encoder_block: EncoderLayerOption = None,
     as_json: JsonOption = False,
+    save: SaveOption = None,
     *,
     layer: LayerRequest,
 ) -> None:
     """Run one attention layer on TEXT (a batch for several) and show every stage and weights."""
+    from attnctl.app.save import checked_save_path, save_run
+
+    save_target = None if save is None else checked_save_path(save)
     request = RunRequest(
         layer=layer,
         texts=text,
@@ -301,9 +306,10 @@ def run(
         digits=digits,
         force=force,
         block=block,
-        every_weight=as_json,
+        every_weight=as_json or save is not None,
         generate=generate,
         encoder_block=encoder_block,
+        save=save,
     )
     from attnctl.app.use_cases import run_use_case
     from attnctl.render.json import blocks_json, generation_json, run_json, translation_json
@@ -312,6 +318,14 @@ def run(
     from attnctl.report_generation import GenerationReport, TranslationReport
 
     report = run_use_case(request, _hooks())
+    if save_target is not None:
+        if isinstance(report, GenerationReport):
+            document = generation_json(report)
+        elif isinstance(report, TranslationReport):
+            document = translation_json(report)
+        else:
+            document = blocks_json(report) if report.every_block else run_json(report)
+        save_run(save_target, document, getattr(report, "traces", []))
     if isinstance(report, GenerationReport | TranslationReport):
         generated = isinstance(report, GenerationReport)
         if as_json:

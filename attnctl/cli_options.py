@@ -203,6 +203,15 @@ def layer_options(
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print only JSON on stdout.")]
+SaveOption = Annotated[
+    str | None,
+    typer.Option(
+        "--save",
+        metavar="FILE",
+        help="Also write every recorded stage's tensor and the attention (every head, as "
+        "--json has it) to FILE.safetensors, with the config and tokens as metadata.",
+    ),
+]
 SeqLenOption = Annotated[int, typer.Option("--seq-len", "-L", help="Sequence length L.")]
 BatchOption = Annotated[int, typer.Option("--batch", "-B", help="Batch size B.")]
 ContextLenOption = Annotated[

@@ -37,10 +37,14 @@ class Recorder:
     A tensor that shares the memory of an earlier recorded one still alive (the split
     heads) is marked ``view_of`` that stage: it costs no new bytes. Storages are held by
     weak reference, so a freed block that the allocator hands out again is no "view".
+    With ``keep`` (``run --save``), a CPU copy of each tensor is kept in ``tensors``,
+    by stage name.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.stages: list[Stage] = []
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._keep = keep
         self._storages: list[tuple[str, StorageWeakRef]] = []
 
     def __call__(self, name: str, tensor: torch.Tensor, dims: str) -> None:
@@ -62,6 +66,8 @@ class Recorder:
         )
         if view_of is None:
             self._storages.append((name, storage))
+        if self._keep:  # a copy: the run's own tensor is freed as before
+            self.tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
 
 
 @dataclass

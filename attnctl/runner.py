@@ -46,6 +46,7 @@ def run(
     heads: Sequence[int] | None = None,
     rows: list[int] | None = None,
     context: Batch | None = None,
+    keep_stages: bool = False,
 ) -> list[Trace]:
     """Run the seeded layer (``model`` None) or a checkpoint's blocks up to the last of
     ``layers`` over a (padded) batch: a Trace for each of ``layers``, with weights only
@@ -54,7 +55,8 @@ def run(
     The stages are recorded for the first of ``layers`` only when it is the one layer
     asked for (``--layer N``); ``--layer all`` shows weights, not stages. ``context``,
     one row per text, makes the seeded layer cross-attention over those tokens. The
-    caller has checked memory first (``resources.preflight``).
+    caller has checked memory first (``resources.preflight``). ``keep_stages`` keeps a
+    CPU copy of each recorded stage's tensor (``run --save``).
     """
     import torch
 
@@ -88,7 +90,7 @@ def run(
             [[t.id for t in row] for row in context_rows], device=device
         )  # (B, Lc)
     padding = padding_mask(keys, device) if needs_padding_mask(keys, config) else None
-    record = Recorder()
+    record = Recorder(keep=keep_stages)
     queries = [len(row) for row in batch.rows]
     with device_errors(device), torch.inference_mode():
         result = forward(
@@ -120,6 +122,7 @@ def run(
             context_tokens=context_rows,
             layer=None if model is None else n,
             sums=windows[n][2],
+            stage_tensors=record.tensors if keep_stages else None,
         )
         for n in layers
     ]

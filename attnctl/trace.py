@@ -87,6 +87,7 @@ class Trace:
     context_tokens: list[list[Token]] | None = None  # cross-attention: the keys' tokens
     layer: int | None = None  # a pretrained model's block these weights come from
     sums: RowSums | None = None
+    stage_tensors: dict | None = None  # run --save: stage name -> CPU tensor (torch.Tensor)
 
     def attention_lists(self) -> list:
         """The weights as plain nested lists (B, heads, rows, Lk), e.g. for JSON."""

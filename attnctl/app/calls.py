@@ -111,12 +111,16 @@ def run_traces(
     cross: Batch | None,
     model: ModelDescription | None,
     blocks: list[int] | None,
+    keep_stages: bool = False,
 ) -> list[Trace]:
-    """attnctl's layer on the batch (one trace), or a model's blocks (one trace each)."""
+    """attnctl's layer on the batch (one trace), or a model's blocks (one trace each);
+    ``keep_stages``: with a CPU copy of each recorded stage's tensor."""
     from attnctl.runner import run
 
     with device_errors_of(layer.device):
-        return run(batch, layer, model, blocks, heads, query_rows, context=cross)
+        return run(
+            batch, layer, model, blocks, heads, query_rows, context=cross, keep_stages=keep_stages
+        )
 
 
 def measure_peak(plan: Plan, model: ModelDescription | None, train: bool, layers: int = 1) -> Any:

@@ -55,6 +55,7 @@ class RunRequest:
     every_weight: bool = False  # --json: every head's weights, not the tables shown
     generate: int | None = None  # --generate N: N greedy tokens after the text
     encoder_block: str | None = None  # --encoder-layer N: an encoder–decoder's encoder block
+    save: str | None = None  # --save FILE.safetensors: keep the stages' tensors too
 
 
 @dataclass(frozen=True)

@@ -143,10 +143,13 @@ def run_use_case(
     if model is not None:
         weights = model_weight_bytes(model, max(blocks) + 1, layer.dtype)
     need = weights + memory.peak_activation_bytes + shown_bytes
+    keep_stages = request.save is not None and (blocks is None or len(blocks) == 1)
+    if keep_stages:  # --save: a copy of every recorded stage (views too) stays alive
+        need += sum(stage.bytes for stage in plan.stages)
     preflight(plan, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
     what = "the layer" if model is None else model.name
     with hooks.progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
-        traces = run_traces(batch, layer, heads, query_rows, cross, model, blocks)
+        traces = run_traces(batch, layer, heads, query_rows, cross, model, blocks, keep_stages)
     hidden = None
     if not request.heads and not every_block and layer.heads > len(heads):
         hidden = (len(heads), layer.heads - 1)

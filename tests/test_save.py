@@ -1,0 +1,181 @@
+"""run --save FILE.safetensors: stages and attention, loadable with safetensors, equal to --json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tiny_models
+import tiny_seq2seq
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+ATTENTION_KEYS = ("attention", "encoder_attention", "decoder_attention", "cross_attention")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    return tiny_models.write("gpt2", tmp_path_factory.mktemp("save") / "gpt2")
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory) -> Path:
+    return tiny_seq2seq.write("marian", tmp_path_factory.mktemp("save") / "marian")
+
+
+def _run_both(invoke, path: Path, *args: str) -> tuple[dict, dict, dict]:
+    """The --json document, the saved tensors and the saved metadata of the same run."""
+    as_json = invoke("run", *args, "--device", "cpu", "--json")
+    assert as_json.exit_code == 0, as_json.stderr
+    saved = invoke("run", *args, "--device", "cpu", "--save", str(path))
+    assert saved.exit_code == 0, saved.stderr
+    with safe_open(str(path), "pt") as handle:
+        meta = handle.metadata()
+    return json.loads(as_json.stdout), load_file(str(path)), meta
+
+
+def _assert_attention_equal(document: dict, tensors: dict) -> None:
+    expected = {k: document[k] for k in ATTENTION_KEYS if document.get(k) is not None}
+    layers = document.get("layers")
+    groups = layers.items() if isinstance(layers, dict) else [("", layers or [])]
+    for kind, blocks in groups:
+        for block in blocks:
+            expected[f"{kind + '.' if kind else ''}block.{block['layer']}.attention"] = block[
+                "attention"
+            ]
+    assert expected
+    for name, weights in expected.items():
+        assert tensors[name].dtype == torch.float32
+        assert torch.equal(tensors[name], torch.tensor(weights, dtype=torch.float32)), name
+
+
+def _assert_metadata(document: dict, meta: dict) -> None:
+    assert json.loads(meta["config"]) == document["config"]
+    assert json.loads(meta["tokens"]) == document["tokens"]
+    assert all(isinstance(v, str) for v in meta.values())
+
+
+def test_seeded_layer_batch_saves_every_stage_and_the_attention(invoke, tmp_path):
+    document, tensors, meta = _run_both(
+        invoke,
+        tmp_path / "a.safetensors",
+        "the cat sat",
+        "a dog",
+        "--heads",
+        "4",
+        "--d-model",
+        "32",
+    )
+    _assert_attention_equal(document, tensors)
+    _assert_metadata(document, meta)
+    for stage in document["stages"]:
+        assert list(tensors[stage["name"]].shape) == stage["shape"], stage["name"]
+        assert str(tensors[stage["name"]].dtype).removeprefix("torch.") == stage["dtype"]
+    # the recorded weights are the attention the JSON shows (every row, every head)
+    assert torch.allclose(tensors["weights"], tensors["attention"], atol=0, rtol=0)
+    assert not list(tmp_path.glob(".*"))  # no temporary file left
+
+
+def test_context_saves_the_cross_attention(invoke, tmp_path):
+    document, tensors, meta = _run_both(
+        invoke,
+        tmp_path / "c.safetensors",
+        "the cat",
+        "--context",
+        "le chat noir",
+        "--d-model",
+        "32",
+    )
+    _assert_attention_equal(document, tensors)
+    assert json.loads(meta["context_tokens"]) == document["context_tokens"]
+    assert tensors["attention"].shape[-1] == len(document["context_tokens"][0])
+
+
+def test_model_one_layer_names_its_stages_by_block(invoke, tmp_path, gpt2):
+    args = ("the cat sat on the mat", "--model", str(gpt2), "--layer", "1")
+    document, tensors, meta = _run_both(invoke, tmp_path / "m.safetensors", *args)
+    _assert_attention_equal(document, tensors)
+    _assert_metadata(document, meta)
+    assert document["stages"]
+    for stage in document["stages"]:
+        assert list(tensors[f"block.1.{stage['name']}"].shape) == stage["shape"]
+    assert json.loads(meta["layer"]) == 1
+
+
+def test_model_every_layer_saves_each_block(invoke, tmp_path, gpt2):
+    args = ("the cat sat", "--model", str(gpt2), "--layer", "all")
+    document, tensors, _ = _run_both(invoke, tmp_path / "all.safetensors", *args)
+    _assert_attention_equal(document, tensors)
+    blocks = [block["layer"] for block in document["layers"]]
+    assert len(blocks) > 1
+    assert {f"block.{n}.attention" for n in blocks} <= set(tensors)
+
+
+def test_generate_saves_the_attention_of_the_final_sequence(invoke, tmp_path, gpt2):
+    args = ("the cat", "--model", str(gpt2), "--generate", "3")
+    document, tensors, meta = _run_both(invoke, tmp_path / "g.safetensors", *args)
+    _assert_attention_equal(document, tensors)
+    _assert_metadata(document, meta)
+    assert json.loads(meta["generated_text"]) == document["generated_text"]
+
+
+def test_encoder_decoder_saves_its_three_attentions(invoke, tmp_path, marian):
+    args = ("the cat", "--model", str(marian), "--generate", "3")
+    document, tensors, meta = _run_both(invoke, tmp_path / "t.safetensors", *args)
+    _assert_attention_equal(document, tensors)
+    assert {"encoder_attention", "decoder_attention", "cross_attention"} <= set(tensors)
+    assert json.loads(meta["target_tokens"]) == document["target_tokens"]
+
+
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("out.json", "must end in .safetensors"),
+        ("missing/out.safetensors", "no such directory"),
+        (".", "must end in .safetensors"),
+    ],
+)
+def test_a_bad_path_is_one_line_and_writes_nothing(invoke, tmp_path, monkeypatch, name, says):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", "the cat", "--save", name)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("attnctl: error: --save") and says in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_named_like_the_file_is_refused(invoke, tmp_path):
+    (tmp_path / "d.safetensors").mkdir()
+    result = invoke("run", "the cat", "--save", str(tmp_path / "d.safetensors"))
+    assert result.exit_code == 2 and "is a directory" in result.stderr
+    assert list((tmp_path / "d.safetensors").iterdir()) == []
+
+
+def test_an_existing_file_is_replaced_whole(invoke, tmp_path):
+    target = tmp_path / "r.safetensors"
+    target.write_bytes(b"old")
+    result = invoke("run", "the cat", "--d-model", "32", "--save", str(target))
+    assert result.exit_code == 0, result.stderr
+    assert "attention" in load_file(str(target))
+
+
+def test_the_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch):
+    import attnctl.app.use_cases as use_cases
+
+    asked: list[int] = []
+    real = use_cases.preflight
+
+    def recording(plan, need_bytes, *args, **kwargs):
+        asked.append(need_bytes)
+        return real(plan, need_bytes, *args, **kwargs)
+
+    monkeypatch.setattr(use_cases, "preflight", recording)
+    args = ("run", "the cat sat", "--d-model", "32", "--device", "cpu")
+    as_json = invoke(*args, "--json")
+    saved = invoke(*args, "--save", str(tmp_path / "s.safetensors"))
+    assert as_json.exit_code == 0 and saved.exit_code == 0, saved.stderr
+    stage_bytes = sum(stage["bytes"] for stage in json.loads(as_json.stdout)["stages"])
+    assert asked[1] - asked[0] == stage_bytes > 0
