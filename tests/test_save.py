@@ -179,3 +179,30 @@ def test_the_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch
     assert as_json.exit_code == 0 and saved.exit_code == 0, saved.stderr
     stage_bytes = sum(stage["bytes"] for stage in json.loads(as_json.stdout)["stages"])
     assert asked[1] - asked[0] == stage_bytes > 0
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(invoke, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def full_disk(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    target = tmp_path / "f.safetensors"
+    target.write_bytes(b"old")
+    result = invoke("run", "the cat", "--d-model", "32", "--save", str(target))
+    assert result.exit_code == 1
+    assert result.stderr.strip().endswith("No space left on device")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.safetensors"]
+
+
+def test_save_with_json_prints_the_same_document(invoke, tmp_path):
+    args = ("run", "the cat", "--d-model", "32", "--device", "cpu", "--json")
+    alone = invoke(*args)
+    both = invoke(*args, "--save", str(tmp_path / "j.safetensors"))
+    assert both.exit_code == 0, both.stderr
+    assert json.loads(both.stdout) == json.loads(alone.stdout)
+    _assert_attention_equal(json.loads(both.stdout), load_file(str(tmp_path / "j.safetensors")))
