@@ -38,6 +38,7 @@ from attnctl.cli_options import (
     JsonOption,
     SeqLenOption,
     layer_options,
+    svg_option,
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
 from attnctl.render.text import printable
@@ -197,8 +198,10 @@ def _main(
 
 
 def _console() -> Console:
+    from attnctl.render.svg import recorded  # --svg: the console records
+
     # COLUMNS, NO_COLOR and "not a terminal" are honoured by rich itself
-    return Console(highlight=False, emoji=False)
+    return recorded(Console(highlight=False, emoji=False))
 
 
 def _print_json(document: dict[str, Any]) -> None:
@@ -230,6 +233,7 @@ def _hooks() -> Hooks:
 
 # dropout acts only in training (memory --train)
 @app.command()
+@svg_option
 @layer_options(leave_out=("dropout",), with_model=True)
 def run(
     text: Annotated[
@@ -345,6 +349,7 @@ TgtLenOption = Annotated[
 
 
 @app.command()
+@svg_option
 @layer_options(leave_out=("dropout",), with_model=True)
 def shapes(
     seq_len: Annotated[
@@ -376,6 +381,7 @@ def shapes(
 
 
 @app.command()
+@svg_option
 @layer_options(with_model=True)
 def memory(
     seq_len: Annotated[
@@ -462,6 +468,7 @@ def memory(
 
 
 @app.command()
+@svg_option
 @layer_options(leave_out=("dropout",))
 def check(
     seq_len: SeqLenOption = 16,
