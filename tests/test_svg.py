@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -178,3 +179,33 @@ def test_an_error_during_the_run_writes_nothing(tmp_path):
     result = invoke("shapes", "--heads", "3", "--d-model", "16", "--svg", str(path))
     assert result.exit_code == 2
     assert not path.exists()
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_models import write
+
+    return write("gpt2", tmp_path_factory.mktemp("svg-models") / "gpt2")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [("--layer", "all"), ("--layer", "-1"), ("--generate", "2"), ("--context", "a dog")],
+    ids=["every-block", "one-block", "generate", "context"],
+)
+def test_every_model_view_of_run_is_saved(gpt2, options, tmp_path):
+    args = ("run", "the cat", "a <b> & c", "--model", str(gpt2), "--device", "cpu", *options)
+    if options[0] == "--generate":  # a decoder generates after one text (no padding)
+        args = ("run", "a <b> & c", "--model", str(gpt2), "--device", "cpu", *options)
+    if options[0] == "--context":  # cross-attention: the seeded layer
+        args = ("run", "the cat", "a <b> & c", *options, *SMALL)
+    plain = invoke(*args, columns=100)
+    assert plain.exit_code == 0, plain.output
+    printed, document = svg_of(args, tmp_path / "model.svg", columns=100)
+    assert printed == plain.stdout
+    assert_self_contained(document)
+    drawn = svg_texts(document)
+    assert [
+        word for line in printed.splitlines() for word in line.split() if word not in drawn
+    ] == []
