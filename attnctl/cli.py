@@ -39,6 +39,7 @@ from attnctl.cli_options import (
     SaveOption,
     SeqLenOption,
     layer_options,
+    svg_option,
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
 from attnctl.render.text import printable
@@ -198,8 +199,10 @@ def _main(
 
 
 def _console() -> Console:
+    from attnctl.render.svg import recorded  # --svg: the console records
+
     # COLUMNS, NO_COLOR and "not a terminal" are honoured by rich itself
-    return Console(highlight=False, emoji=False)
+    return recorded(Console(highlight=False, emoji=False))
 
 
 def _print_json(document: dict[str, Any]) -> None:
@@ -231,6 +234,7 @@ def _hooks() -> Hooks:
 
 # dropout acts only in training (memory --train)
 @app.command()
+@svg_option
 @layer_options(leave_out=("dropout",), with_model=True)
 def run(
     text: Annotated[
@@ -359,6 +363,7 @@ TgtLenOption = Annotated[
 
 
 @app.command()
+@svg_option
 @layer_options(leave_out=("dropout",), with_model=True)
 def shapes(
     seq_len: Annotated[
@@ -390,6 +395,7 @@ def shapes(
 
 
 @app.command()
+@svg_option
 @layer_options(with_model=True)
 def memory(
     seq_len: Annotated[
@@ -476,6 +482,7 @@ def memory(
 
 
 @app.command()
+@svg_option
 @layer_options(leave_out=("dropout",))
 def check(
     seq_len: SeqLenOption = 16,

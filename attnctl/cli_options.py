@@ -239,3 +239,53 @@ EncoderLayerOption = Annotated[
         rich_help_panel="Model",
     ),
 ]
+
+
+SVG_OPTION = Annotated[
+    str | None,
+    typer.Option(
+        "--svg",
+        metavar="FILE",
+        help="Also save the terminal view as a self-contained SVG (no font or URL to fetch).",
+    ),
+]
+
+
+def svg_option(command: Callable[..., None]) -> Any:
+    """Give a command ``--svg FILE``: what it prints is recorded and saved as an SVG.
+
+    The path is checked before the command runs (exit 2: a folder, no such folder, not
+    writable), and refused with ``--json`` (there is no terminal view to draw). The file is
+    written after the command (also when it exits with a code, as ``check`` does when a
+    comparison fails); an error during the run writes nothing.
+    """
+    signature = inspect.signature(command, eval_str=True)
+    svg = inspect.Parameter(
+        "svg", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=SVG_OPTION
+    )
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        given = kwargs.pop("svg", None)
+        if given is None:
+            command(**kwargs)
+            return
+        from attnctl.errors import USAGE, AttnctlError
+        from attnctl.render.svg import check_svg_path, recording, write_svg
+
+        if kwargs.get("as_json"):
+            raise AttnctlError("--svg draws the terminal view: not with --json", exit_code=USAGE)
+        path = check_svg_path(given)
+        title = f"attnctl {command.__name__}"
+        with recording() as consoles:
+            try:
+                command(**kwargs)
+            except typer.Exit:
+                write_svg(consoles, path, title)
+                raise
+        write_svg(consoles, path, title)
+
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[*signature.parameters.values(), svg]
+    )
+    return wrapper

@@ -12,6 +12,7 @@ characters show as escapes.
 - ``terminal_check``: ``check``
 - ``terminal_generation``: ``run --generate``, and ``run`` on an encoder–decoder
 - ``json``: the ``--json`` documents
+- ``svg``: ``--svg FILE``, the terminal view recorded and saved as an SVG
 """
 
 import importlib

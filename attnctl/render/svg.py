@@ -1,0 +1,137 @@
+"""``--svg FILE``: the terminal view, as it was printed, saved as a self-contained SVG.
+
+The command's console records what it prints (the terminal output is unchanged); after
+the command, :func:`write_svg` exports the recording with our own template: no web font,
+no URL, no clip path referenced by ``url(…)`` (the only ``http`` in the file is the SVG
+namespace, which nothing fetches). The same input gives the same bytes: a fixed id prefix,
+no time stamp. The file is written atomically (a temporary file in the same folder, then
+renamed), so a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from attnctl.errors import RUNTIME, USAGE, AttnctlError
+from attnctl.render.text import printable
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+ID_PREFIX = "attnctl"  # fixed: rich's default is a hash; one name keeps the file predictable
+
+# rich's placeholders; no @font-face, no {lines} (rich's per-line clip paths) and no outer
+# clip path: the text is laid out cell by cell (textLength) and needs no clipping
+SVG_TEMPLATE = """\
+<svg class="attnctl-terminal" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">
+    <style>
+    .{unique_id}-matrix {{
+        font-family: "DejaVu Sans Mono", Menlo, Consolas, "Liberation Mono", monospace;
+        font-size: {char_height}px;
+        line-height: {line_height}px;
+        font-variant-east-asian: full-width;
+    }}
+    .{unique_id}-title {{
+        font-size: 18px;
+        font-weight: bold;
+        font-family: sans-serif;
+    }}
+    {styles}
+    </style>
+    {chrome}
+    <g transform="translate({terminal_x}, {terminal_y})">
+    {backgrounds}
+    <g class="{unique_id}-matrix">
+    {matrix}
+    </g>
+    </g>
+</svg>
+"""
+
+_LINE_CLIP = re.compile(rf' clip-path="url\(#{ID_PREFIX}-line-\d+\)"')
+
+# the consoles the running command created, while --svg is given (None: not recording)
+_recording: ContextVar[list[Console] | None] = ContextVar("svg_recording", default=None)
+
+
+def check_svg_path(given: str) -> Path:
+    """The file --svg names, refused (exit 2) before the run if it cannot be written."""
+    if not given.strip():
+        raise AttnctlError("--svg needs a file name", exit_code=USAGE)
+    path = Path(given).expanduser()
+    shown = printable(given)
+    if path.is_dir():
+        raise AttnctlError(f"--svg {shown}: is a folder, not a file", exit_code=USAGE)
+    folder = path.parent
+    if not folder.is_dir():
+        raise AttnctlError(f"--svg {shown}: no folder {printable(str(folder))}", exit_code=USAGE)
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise AttnctlError(f"--svg {shown}: not writable", exit_code=USAGE)
+    return path
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Console]]:
+    """While it lasts, :func:`recorded` makes each console record; yields those consoles."""
+    consoles: list[Console] = []
+    token = _recording.set(consoles)
+    try:
+        yield consoles
+    finally:
+        _recording.reset(token)
+
+
+def recorded(console: Console) -> Console:
+    """``console``, recording what it prints when --svg was given (else unchanged)."""
+    consoles = _recording.get()
+    if consoles is not None:
+        console.record = True
+        consoles.append(console)
+    return console
+
+
+def svg_text(console: Console, title: str) -> str:
+    """What ``console`` recorded, as an SVG document (at the console's width)."""
+    svg = console.export_svg(
+        title=title, code_format=SVG_TEMPLATE, unique_id=ID_PREFIX, clear=False
+    )
+    return _LINE_CLIP.sub("", svg)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_svg(consoles: list[Console], path: Path, title: str) -> None:
+    """Write what the command printed to ``path`` atomically (exit 1 on an I/O failure)."""
+    if not consoles:  # every command prints through one console; none: an empty picture
+        from rich.console import Console
+
+        consoles = [Console(record=True)]
+    document = svg_text(consoles[-1], title)
+    shown = printable(str(path))
+    temporary: str | None = None
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
+            stream.write(document)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600, as open() would make it
+        os.replace(temporary, path)
+        temporary = None
+    except OSError as error:
+        raise AttnctlError(
+            f"--svg {shown}: {error.strerror or error}", exit_code=RUNTIME
+        ) from error
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
