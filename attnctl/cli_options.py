@@ -230,3 +230,13 @@ EncoderLayerOption = Annotated[
         rich_help_panel="Model",
     ),
 ]
+View = StrEnum("View", {value: value for value in ("tables", "heatmap")})
+ViewOption = Annotated[
+    View,
+    typer.Option(
+        "--view",
+        metavar="VIEW",
+        help="How weights show: tables (numbers) or heatmap (coloured cells, two query "
+        "rows a line; shade characters without colour). One of: tables, heatmap.",
+    ),
+]
