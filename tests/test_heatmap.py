@@ -182,3 +182,21 @@ def test_views_it_cannot_draw_are_refused_in_one_line(invoke, tmp_path):
         assert named in lines[0]
     bad = invoke("run", "the cat", "--view", "pictures", *CPU)
     assert bad.exit_code == 2 and bad.stdout == ""
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_the_cli_draws_half_blocks_only_on_a_colour_console(monkeypatch, no_color):
+    from typer.testing import CliRunner
+
+    from attnctl import cli
+
+    def colour_console() -> Console:  # a terminal with truecolor, as rich detects one
+        return Console(force_terminal=True, color_system="truecolor", width=80)
+
+    monkeypatch.setattr(cli, "_console", colour_console)
+    env = {"COLUMNS": "80", **({"NO_COLOR": "1"} if no_color else {})}
+    args = ["run", "the cat eats the fish", "--head", "0", "--view", "heatmap", *CPU]
+    result = CliRunner().invoke(cli.app, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert (UPPER_HALF in result.stdout) == (not no_color)
+    assert bool(set(result.stdout) & SHADES - {"█"}) == no_color
