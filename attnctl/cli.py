@@ -38,6 +38,8 @@ from attnctl.cli_options import (
     JsonOption,
     SaveOption,
     SeqLenOption,
+    View,
+    ViewOption,
     layer_options,
     svg_option,
 )
@@ -290,6 +292,7 @@ def run(
     ] = None,
     generate: GenerateOption = None,
     encoder_block: EncoderLayerOption = None,
+    view: ViewOption = View.tables,
     as_json: JsonOption = False,
     save: SaveOption = None,
     *,
@@ -315,6 +318,9 @@ def run(
         encoder_block=encoder_block,
         save=save,
     )
+    heatmap = view == View.heatmap
+    if heatmap:
+        _heatmap_allowed(as_json=as_json, generate=generate, block=block)
     from attnctl.app.use_cases import run_use_case
     from attnctl.render.json import blocks_json, generation_json, run_json, translation_json
     from attnctl.render.terminal_generation import generation_view, translation_view
@@ -331,6 +337,8 @@ def run(
             document = blocks_json(report) if report.every_block else run_json(report)
         save_run(save_target, document, getattr(report, "traces", []))
     if isinstance(report, GenerationReport | TranslationReport):
+        if heatmap:
+            _heatmap_allowed(encoder_decoder=True)
         generated = isinstance(report, GenerationReport)
         if as_json:
             _print_json(generation_json(report) if generated else translation_json(report))
@@ -346,10 +354,38 @@ def run(
     if report.every_block:
         console.print(blocks_view(report, console.width))
         return
-    console.print(run_view(report, console.width))
+    if heatmap:
+        from attnctl.render.terminal_heatmap import heatmap_view
+
+        coloured = console.color_system is not None and not console.no_color
+        console.print(heatmap_view(report, console.width, coloured))
+    else:
+        console.print(run_view(report, console.width))
     if report.heads_not_shown is not None:
         first, last = report.heads_not_shown
         console.print(f"heads {first}–{last} not shown; pick them with --head N", style="dim")
+
+
+def _heatmap_allowed(
+    *,
+    as_json: bool = False,
+    generate: int | None = None,
+    block: str | None = None,
+    encoder_decoder: bool = False,
+) -> None:
+    """--view heatmap draws one block's self- or cross-attention; refuse the rest by name."""
+    refused = (
+        "--json" if as_json else
+        "--generate" if generate is not None else
+        "--layer all" if block is not None and block.strip().lower() == "all" else
+        "an encoder–decoder model" if encoder_decoder else None
+    )  # fmt: skip
+    if refused is not None:
+        raise AttnctlError(
+            f"--view heatmap is not available with {refused}: it draws one block's weights "
+            "(--layer N, or the seeded layer)",
+            exit_code=USAGE,
+        )
 
 
 SrcLenOption = Annotated[

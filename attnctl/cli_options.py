@@ -289,3 +289,15 @@ def svg_option(command: Callable[..., None]) -> Any:
         parameters=[*signature.parameters.values(), svg]
     )
     return wrapper
+
+
+View = StrEnum("View", {value: value for value in ("tables", "heatmap")})
+ViewOption = Annotated[
+    View,
+    typer.Option(
+        "--view",
+        metavar="VIEW",
+        help="How weights show: tables (numbers) or heatmap (coloured cells, two query "
+        "rows a line; shade characters without colour). One of: tables, heatmap.",
+    ),
+]

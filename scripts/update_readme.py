@@ -36,6 +36,8 @@ EXAMPLES = {
     'attnctl run "Are you OK?" --heads 8 --device cpu': (100, None, None),
     "attnctl run --file scripts/corpus/en.txt --head 0 --rows last:6 --device cpu": (
         100, "attention weights", "strongest keys"),
+    'attnctl run "the cat eats the fish" --mask causal --head 0 --view heatmap --device cpu': (
+        80, "attention heatmaps", None),
     "attnctl shapes": (100, None, None),
     "attnctl check --device cpu": (80, None, None),
     "attnctl memory --seq-len 2048": (100, None, None),

@@ -8,6 +8,7 @@ characters show as escapes.
 - ``text``: printable user text, labels, one-line summaries
 - ``tables``: :class:`FittingTable` and the tables every view shares
 - ``terminal_run``, ``terminal_heads``: ``run`` (one block, or every block)
+- ``terminal_heatmap``: ``run --view heatmap``
 - ``terminal_memory``: ``shapes`` and ``memory``
 - ``terminal_check``: ``check``
 - ``terminal_generation``: ``run --generate``, and ``run`` on an encoder–decoder
@@ -34,6 +35,7 @@ _MODULES = {
     "memory_view": "terminal_memory",
     "shapes_view": "terminal_memory",
     "blocks_view": "terminal_run",
+    "heatmap_view": "terminal_heatmap",
     "run_view": "terminal_run",
     "difference_bound": "text",
     "printable": "text",
@@ -56,6 +58,7 @@ __all__ = [
     "difference_bound",
     "generation_json",
     "generation_view",
+    "heatmap_view",
     "memory_json",
     "memory_view",
     "printable",
