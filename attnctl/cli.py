@@ -317,8 +317,9 @@ def run(
         generate=generate,
         encoder_block=encoder_block,
         save=save,
+        heatmap=view == View.heatmap,
     )
-    heatmap = view == View.heatmap
+    heatmap = request.heatmap
     if heatmap:
         _heatmap_allowed(as_json=as_json, generate=generate, block=block)
     from attnctl.app.use_cases import run_use_case
@@ -337,8 +338,6 @@ def run(
             document = blocks_json(report) if report.every_block else run_json(report)
         save_run(save_target, document, getattr(report, "traces", []))
     if isinstance(report, GenerationReport | TranslationReport):
-        if heatmap:
-            _heatmap_allowed(encoder_decoder=True)
         generated = isinstance(report, GenerationReport)
         if as_json:
             _print_json(generation_json(report) if generated else translation_json(report))
@@ -371,14 +370,12 @@ def _heatmap_allowed(
     as_json: bool = False,
     generate: int | None = None,
     block: str | None = None,
-    encoder_decoder: bool = False,
 ) -> None:
     """--view heatmap draws one block's self- or cross-attention; refuse the rest by name."""
     refused = (
         "--json" if as_json else
         "--generate" if generate is not None else
-        "--layer all" if block is not None and block.strip().lower() == "all" else
-        "an encoder–decoder model" if encoder_decoder else None
+        "--layer all" if block is not None and block.strip().lower() == "all" else None
     )  # fmt: skip
     if refused is not None:
         raise AttnctlError(

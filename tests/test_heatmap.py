@@ -180,6 +180,10 @@ def test_views_it_cannot_draw_are_refused_in_one_line(invoke, tmp_path):
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("attnctl: error: --view heatmap")
         assert named in lines[0]
+    saved = tmp_path / "never.safetensors"  # refused before the run: nothing saved
+    result = invoke("run", "the cat", "--model", str(seq2seq), "--view", "heatmap",
+                    "--save", str(saved), *CPU)  # fmt: skip
+    assert result.exit_code == 2 and not saved.exists()
     bad = invoke("run", "the cat", "--view", "pictures", *CPU)
     assert bad.exit_code == 2 and bad.stdout == ""
 
