@@ -304,6 +304,30 @@ def attention(
         del q, k
     del v
     record("weighted_values", attended, "B H L d_k")
+    held = [attended]  # the helper takes them: each is freed when it is done with it
+    del attended
+    residual = []
+    if has_norm:  # (without a residual x was freed already)
+        residual.append(x)
+        del x
+    output, attention_output = _output(sublayer, weights, held, residual, record, q_width)
+    return AttentionResult(output, attention_output, kept, shown)
+
+
+def _output(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    held: list[torch.Tensor],
+    residual: list[torch.Tensor],
+    record: Record,
+    q_width: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 3 and 4, for a whole sequence and for a decoding step: ``held = [attended]``
+    (B, H, L, d_k) and ``residual = [x]`` (or [] without a residual), both taken out.
+    Returns (the sublayer's output, W_o's output), each (B, L, D)."""
+    config = sublayer.config
+    attended = held.pop()
+    batch, heads, seq_len, d_k = attended.shape
 
     # 3. heads side by side again, then the output projection
     concat = attended.transpose(1, 2).contiguous()  # (B, L, H, d_k)
@@ -320,14 +344,15 @@ def attention(
         post_weight, post_bias = weights["post_norm.weight"], weights.get("post_norm.bias")
         output = norm(config, attention_output, post_weight, post_bias)  # (B, L, D)
         record("post_norm", output, "B L D")
-    if has_norm:
+    if residual:
+        x = residual.pop()
         output = x + output  # (B, L, D)
         del x
         record("residual", output, "B L D")
     if config.norm == "post":
-        output = norm(config, output, norm_weight, norm_bias)  # (B, L, D)
+        output = norm(config, output, weights.get("norm.weight"), weights.get("norm.bias"))
         record("norm", output, "B L D")
-    return AttentionResult(output, attention_output, kept, shown)
+    return output, attention_output
 
 
 def _alibi_attn_mask(
@@ -451,7 +476,7 @@ def _attend(
     """A decoding step's attention (the math path): Q heads (B, H, L, d_k) of the new
     tokens at ``offset``… over K, V heads (B, Hkv, Lk, d_k) of positions ``key_start``…"""
     config = sublayer.config
-    batch, seq_len = x.shape[:2]
+    seq_len = x.shape[1]
     key_len = k.shape[2]
     if config.kv_heads != config.heads:  # each K/V head serves `groups` query heads
         k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
@@ -482,18 +507,9 @@ def _attend(
     attended = torch.matmul(probabilities, v)  # (B, H, L, d_k)
     kept = probabilities if keep_weights else None
     del probabilities, v
-    concat = attended.transpose(1, 2).contiguous()  # (B, L, H, d_k)
-    concat = concat.view(batch, seq_len, config.heads * config.d_k)  # (B, L, H·d_k)
+    held = [attended]
     del attended
-    attention_output = F.linear(concat, weights["W_o.weight"], weights.get("W_o.bias"))  # (B, L, D)
-    del concat
-    output = attention_output
-    if sublayer.output_norm:
-        post_weight, post_bias = weights["post_norm.weight"], weights.get("post_norm.bias")
-        output = norm(config, attention_output, post_weight, post_bias)  # (B, L, D)
-    if sublayer.residual:
-        output = x + output  # (B, L, D)
+    residual = [x] if sublayer.residual else []
     del x
-    if config.norm == "post":
-        output = norm(config, output, weights["norm.weight"], weights.get("norm.bias"))
+    output, attention_output = _output(sublayer, weights, held, residual, no_record, "")
     return AttentionResult(output, attention_output, kept, shown, key_start)
