@@ -317,11 +317,14 @@ def run(
         generate=generate,
         encoder_block=encoder_block,
         save=save,
-        heatmap=view == View.heatmap,
     )
-    heatmap = request.heatmap
-    if heatmap:
-        _heatmap_allowed(as_json=as_json, generate=generate, block=block)
+    heatmap = view == View.heatmap
+    if heatmap and as_json:
+        raise AttnctlError(
+            "--view heatmap is not available with --json: it draws the weights in the "
+            "terminal (--json carries every weight)",
+            exit_code=USAGE,
+        )
     from attnctl.app.use_cases import run_use_case
     from attnctl.render.json import blocks_json, generation_json, run_json, translation_json
     from attnctl.render.terminal_generation import generation_view, translation_view
@@ -343,21 +346,21 @@ def run(
             _print_json(generation_json(report) if generated else translation_json(report))
         else:
             console = _console()
-            view = generation_view if generated else translation_view
-            console.print(view(report, console.width))  # type: ignore[arg-type]
+            draw = generation_view if generated else translation_view
+            coloured = heatmap and _coloured(console)
+            console.print(draw(report, console.width, heatmap, coloured))  # type: ignore[arg-type]
         return
     if as_json:
         _print_json(blocks_json(report) if report.every_block else run_json(report))
         return
     console = _console()
-    if report.every_block:
-        console.print(blocks_view(report, console.width))
-        return
     if heatmap:
         from attnctl.render.terminal_heatmap import heatmap_view
 
-        coloured = console.color_system is not None and not console.no_color
-        console.print(heatmap_view(report, console.width, coloured))
+        console.print(heatmap_view(report, console.width, _coloured(console)))
+    elif report.every_block:
+        console.print(blocks_view(report, console.width))
+        return
     else:
         console.print(run_view(report, console.width))
     if report.heads_not_shown is not None:
@@ -365,24 +368,9 @@ def run(
         console.print(f"heads {first}–{last} not shown; pick them with --head N", style="dim")
 
 
-def _heatmap_allowed(
-    *,
-    as_json: bool = False,
-    generate: int | None = None,
-    block: str | None = None,
-) -> None:
-    """--view heatmap draws one block's self- or cross-attention; refuse the rest by name."""
-    refused = (
-        "--json" if as_json else
-        "--generate" if generate is not None else
-        "--layer all" if block is not None and block.strip().lower() == "all" else None
-    )  # fmt: skip
-    if refused is not None:
-        raise AttnctlError(
-            f"--view heatmap is not available with {refused}: it draws one block's weights "
-            "(--layer N, or the seeded layer)",
-            exit_code=USAGE,
-        )
+def _coloured(console: Console) -> bool:
+    """Whether ``console`` shows colour: the heatmap's half blocks, else shade characters."""
+    return console.color_system is not None and not console.no_color
 
 
 SrcLenOption = Annotated[

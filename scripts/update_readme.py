@@ -38,6 +38,12 @@ EXAMPLES = {
         100, "attention weights", "strongest keys"),
     'attnctl run "the cat eats the fish" --mask causal --head 0 --view heatmap --device cpu': (
         80, "attention heatmaps", None),
+    'attnctl run "the cat eats the fish" --model models/gpt2-tiny --layer all --head 0 --head 1 '
+    "--view heatmap --device cpu": (80, "attention heatmaps", "<block 1"),
+    'attnctl run "Are you OK?" --model models/gpt2-tiny --generate 5 --head 0 --view heatmap '
+    "--device cpu": (80, "attention heatmaps", "a query row"),
+    'attnctl run "Are you OK?" --model models/marian-tiny --generate 6 --head 0 --view heatmap '
+    "--device cpu": (80, "encoder self-attention heatmaps", "a query row"),
     "attnctl shapes": (100, None, None),
     "attnctl check --device cpu": (80, None, None),
     "attnctl memory --seq-len 2048": (100, None, None),

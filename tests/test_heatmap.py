@@ -11,22 +11,36 @@ import tiny_models
 import tiny_seq2seq
 from rich.cells import cell_len
 from rich.console import Console
+from rich.style import Style
 from rich.text import Text
 
 from attnctl.app import LayerRequest
 from attnctl.app.requests import RunRequest
 from attnctl.app.use_cases import run_use_case
+from attnctl.render.terminal_generation import generation_view, translation_view
 from attnctl.render.terminal_heatmap import (
     SHADE_CHARS,
     UPPER_HALF,
     heatmap_view,
     key_buckets,
     shade_char,
+    weight_color,
 )
+from attnctl.report_generation import GenerationReport, TranslationReport
 
 CPU = ("--device", "cpu")
 SHADES = set(SHADE_CHARS[1:])
 CORPUS = Path(__file__).parent.parent / "scripts" / "corpus" / "en.txt"
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> Path:
+    return tiny_models.write("gpt2", tmp_path_factory.mktemp("heatmap") / "gpt2")
+
+
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory) -> Path:
+    return tiny_seq2seq.write("marian", tmp_path_factory.mktemp("heatmap") / "marian")
 
 
 def matrix_lines(text: str) -> list[str]:
@@ -45,7 +59,13 @@ def rendered(report, width: int, color: bool) -> str:
         highlight=False,
         emoji=False,
     )
-    console.print(heatmap_view(report, console.width, color))
+    if isinstance(report, GenerationReport):
+        view = generation_view(report, console.width, heatmap=True, color=color)
+    elif isinstance(report, TranslationReport):
+        view = translation_view(report, console.width, heatmap=True, color=color)
+    else:
+        view = heatmap_view(report, console.width, color)
+    console.print(view)
     return buffer.getvalue()
 
 
@@ -165,25 +185,19 @@ def test_context_batches_and_a_model_block(invoke, tmp_path):
     assert set(first_row) == {"█"} and len(first_row) <= 3  # GPT-2 is causal
 
 
-def test_views_it_cannot_draw_are_refused_in_one_line(invoke, tmp_path):
-    model = tiny_models.write("gpt2", tmp_path / "gpt2")
-    seq2seq = tiny_seq2seq.write("marian", tmp_path / "marian")
-    for args, named in (
-        (("--model", str(model), "--layer", "all"), "--layer all"),
-        (("--model", str(model), "--generate", "2"), "--generate"),
-        (("--model", str(seq2seq)), "an encoder–decoder model"),
-        (("--json",), "--json"),
+def test_json_is_refused_in_one_line_in_every_view(invoke, gpt2, marian):
+    for args in (
+        (),
+        ("--model", str(gpt2), "--layer", "all"),
+        ("--model", str(gpt2), "--generate", "2"),
+        ("--model", str(marian)),
     ):
-        result = invoke("run", "the cat", *args, "--view", "heatmap", *CPU)
+        result = invoke("run", "the cat", *args, "--view", "heatmap", "--json", *CPU)
         assert result.exit_code == 2, result.output
         assert result.stdout == ""
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("attnctl: error: --view heatmap")
-        assert named in lines[0]
-    saved = tmp_path / "never.safetensors"  # refused before the run: nothing saved
-    result = invoke("run", "the cat", "--model", str(seq2seq), "--view", "heatmap",
-                    "--save", str(saved), *CPU)  # fmt: skip
-    assert result.exit_code == 2 and not saved.exists()
+        assert "--json" in lines[0]
     bad = invoke("run", "the cat", "--view", "pictures", *CPU)
     assert bad.exit_code == 2 and bad.stdout == ""
 
@@ -204,3 +218,280 @@ def test_the_cli_draws_half_blocks_only_on_a_colour_console(monkeypatch, no_colo
     assert result.exit_code == 0, result.output
     assert (UPPER_HALF in result.stdout) == (not no_color)
     assert bool(set(result.stdout) & SHADES - {"█"}) == no_color
+
+
+# ---------------------------------------------------------------- every view (issue 13.4)
+
+
+def report_of(model: Path, *texts: str, **options):
+    """The report the CLI draws for ``run TEXT... --model model`` with ``options``."""
+    return run_use_case(RunRequest(LayerRequest({"device": "cpu"}, str(model)), texts=list(texts),
+                                   **options))  # fmt: skip
+
+
+def shades(weights) -> str:
+    return "".join(shade_char(w) for w in weights)
+
+
+def tile_cells(line: str) -> list[str]:
+    """One line of a block's heads side by side: each head's cells, one a key."""
+    return line.split("│")[1:-1]
+
+
+def section(text: str, start: str, end: str | None = None) -> str:
+    """The output from the line starting with ``start`` to the one starting with ``end``."""
+    after = text[text.index("\n" + start) + 1 :]
+    return after if end is None else after[: after.index("\n" + end) + 1]
+
+
+def argmax(weights) -> int:
+    return max(range(len(weights)), key=weights.__getitem__)
+
+
+def test_every_block_shows_each_blocks_heads_side_by_side_from_its_weights(invoke, gpt2):
+    text = "the cat eats the fish"
+    result = invoke("run", text, "--model", str(gpt2), "--layer", "all", "--view", "heatmap", *CPU)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "heads by block" not in out  # the heads map of the tables view is replaced
+    report = report_of(gpt2, text, block="all")
+    heads = list(report.heads)
+    assert len(report.traces) == 3 and heads == [0, 1, 2, 3]  # every head of every block
+    tokens = report.trace.tokens[0]
+    for trace in report.traces:
+        block = section(out, f"block {trace.layer}\n", "\n")  # to the blank line after it
+        header = block.splitlines()[1]
+        assert header.split() == [w for h in heads for w in ("head", str(h))]
+        lines = matrix_lines(block)
+        assert len(lines) == len(tokens)  # one line a query row, plain
+        for row, line in enumerate(lines):
+            assert line.split("│")[0].split()[0] == str(row)  # the query's position labels it
+            drawn = tile_cells(line)
+            assert len(drawn) == len(heads)
+            for head_index, cells in enumerate(drawn):
+                weights = trace.attention[0][head_index][row]
+                assert cells == shades(weights)  # one cell a key, every key (causal: spaces)
+                strongest = argmax(weights)
+                assert cells[strongest] == max(cells, key=SHADE_CHARS.index)
+                assert set(cells[row + 1 :]) <= {" "}  # GPT-2 is causal
+    assert "--layer N (0–2)" in out
+
+
+def test_every_block_of_a_long_input_pools_its_keys_and_names_the_rows_left_out(tmp_path):
+    llama = tiny_models.write("llama", tmp_path / "llama")
+    long_text = CORPUS.read_text(encoding="utf-8")[:3000]
+    report = report_of(llama, long_text, block="all", heads=[1])
+    keys = report.windows[0].keys
+    for width in (40, 80, 120):
+        out = rendered(report, width, color=False)
+        assert all(cell_len(line) <= width for line in out.splitlines())
+        assert out.count("⋮ query rows 16–") == len(report.traces)
+        lines = matrix_lines(out)
+        assert len(lines) == 32 * len(report.traces)  # the first and last 16 rows
+        columns = len(tile_cells(lines[0])[0])
+        assert keys > columns >= width - 20
+        assert f"{keys} keys in {columns} columns" in out
+
+
+def test_generation_draws_the_final_sequence_with_prompt_and_generated_apart(invoke, gpt2):
+    args = ("run", "the cat eats", "--model", str(gpt2), "--generate", "4", "--head", "1", *CPU)
+    result = invoke(*args, "--view", "heatmap")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "steps · block 2" in out and "KV cache at the end" in out  # the steps stay
+    assert "attention weights of the final sequence" not in out  # the tables are replaced
+    report = report_of(gpt2, "the cat eats", generate=4, heads=[1])
+    prompt = len(report.prompt_tokens[0])
+    final = prompt + 4
+    assert f"prompt 0–{prompt - 1}, generated {prompt}–{final - 1}" in out
+    lines = out.splitlines()
+    rows = matrix_lines(out)
+    assert len(rows) == final
+    # a line between the prompt's last row and the first generated one says so
+    separator = lines.index(rows[prompt]) - 1
+    assert lines[separator].startswith(f"╌ generated tokens {prompt}–{final - 1}")
+    assert lines[separator - 1] == rows[prompt - 1]
+    # over the keys: └generated stands at the first generated key's column
+    marks = next(line for line in lines if "└generated" in line)
+    bar = rows[-1].index("│")
+    cell = len(rows[-1].split("│", 1)[1]) // final  # the last row reads every key
+    assert marks.index("└generated") == bar + 1 + prompt * cell
+    assert marks.index("└prompt") == bar + 1
+    trace = report.trace
+    for row, line in enumerate(rows):
+        weights = trace.attention[0][trace.attention_heads.index(1)][row]
+        expected = "".join(shade_char(w) * cell for w in weights)
+        assert line.split("│", 1)[1] == expected.rstrip()  # piped: no trailing spaces
+        assert line.split("│")[0].split()[0] == str(row)
+
+
+def test_generation_with_every_block_marks_the_generated_rows_in_each_block(gpt2):
+    report = report_of(gpt2, "the cat eats", generate=3, block="all")
+    prompt = len(report.prompt_tokens[0])
+    out = rendered(report, 80, color=False)
+    assert out.count(f"╌ generated tokens {prompt}–{prompt + 2}") == len(report.traces)
+    for trace in report.traces:
+        assert f"\nblock {trace.layer}\n" in out
+    rows = matrix_lines(out)
+    assert len(rows) == (prompt + 3) * len(report.traces)
+    last = report.traces[-1]
+    for row, line in enumerate(rows[-(prompt + 3) :]):
+        for head_index, cells in enumerate(tile_cells(line)):
+            assert cells == shades(last.attention[0][head_index][row])
+
+
+def test_an_encoder_decoder_draws_its_three_attentions_with_their_tokens(invoke, marian):
+    text = "Are you OK?"
+    args = ("run", text, "--model", str(marian), "--generate", "4", "--head", "2", *CPU)
+    result = invoke(*args, "--view", "heatmap")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "steps · decoder block 1" in out and "alignment · block 1" in out
+    assert "cross-attention weights, decoder block" not in out  # the tables are replaced
+    report = report_of(marian, text, generate=4, heads=[2])
+    view = report.view
+    head = view.heads.index(2)
+    sources = [t for t in view.source_tokens[0] if not t.pad]
+    targets = view.target_tokens[0]
+    kinds = [
+        ("encoder self-attention heatmaps, encoder block 1", view.encoder_attention, sources,
+         sources, "source"),
+        ("decoder self-attention heatmaps, decoder block 1", view.decoder_attention, targets,
+         targets, "target"),
+        ("cross-attention heatmaps, decoder block 1", view.cross_attention, targets, sources,
+         "source"),
+    ]  # fmt: skip
+    ends = [kinds[1][0], kinds[2][0], "legend:"]
+    for (title, attention, queries, keys, corner), end in zip(kinds, ends, strict=True):
+        part = section(out, title, end)
+        lines = part.splitlines()
+        title_end = lines.index("head 2")  # the title may wrap; one head: one map
+        assert lines[title_end + 1].split()[0] == corner  # what the columns are
+        assert lines[title_end + 1].split()[1:] == [str(n) for n in range(len(keys))]
+        rows = matrix_lines(part)
+        assert len(rows) == len(queries)
+        matrix = attention[0][head]
+        cell = len(rows[-1].split("│", 1)[1]) // len(keys)  # the last row reads every key
+        assert cell == 3  # few keys: three cells each
+        for row, line in enumerate(rows):
+            label = line.split("│")[0].split()
+            assert label[0] == str(row)
+            assert label[1] == (queries[row].text.strip() or "␣")[:8]
+            weights = matrix[row][: len(keys)]
+            assert line.split("│", 1)[1] == "".join(shade_char(w) * cell for w in weights).rstrip()
+            strongest = argmax(weights)
+            drawn = line.split("│", 1)[1][::cell]
+            assert drawn[strongest] == max(drawn, key=SHADE_CHARS.index)
+    # the cross-attention's keys are the source tokens, labelled on top
+    cross = section(out, kinds[2][0], "legend:").splitlines()
+    names = cross[cross.index("head 2") + 2].split()
+    assert names[0] == "A" and "</s>" in names
+
+
+def test_an_encoder_decoder_with_every_block_draws_each_kind_per_block(marian):
+    report = report_of(marian, "Are you OK?", "the cat", generate=3, block="all", heads=[0, 3])
+    out = rendered(report, 80, color=False)
+    for kind, stack in (("encoder self-attention", "encoder"), ("decoder self-attention",
+                        "decoder"), ("cross-attention", "decoder")):  # fmt: skip
+        assert f"{kind} heatmaps of every block" in out
+        for trace in report.block_traces[kind.split()[0].replace("cross-attention", "cross")]:
+            for text in (0, 1):
+                assert f"{stack} block {trace.layer} · text {text}" in out
+    # text 1's encoder block 0: its own 3 source tokens, without the padding
+    part = section(out, "encoder block 0 · text 1", "\n")
+    trace = report.block_traces["encoder"][0]
+    lines = matrix_lines(part)
+    own = sum(not t.pad for t in trace.tokens[1])
+    assert len(lines) == own < len(trace.tokens[1])
+    for row, line in enumerate(lines):
+        for head_index, cells in enumerate(tile_cells(line)):
+            assert cells == shades(trace.attention[1][head_index][row][:own])
+
+
+def styled_cells(line: Text) -> list[tuple[str, Style]]:
+    """Each character after the first │ of a colour line, with its style."""
+    styles = [Style() for _ in line.plain]
+    for span in line.spans:
+        style = Style.parse(span.style) if isinstance(span.style, str) else span.style
+        for i in range(span.start, span.end):
+            styles[i] += style
+    start = line.plain.index("│") + 1
+    return list(zip(line.plain[start:], styles[start:], strict=True))
+
+
+def test_colour_cells_carry_the_weights_of_both_rows(marian):
+    report = report_of(marian, "Are you OK?", generate=4, heads=[1])
+    out = rendered(report, 80, color=True)
+    plain = Text.from_ansi(out).plain
+    assert not set(plain) & SHADES - {"█"}
+    lines = Text.from_ansi(out).split("\n")
+    cross_start = next(n for n, line in enumerate(lines) if line.plain.startswith("cross-att"))
+    rows = [line for line in lines[cross_start:] if "│" in line.plain]
+    view = report.view
+    matrix = view.cross_attention[0][view.heads.index(1)]
+    sources = sum(not t.pad for t in view.source_tokens[0])
+    assert len(rows) == (len(matrix) + 1) // 2  # two target rows a line
+    for n, line in enumerate(rows):
+        cells = styled_cells(line)
+        cell = len(cells) // sources
+        for key in range(sources):
+            char, style = cells[key * cell]
+            assert char == UPPER_HALF
+            assert style.color.triplet == weight_color(matrix[2 * n][key]).triplet
+            lower = matrix[2 * n + 1][key] if 2 * n + 1 < len(matrix) else None
+            if lower is None:
+                assert style.bgcolor is None
+            else:
+                assert style.bgcolor.triplet == weight_color(lower).triplet
+
+
+VIEWS = {
+    "every block": lambda gpt2, marian: report_of(
+        gpt2, "猫吃鱼, the cat eats the fish.", "a dog", block="all"),
+    "generate": lambda gpt2, marian: report_of(gpt2, "猫吃鱼 the cat", generate=5),
+    "generate every block": lambda gpt2, marian: report_of(
+        gpt2, "猫吃鱼 the cat", generate=3, block="all"),
+    "encoder–decoder": lambda gpt2, marian: report_of(
+        marian, "猫吃鱼, the cat eats the fish.", "hi", generate=5),
+    "encoder–decoder every block": lambda gpt2, marian: report_of(
+        marian, "猫吃鱼 the cat", generate=3, block="all"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def view_reports(gpt2, marian):
+    return {name: make(gpt2, marian) for name, make in VIEWS.items()}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+@pytest.mark.parametrize("width", [40, 80, 120])
+@pytest.mark.parametrize("color", [True, False])
+def test_every_view_fits_the_width_and_draws_something(view_reports, name, width, color):
+    report = view_reports[name]
+    out = rendered(report, width, color)
+    text = Text.from_ansi(out).plain if color else out
+    too_long = [line for line in text.splitlines() if cell_len(line) > width]
+    assert not too_long, too_long[:3]
+    rows = matrix_lines(text)
+    assert rows
+    cells = "".join(line.split("│", 1)[1] for line in rows)
+    if color:
+        assert UPPER_HALF in cells and not set(cells) & SHADES - {"█"}
+    else:
+        assert UPPER_HALF not in cells and set(cells) & SHADES
+        assert "\x1b[" not in out
+    assert "legend:" in text
+
+
+@pytest.mark.parametrize("width", [20, 40])
+def test_the_cli_fits_narrow_terminals_in_every_view(invoke, gpt2, marian, width):
+    for args in (
+        ("--model", str(gpt2), "--layer", "all"),
+        ("--model", str(gpt2), "--generate", "3"),
+        ("--model", str(marian), "--generate", "3"),
+        ("--model", str(marian), "--generate", "3", "--layer", "all"),
+    ):
+        result = invoke("run", "猫吃鱼 the cat", *args, "--view", "heatmap", *CPU, columns=width)
+        assert result.exit_code == 0, result.output
+        assert all(cell_len(line) <= width for line in result.stdout.splitlines())
+        assert matrix_lines(result.stdout)

@@ -206,3 +206,36 @@ def test_save_with_json_prints_the_same_document(invoke, tmp_path):
     assert both.exit_code == 0, both.stderr
     assert json.loads(both.stdout) == json.loads(alone.stdout)
     _assert_attention_equal(json.loads(both.stdout), load_file(str(tmp_path / "j.safetensors")))
+
+
+SAVED_VIEWS = {
+    "seeded": lambda gpt2, marian: ("the cat", "a dog eats"),
+    "every block": lambda gpt2, marian: ("the cat sat", "--model", str(gpt2), "--layer", "all"),
+    "generate": lambda gpt2, marian: ("the cat", "--model", str(gpt2), "--generate", "3"),
+    "generate every block": lambda gpt2, marian: (
+        "the cat", "--model", str(gpt2), "--generate", "2", "--layer", "all"),
+    "encoder–decoder": lambda gpt2, marian: ("the cat", "--model", str(marian), "--generate", "3"),
+    "encoder–decoder every block": lambda gpt2, marian: (
+        "the cat", "a dog", "--model", str(marian), "--generate", "2", "--layer", "all"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SAVED_VIEWS)
+def test_every_view_saves_its_attention_with_tables_and_with_the_heatmap(
+    invoke, tmp_path, gpt2, marian, name
+):
+    args = SAVED_VIEWS[name](gpt2, marian)
+    document, tensors, meta = _run_both(invoke, tmp_path / "tables.safetensors", *args)
+    _assert_attention_equal(document, tensors)
+    heatmap = tmp_path / "heatmap.safetensors"
+    result = invoke("run", *args, "--device", "cpu", "--view", "heatmap", "--save", str(heatmap))
+    assert result.exit_code == 0, result.stderr
+    assert "legend:" in result.stdout  # the heatmap was drawn
+    drawn = load_file(str(heatmap))
+    assert drawn.keys() == tensors.keys()
+    assert all(torch.equal(drawn[key], tensors[key]) for key in tensors)
+    with safe_open(str(heatmap), "pt") as handle:
+        assert handle.metadata() == meta
+    if "every block" in name and "encoder" in name:  # each kind of each block
+        assert {"encoder.block.1.attention", "decoder.block.1.attention",
+                "cross.block.1.attention"} <= set(tensors)  # fmt: skip

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnctl.cli import app
+from attnctl.render.terminal_heatmap import UPPER_HALF
 
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"
 SMALL = ("--d-model", "16", "--heads", "2", "--device", "cpu", "--seed", "1")
@@ -189,17 +190,37 @@ def gpt2(tmp_path_factory) -> Path:
     return write("gpt2", tmp_path_factory.mktemp("svg-models") / "gpt2")
 
 
-@pytest.mark.parametrize(
-    "options",
-    [("--layer", "all"), ("--layer", "-1"), ("--generate", "2"), ("--context", "a dog")],
-    ids=["every-block", "one-block", "generate", "context"],
-)
-def test_every_model_view_of_run_is_saved(gpt2, options, tmp_path):
-    args = ("run", "the cat", "a <b> & c", "--model", str(gpt2), "--device", "cpu", *options)
-    if options[0] == "--generate":  # a decoder generates after one text (no padding)
+@pytest.fixture(scope="module")
+def marian(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_seq2seq import write
+
+    return write("marian", tmp_path_factory.mktemp("svg-models") / "marian")
+
+
+MODEL_VIEWS = {
+    "every-block": ("--layer", "all"),
+    "one-block": ("--layer", "-1"),
+    "generate": ("--generate", "2"),
+    "generate-every-block": ("--generate", "2", "--layer", "all"),
+    "context": ("--context", "a dog"),
+    "encoder-decoder": ("--generate", "3"),
+    "encoder-decoder-every-block": ("--generate", "2", "--layer", "all"),
+}
+HEATMAP = ("--view", "heatmap")
+
+
+@pytest.mark.parametrize("view", [(), HEATMAP], ids=["tables", "heatmap"])
+@pytest.mark.parametrize("name", MODEL_VIEWS)
+def test_every_model_view_of_run_is_saved(gpt2, marian, name, view, tmp_path):
+    options = MODEL_VIEWS[name]
+    folder = marian if name.startswith("encoder-decoder") else gpt2
+    args = ("run", "the cat", "a <b> & c", "--model", str(folder), "--device", "cpu", *options)
+    if options[0] == "--generate" and folder == gpt2:  # a decoder generates after one text
         args = ("run", "a <b> & c", "--model", str(gpt2), "--device", "cpu", *options)
     if options[0] == "--context":  # cross-attention: the seeded layer
         args = ("run", "the cat", "a <b> & c", *options, *SMALL)
+    args = (*args, *view)
     plain = invoke(*args, columns=100)
     assert plain.exit_code == 0, plain.output
     printed, document = svg_of(args, tmp_path / "model.svg", columns=100)
@@ -209,3 +230,47 @@ def test_every_model_view_of_run_is_saved(gpt2, options, tmp_path):
     assert [
         word for line in printed.splitlines() for word in line.split() if word not in drawn
     ] == []
+
+
+def cell_colours(printed: str) -> tuple[set[str], set[str]]:
+    """The hex colours of the heatmap's ▀ cells in ANSI output: upper rows', lower rows'."""
+    from rich.text import Text
+
+    upper, lower = set(), set()
+    for line in Text.from_ansi(printed).split("\n"):
+        for span in line.spans:
+            if UPPER_HALF in line.plain[span.start : span.end]:
+                upper.add(span.style.color.triplet.hex)
+                if span.style.bgcolor is not None:
+                    lower.add(span.style.bgcolor.triplet.hex)
+    return upper, lower
+
+
+@pytest.mark.parametrize("name", ["seeded", *MODEL_VIEWS])
+def test_a_heatmap_keeps_its_colours_in_the_svg(gpt2, marian, name, tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from attnctl import cli
+    from attnctl.render.svg import recorded
+
+    def colour_console() -> Console:  # a truecolor terminal, recording for --svg
+        return recorded(Console(force_terminal=True, color_system="truecolor", width=100,
+                                highlight=False, emoji=False))  # fmt: skip
+
+    monkeypatch.setattr(cli, "_console", colour_console)
+    options = MODEL_VIEWS.get(name, ())
+    folder = marian if name.startswith("encoder-decoder") else gpt2
+    model = () if name in ("seeded", "context") else ("--model", str(folder))
+    layer = SMALL if not model else ("--device", "cpu")
+    args = ["run", "a <b> & c", *model, *options, *layer, *HEATMAP]
+    path = tmp_path / "heatmap.svg"
+    result = RUNNER.invoke(app, [*args, "--svg", str(path)], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    upper, lower = cell_colours(result.stdout)
+    assert upper and lower  # the terminal got coloured half blocks
+    document = path.read_text(encoding="utf-8")
+    assert_self_contained(document)
+    assert svg_texts(document).count(UPPER_HALF) == result.stdout.count(UPPER_HALF)
+    foreground = set(re.findall(r"fill: (#[0-9a-f]{6})", document))
+    background = set(re.findall(r'<rect fill="(#[0-9a-f]{6})"', document))
+    assert upper <= foreground and lower <= background

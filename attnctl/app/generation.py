@@ -276,11 +276,6 @@ def translation_use_case(
     from attnctl.app.use_cases import preflight
 
     decoder = model.decoder
-    if request.heatmap:  # before anything runs or is saved
-        raise AttnctlError(
-            "--view heatmap is not available with an encoder–decoder model: it draws one "
-            "block's weights (--layer N, or the seeded layer)"
-        )
     new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate
     check_new_tokens(new_tokens)
     if not 0 <= request.digits <= 8:

@@ -56,7 +56,6 @@ class RunRequest:
     generate: int | None = None  # --generate N: N greedy tokens after the text
     encoder_block: str | None = None  # --encoder-layer N: an encoder–decoder's encoder block
     save: str | None = None  # --save FILE.safetensors: keep the stages' tensors too
-    heatmap: bool = False  # --view heatmap: one block's weights as cells
 
 
 @dataclass(frozen=True)

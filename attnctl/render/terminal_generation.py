@@ -10,6 +10,13 @@ from rich.text import Text
 from attnctl.memory import format_bytes
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.terminal_heads import heads_map
+from attnctl.render.terminal_heatmap import (
+    block_tiles,
+    legend,
+    matrix_panels,
+    panel_lines,
+    trace_heatmaps,
+)
 from attnctl.render.terminal_run import _shade, token_table, weight_tables
 from attnctl.render.text import (
     model_lines,
@@ -168,8 +175,11 @@ def kv_table(report: GenerationReport) -> Table:
     return grid
 
 
-def generation_view(report: GenerationReport, width: int) -> Group:
-    """``run --generate``: prompt, steps, window notes, final weights, summary."""
+def generation_view(
+    report: GenerationReport, width: int, heatmap: bool = False, color: bool = False
+) -> Group:
+    """``run --generate``: prompt, steps, window notes, final weights, summary; with
+    ``heatmap`` (``--view heatmap``), the final weights as cells (half blocks in ``color``)."""
     plan, trace = report.plan, report.trace
     lines = [
         ("text" if len(report.texts) == 1 else f"text {n}", shown_text(text))
@@ -199,7 +209,9 @@ def generation_view(report: GenerationReport, width: int) -> Group:
     parts += [Text(window_line(note), style="dim") for note in report.window_notes]
     parts.append(Text(""))
     final = len(report.prompt_tokens[0]) + report.generated_count
-    if report.every_block:
+    if heatmap:
+        parts += generation_heatmaps(report, width, color)
+    elif report.every_block:
         by_layer = [s.first_text for s in report.block_summaries]
         which = "the final sequence" + (", text 0" if batched else "")
         parts += heads_map(by_layer, trace.attention_heads, width, which)
@@ -229,6 +241,35 @@ def generation_view(report: GenerationReport, width: int) -> Group:
     parts.append(Text(""))
     parts.append(summary(report))
     return Group(*parts)
+
+
+def generation_heatmaps(report: GenerationReport, width: int, color: bool) -> list[RenderableType]:
+    """The final sequence's weights as heatmaps (``--layer all``: each block's heads side by
+    side), the prompt's rows and keys told apart from the generated ones."""
+    prompt = len(report.prompt_tokens[0])
+    final = prompt + report.generated_count
+    generated = f"{prompt}–{final - 1}" if final - 1 > prompt else str(prompt)
+    where = "every block" if report.every_block else f"block {report.blocks[0]}"
+    parts: list[RenderableType] = [
+        Text(
+            f"attention heatmaps of the final sequence ({final} tokens), {where}: each row as "
+            f"its step computed it; rows = queries, columns = keys; prompt 0–{prompt - 1}, "
+            f"generated {generated}",
+            style="bold",
+        )
+    ]
+    starts = [len(row) for row in report.prompt_tokens]
+    if report.every_block:
+        drawn, notes = block_tiles(report.traces, report.heads, width, color, generated_from=starts)
+    else:
+        drawn, notes = trace_heatmaps(
+            report.trace, report.heads, width, color, generated_from=starts
+        )
+    parts += [*drawn, legend(color, width), *(Text(note, style="dim") for note in notes)]
+    if report.heads_not_shown is not None:
+        first, last = report.heads_not_shown
+        parts.append(Text(f"heads {first}–{last} not shown; pick them with --head N", "dim"))
+    return parts
 
 
 def stop_words(stop: str, requested: int) -> str:
@@ -357,10 +398,13 @@ def translation_step_table(report: TranslationReport, batch_row: int, width: int
     return table
 
 
-def translation_view(report: TranslationReport, width: int) -> Group:
+def translation_view(
+    report: TranslationReport, width: int, heatmap: bool = False, color: bool = False
+) -> Group:
     """An encoder–decoder: the source, each decoder step, the alignment, the per-head
     cross-attention tables (target × source; --layer all: the heads maps of the three
-    kinds of attention in every block), the summary."""
+    kinds of attention in every block), the summary. With ``heatmap`` (``--view
+    heatmap``): the three attentions as cells instead of the tables and heads maps."""
     view, model = report.view, report.model
     lines = [
         ("text" if len(report.texts) == 1 else f"text {n}", shown_text(text))
@@ -393,7 +437,9 @@ def translation_view(report: TranslationReport, width: int) -> Group:
         parts.append(translation_step_table(report, b, width))
     parts.append(Text(""))
     parts += alignment_view(view, width, report.digits)
-    if report.every_block:
+    if heatmap:
+        parts += translation_heatmaps(report, width, color)
+    elif report.every_block:
         parts += _heads_maps(report, width)
     else:
         parts += _cross_tables(report, width)
@@ -437,6 +483,56 @@ def _heads_maps(report: TranslationReport, width: int) -> list[RenderableType]:
         parts += heads_map(by_layer, report.view.heads, width, label)
         parts.append(Text(""))
     parts.append(Text("weights of one block: --layer N (decoder), --encoder-layer N", "dim"))
+    return parts
+
+
+# (what, rows and columns, the columns' corner label) of each kind of attention
+HEATMAP_KINDS = {
+    "encoder": ("rows and columns = source tokens", "source"),
+    "decoder": ("rows and columns = target tokens (the start token first)", "target"),
+    "cross": ("rows = target tokens (the start token first), columns = source tokens", "source"),
+}
+
+
+def translation_heatmaps(
+    report: TranslationReport, width: int, color: bool
+) -> list[RenderableType]:
+    """The encoder's self-attention, the decoder's and the cross-attention as heatmaps,
+    each labelled with its own tokens (--layer all: every block's heads side by side)."""
+    view = report.view
+    parts: list[RenderableType] = []
+    notes: list[str] = []
+    matrices = {
+        "encoder": (view.source_tokens, view.source_tokens, view.encoder_attention),
+        "decoder": (view.target_tokens, view.target_tokens, view.decoder_attention),
+        "cross": (view.target_tokens, view.source_tokens, view.cross_attention),
+    }
+    for kind, (what, corner) in HEATMAP_KINDS.items():
+        if report.every_block:
+            parts.append(Text(f"{KIND_NAMES[kind]} heatmaps of every block: {what}", "bold"))
+            stack = "encoder" if kind == "encoder" else "decoder"
+            drawn, more = block_tiles(
+                report.block_traces[kind],
+                report.heads,
+                width,
+                color,
+                titled=f"{stack} block {{layer}}",
+                corner=corner,
+            )
+            parts += drawn
+            notes += [note for note in more if note not in notes]
+            continue
+        block = view.encoder_block if kind == "encoder" else view.decoder_block
+        stack = "encoder" if kind == "encoder" else "decoder"
+        parts.append(Text(f"{KIND_NAMES[kind]} heatmaps, {stack} block {block}: {what}", "bold"))
+        queries, keys, attention = matrices[kind]
+        for panel in matrix_panels(queries, keys, attention, view.heads, report.heads, corner):
+            parts += panel_lines(panel, width, color)
+    parts.append(legend(color, width))
+    parts += [Text(note, style="dim") for note in notes]
+    if report.heads_not_shown is not None:
+        first, last = report.heads_not_shown
+        parts.append(Text(f"heads {first}–{last} not shown; pick them with --head N", "dim"))
     return parts
 
 

@@ -6,9 +6,17 @@ shade character of :data:`SHADE_CHARS`, one line per query row. A key takes one 
 :data:`MAX_CELL_WIDTH` cells (few keys: wider). Columns are keys; when the
 keys outnumber the columns, each column is the maximum of a bucket of keys (and the view
 says so). Only the rows computed are drawn (long inputs compute some rows only).
+
+What is drawn is a :class:`Panel`: one head's matrix for one text, whatever computed it
+(one block of ``run``, the final sequence of ``--generate``, an encoder–decoder's three
+attentions). :func:`panel_lines` draws one full size, with token labels; :func:`tiles`
+draws a block's heads side by side, one cell a key (``--layer all``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.cells import cell_len
 from rich.color import Color
@@ -18,7 +26,7 @@ from rich.text import Text
 
 from attnctl.render.terminal_run import _run_opening
 from attnctl.render.text import token_label
-from attnctl.report import RunReport, TextWindow
+from attnctl.report import RunReport, TextWindow, text_windows
 from attnctl.trace import Token, Trace
 
 UPPER_HALF = "▀"
@@ -29,6 +37,7 @@ MAX_CELL_WIDTH = 3  # cells a key takes when few keys leave room
 _LOW, _HIGH = (24, 24, 32), (40, 110, 235)  # the weight tables' shades: dark 0, blue 1
 _STEPS = 32
 LEGEND_WEIGHTS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
+PROMPT_MARK, GENERATED_MARK = "└prompt", "└generated"  # over the keys of --generate
 
 
 def weight_color(weight: float) -> Color:
@@ -71,17 +80,6 @@ def key_buckets(keys: int, columns: int) -> list[tuple[int, int]]:
     return [(keys * c // count, keys * (c + 1) // count) for c in range(count)]
 
 
-def _runs(rows: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-    """The computed rows as runs of consecutive query positions."""
-    runs: list[list[tuple[int, int]]] = []
-    for index, row in rows:
-        if runs and row == runs[-1][-1][1] + 1:
-            runs[-1].append((index, row))
-        else:
-            runs.append([(index, row)])
-    return runs
-
-
 def _placed(labels: list[tuple[int, str]], offset: int, width: int) -> str:
     """Labels at their columns from the left, each where it fits after the previous and a gap."""
     line, position = "", 0
@@ -100,88 +98,264 @@ def _ranges_text(ranges: list[tuple[int, int]]) -> str:
     return ", ".join(f"{a}–{b}" if a != b else str(a) for a, b in ranges)
 
 
-def head_heatmap(
-    trace: Trace, window: TextWindow, head: int, width: int, color: bool
-) -> list[RenderableType]:
-    """One head's matrix for one text: title, key labels, rows of cells, pooling note."""
-    batch_row, computed = window.batch_row, window.computed
+# ---------------------------------------------------------------- what is drawn
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One head's weights for one text, as a heatmap draws them."""
+
+    title: str
+    queries: list[Token]  # the query tokens, by position
+    keys: list[Token]  # the key tokens, by position (padding after ``key_count``)
+    key_count: int  # the keys drawn: the text's own, without padding
+    rows: Sequence[Sequence[float]]  # each computed row's weights over the keys
+    computed: list[tuple[int, int]]  # (index in ``rows``, query position), in order
+    corner: str = "key"  # what the columns are: "key", "context", "source", "target"
+    generated_from: int | None = None  # --generate: the first generated position
+
+
+def trace_panel(
+    trace: Trace,
+    window: TextWindow,
+    head: int,
+    *,
+    title: str | None = None,
+    corner: str | None = None,
+    generated_from: int | None = None,
+) -> Panel:
+    """Head ``head`` of one text (``window``) of ``trace``; by default titled "head N" (and
+    "· text B" in a batch), its columns "key" (self-attention) or "context"."""
+    batch_row = window.batch_row
     tokens = trace.tokens[batch_row]
-    keys: list[Token] = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
-    head_index = trace.attention_heads.index(head)
-    matrix = trace.attention[batch_row][head_index]
-    batched = len(trace.tokens) > 1
-    title = Text(f"head {head}" + (f" · text {batch_row}" if batched else ""), style="bold")
-    runs = _runs(computed)
-    position_cells = len(str(computed[-1][1]))
+    keys = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
+    if title is None:
+        title = f"head {head}" + (f" · text {batch_row}" if len(trace.tokens) > 1 else "")
+    if corner is None:
+        corner = "key" if trace.context_tokens is None else "context"
+    return Panel(
+        title=title,
+        queries=tokens,
+        keys=keys,
+        key_count=window.keys,
+        rows=trace.attention[batch_row][trace.attention_heads.index(head)],
+        computed=window.computed,
+        corner=corner,
+        generated_from=generated_from,
+    )
 
-    def query_label(rows: list[int]) -> str:
-        positions = "/".join(str(r) for r in rows)
-        names = "/".join(shortened(token_label(tokens[r]), QUERY_LABEL_CELLS // len(rows))
-                         for r in rows)  # fmt: skip
-        return f"{positions} {names}"
 
-    lines_rows = [
-        [r for _, r in run[i : i + (2 if color else 1)]]
-        for run in runs
-        for i in range(0, len(run), 2 if color else 1)
-    ]
-    label_cells = max(cell_len(query_label(rows)) for rows in lines_rows)
-    label_cells = min(label_cells, max(position_cells * 2 + 2, width // 3))
+def matrix_panels(
+    tokens: list[list[Token]],
+    key_tokens: list[list[Token]],
+    attention: list,
+    all_heads: list[int],
+    heads: Sequence[int],
+    corner: str,
+) -> list[Panel]:
+    """Per text, then per head of ``heads``: a full matrix (B, h, Lq, Lk) whose heads are
+    ``all_heads`` (every row computed), with each text's own tokens, padding left out."""
+    panels = []
+    batched = len(tokens) > 1
+    for batch_row, (queries, keys) in enumerate(zip(tokens, key_tokens, strict=True)):
+        own_queries = sum(not t.pad for t in queries)
+        for head in heads:
+            panels.append(
+                Panel(
+                    title=f"head {head}" + (f" · text {batch_row}" if batched else ""),
+                    queries=queries,
+                    keys=keys,
+                    key_count=sum(not t.pad for t in keys),
+                    rows=attention[batch_row][all_heads.index(head)],
+                    computed=[(r, r) for r in range(own_queries)],
+                    corner=corner,
+                )
+            )
+    return panels
+
+
+# ---------------------------------------------------------------- the lines
+
+
+def _line_rows(panel: Panel, color: bool) -> list[list[int]]:
+    """The query positions each line draws: two in colour, one without; a line never joins
+    rows across a gap in the rows computed, nor a prompt row with a generated one."""
+    per_line = 2 if color else 1
+    runs: list[list[int]] = []
+    for _, row in panel.computed:
+        joins = runs and row == runs[-1][-1] + 1 and row != panel.generated_from
+        if joins:
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    return [run[i : i + per_line] for run in runs for i in range(0, len(run), per_line)]
+
+
+def _query_label(panel: Panel, rows: list[int]) -> str:
+    positions = "/".join(str(r) for r in rows)
+    names = "/".join(
+        shortened(token_label(panel.queries[r]), QUERY_LABEL_CELLS // len(rows)) for r in rows
+    )
+    return f"{positions} {names}"
+
+
+def _label_cells(panel: Panel, lines_rows: list[list[int]], width: int) -> int:
+    """The query labels' column: the longest label, at most a third of the width."""
+    position_cells = len(str(panel.computed[-1][1]))
+    longest = max(cell_len(_query_label(panel, rows)) for rows in lines_rows)
+    return min(longest, max(position_cells * 2 + 2, width // 3))
+
+
+def _between(panel: Panel, previous: list[int], rows: list[int], width: int) -> Text | None:
+    """The line between two lines of cells: rows left out, or where the generated start."""
+    if rows[0] != previous[-1] + 1:
+        gap = (previous[-1] + 1, rows[0] - 1)
+        return Text(
+            shortened(f"⋮ query rows {_ranges_text([gap])} not computed", width), style="dim"
+        )
+    if rows[0] == panel.generated_from:
+        last = panel.computed[-1][1]
+        span = f"{rows[0]}–{last}" if last > rows[0] else str(rows[0])
+        text = f"╌ generated tokens {span}: each row as its step computed it"
+        return Text(shortened(text, width), style="dim")
+    return None
+
+
+def _cells(
+    panel: Panel,
+    index_of: dict[int, int],
+    rows: list[int],
+    buckets: list[tuple[int, int]],
+    cell: int,
+    color: bool,
+) -> Text:
+    """One line of cells: a bucket's maximum weight per column, ``cell`` characters each."""
+
+    def weight(row: int, bucket: tuple[int, int]) -> float:
+        start, end = bucket
+        return max(panel.rows[index_of[row]][start:end])  # a slice: C speed for 8k keys
+
+    line = Text(no_wrap=True)
+    for bucket in buckets:
+        upper = weight(rows[0], bucket)
+        if not color:
+            line.append(shade_char(upper) * cell)
+            continue
+        lower = weight(rows[1], bucket) if len(rows) > 1 else None
+        style = Style(
+            color=weight_color(upper), bgcolor=None if lower is None else weight_color(lower)
+        )
+        line.append(UPPER_HALF * cell, style=style)
+    return line
+
+
+def _pooled_note(key_count: int, buckets: list[tuple[int, int]]) -> Text:
+    sizes = sorted({end - start for start, end in buckets})
+    size = "–".join(str(s) for s in sizes) if len(sizes) > 1 else str(sizes[0])
+    return Text(
+        f"{key_count} keys in {len(buckets)} columns: each column is the max of "
+        f"{size} keys (labelled by its first key)",
+        style="dim",
+    )
+
+
+def _generated_marks(
+    panel: Panel, buckets: list[tuple[int, int]], cell: int, room: int
+) -> str | None:
+    """Over the keys of --generate: where the prompt's keys and the generated ones start."""
+    start = panel.generated_from
+    if start is None or start >= panel.key_count:
+        return None
+    column = next(c for c, (_, end) in enumerate(buckets) if end > start) * cell
+    marks = [(column, GENERATED_MARK)]
+    if column >= cell_len(PROMPT_MARK) + 1:
+        marks.insert(0, (0, PROMPT_MARK))
+    line = _placed(marks, 0, room)
+    return line or _placed([(column, GENERATED_MARK[:2])], 0, room) or None
+
+
+def panel_lines(panel: Panel, width: int, color: bool) -> list[RenderableType]:
+    """One head's matrix for one text: title, key labels, rows of cells, pooling note."""
+    computed = panel.computed
+    lines_rows = _line_rows(panel, color)
+    label_cells = _label_cells(panel, lines_rows, width)
     columns = max(1, width - label_cells - 2)  # "label│cells"
-    buckets = key_buckets(window.keys, columns)
-    pooled = len(buckets) < window.keys
+    buckets = key_buckets(panel.key_count, columns)
     # few keys: each as wide as it can be, up to 3 cells (a CJK label and a gap)
     cell = max(1, min(MAX_CELL_WIDTH, columns // len(buckets)))
     offset = label_cells + 1
+    room = width - offset
 
     key_positions = [(c * cell, str(start)) for c, (start, _) in enumerate(buckets)]
     key_names = [
-        (c * cell, shortened(token_label(keys[start]), KEY_LABEL_CELLS))
+        (c * cell, shortened(token_label(panel.keys[start]), KEY_LABEL_CELLS))
         for c, (start, _) in enumerate(buckets)
     ]
-    corner = "key" if trace.context_tokens is None else "context"
-    corner_label = shortened(corner, label_cells).rjust(label_cells) + " "
+    corner_label = shortened(panel.corner, label_cells).rjust(label_cells) + " "
     head_lines = [
-        Text(corner_label + _placed(key_positions, 0, width - offset), style="dim"),
-        Text(" " * offset + _placed(key_names, 0, width - offset)),
+        Text(corner_label + _placed(key_positions, 0, room), style="dim"),
+        Text(" " * offset + _placed(key_names, 0, room)),
     ]
-
-    def cell_weight(row_index: int, bucket: tuple[int, int]) -> float:
-        start, end = bucket
-        return max(matrix[row_index][start:end])  # an array slice: C speed for 8k keys
+    marks = _generated_marks(panel, buckets, cell, room)
+    if marks is not None:
+        head_lines.append(Text(" " * offset + marks, style="dim"))
 
     index_of = dict((r, i) for i, r in computed)
     body: list[Text] = []
     for n, rows in enumerate(lines_rows):
-        if n and rows[0] != lines_rows[n - 1][-1] + 1:
-            gap = (lines_rows[n - 1][-1] + 1, rows[0] - 1)
-            body.append(Text(f"⋮ query rows {_ranges_text([gap])} not computed", style="dim"))
-        label = shortened(query_label(rows), label_cells)
+        between = _between(panel, lines_rows[n - 1], rows, width) if n else None
+        if between is not None:
+            body.append(between)
+        label = shortened(_query_label(panel, rows), label_cells)
         line = Text(" " * (label_cells - cell_len(label)) + label + "│", no_wrap=True)
-        for bucket in buckets:
-            upper = cell_weight(index_of[rows[0]], bucket)
-            if not color:
-                line.append(shade_char(upper) * cell)
-                continue
-            lower = cell_weight(index_of[rows[1]], bucket) if len(rows) > 1 else None
-            style = Style(
-                color=weight_color(upper),
-                bgcolor=None if lower is None else weight_color(lower),
-            )
-            line.append(UPPER_HALF * cell, style=style)
+        line.append_text(_cells(panel, index_of, rows, buckets, cell, color))
         body.append(line)
-    notes = []
-    if pooled:
-        sizes = sorted({end - start for start, end in buckets})
-        size = "–".join(str(s) for s in sizes) if len(sizes) > 1 else str(sizes[0])
-        notes.append(
-            Text(
-                f"{window.keys} keys in {len(buckets)} columns: each column is the max of "
-                f"{size} keys (labelled by its first key)",
-                style="dim",
-            )
-        )
-    return [title, *head_lines, *body, *notes, Text("")]
+    notes = [_pooled_note(panel.key_count, buckets)] if len(buckets) < panel.key_count else []
+    return [Text(panel.title, style="bold"), *head_lines, *body, *notes, Text("")]
+
+
+def _tile_head_label(head: int, cells: int) -> str:
+    for label in (f"head {head}", f"h{head}", str(head)):
+        if cell_len(label) <= cells:
+            return label
+    return ""
+
+
+def tiles(
+    title: str, panels: list[Panel], heads: Sequence[int], width: int, color: bool
+) -> list[RenderableType]:
+    """One block's heads side by side, one cell a key, the query labels at the left:
+    ``panels`` (one per head of ``heads``) share their text, rows and keys. Heads that do
+    not fit one line go on the next; keys too many for the width are pooled."""
+    first = panels[0]
+    lines_rows = _line_rows(first, color)
+    label_cells = _label_cells(first, lines_rows, width)
+    room = max(2, width - label_cells - 1)  # "label│" then "cells│" per head
+    tile = max(1, min(first.key_count, room - 1))
+    buckets = key_buckets(first.key_count, tile)
+    per_line = max(1, room // (tile + 1))
+    index_of = dict((r, i) for i, r in first.computed)
+    parts: list[RenderableType] = [Text(shortened(title, width), style="bold")]
+    for start in range(0, len(panels), per_line):
+        shown = list(zip(heads[start : start + per_line], panels[start : start + per_line],
+                         strict=True))  # fmt: skip
+        labels = [(n * (tile + 1), _tile_head_label(h, tile)) for n, (h, _) in enumerate(shown)]
+        header = " " * (label_cells + 1) + _placed(labels, 0, width - label_cells - 1)
+        parts.append(Text(header.rstrip(), style="dim"))
+        for n, rows in enumerate(lines_rows):
+            between = _between(first, lines_rows[n - 1], rows, width) if n else None
+            if between is not None:
+                parts.append(between)
+            label = shortened(_query_label(first, rows), label_cells)
+            line = Text(" " * (label_cells - cell_len(label)) + label + "│", no_wrap=True)
+            for _, panel in shown:
+                line.append_text(_cells(panel, index_of, rows, buckets, 1, color))
+                line.append("│")
+            parts.append(line)
+    if len(buckets) < first.key_count:
+        parts.append(_pooled_note(first.key_count, buckets))
+    parts.append(Text(""))
+    return parts
 
 
 def legend(color: bool, width: int) -> Text:
@@ -203,36 +377,112 @@ def legend(color: bool, width: int) -> Text:
     return text
 
 
-def heatmap_view(report: RunReport, width: int, color: bool) -> Group:
-    """``run --view heatmap``: the header, then each shown head's matrix per text."""
-    trace = report.trace
-    parts: list[RenderableType] = list(
-        _run_opening(report.texts, trace, report.plan, report.contexts, trace.layer)[:2]
+# ---------------------------------------------------------------- the views
+
+
+def head_heatmap(
+    trace: Trace, window: TextWindow, head: int, width: int, color: bool
+) -> list[RenderableType]:
+    """One head's matrix for one text: title, key labels, rows of cells, pooling note."""
+    return panel_lines(trace_panel(trace, window, head), width, color)
+
+
+def _not_computed(window: TextWindow) -> str:
+    return (
+        f"text {window.batch_row}: none of its {window.queries} tokens is among the rows computed"
     )
-    parts.append(
-        Text(
-            "attention heatmaps: rows = queries, columns = "
-            + ("keys" if trace.context_tokens is None else "context tokens"),
-            style="bold",
-        )
+
+
+def _hidden_note(window: TextWindow) -> str:
+    return (
+        f"query rows {_ranges_text(window.hidden)} not computed; choose rows with "
+        "--rows A:B or last:N"
     )
+
+
+def trace_heatmaps(
+    trace: Trace,
+    heads: Sequence[int],
+    width: int,
+    color: bool,
+    *,
+    corner: str | None = None,
+    generated_from: list[int] | None = None,
+) -> tuple[list[RenderableType], list[str]]:
+    """Every text's shown heads of one trace, full size; and the notes on rows left out."""
+    parts: list[RenderableType] = []
     notes: list[str] = []
-    for window in report.windows:
+    for window in text_windows(trace):
         if not window.computed:
-            notes.append(
-                f"text {window.batch_row}: none of its {window.queries} tokens is among the "
-                "rows computed"
-            )
+            notes.append(_not_computed(window))
             continue
-        if window.hidden:
-            note = (
-                f"query rows {_ranges_text(window.hidden)} not computed; choose rows with "
-                "--rows A:B or last:N"
+        if window.hidden and _hidden_note(window) not in notes:
+            notes.append(_hidden_note(window))
+        start = None if generated_from is None else generated_from[window.batch_row]
+        for head in heads:
+            panel = trace_panel(trace, window, head, corner=corner, generated_from=start)
+            parts.extend(panel_lines(panel, width, color))
+    return parts, notes
+
+
+def block_tiles(
+    traces: list[Trace],
+    heads: Sequence[int],
+    width: int,
+    color: bool,
+    *,
+    titled: str = "block {layer}",
+    corner: str | None = None,
+    generated_from: list[int] | None = None,
+) -> tuple[list[RenderableType], list[str]]:
+    """``--layer all``: per block (one trace each) and text, its heads side by side, under
+    ``titled`` (``{layer}``: the block's number)."""
+    parts: list[RenderableType] = []
+    notes: list[str] = []
+    for trace in traces:
+        for window in text_windows(trace):
+            if not window.computed:
+                if _not_computed(window) not in notes:
+                    notes.append(_not_computed(window))
+                continue
+            if window.hidden and _hidden_note(window) not in notes:
+                notes.append(_hidden_note(window))
+            start = None if generated_from is None else generated_from[window.batch_row]
+            panels = [
+                trace_panel(trace, window, h, corner=corner, generated_from=start) for h in heads
+            ]
+            title = titled.format(layer=trace.layer) + (
+                f" · text {window.batch_row}" if len(trace.tokens) > 1 else ""
             )
-            if note not in notes:
-                notes.append(note)
-        for head in report.heads:
-            parts.extend(head_heatmap(trace, window, head, width, color))
+            parts.extend(tiles(title, panels, heads, width, color))
+    return parts, notes
+
+
+def heatmap_view(report: RunReport, width: int, color: bool) -> Group:
+    """``run --view heatmap``: the header, then each shown head's matrix per text; with
+    ``--layer all``, each block's heads side by side."""
+    trace = report.trace
+    shown_block = None if report.every_block else trace.layer
+    parts: list[RenderableType] = list(
+        _run_opening(report.texts, trace, report.plan, report.contexts, shown_block)[:2]
+    )
+    columns = "keys" if trace.context_tokens is None else "context tokens"
+    if report.every_block:
+        parts.append(
+            Text(
+                f"attention heatmaps of every block: rows = queries, columns = {columns} in "
+                "the rows' order, one cell a key; a block's heads side by side",
+                style="bold",
+            )
+        )
+        drawn, notes = block_tiles(report.traces, report.heads, width, color)
+    else:
+        parts.append(Text(f"attention heatmaps: rows = queries, columns = {columns}", style="bold"))
+        drawn, notes = trace_heatmaps(trace, report.heads, width, color)
+    parts.extend(drawn)
     parts.append(legend(color, width))
     parts.extend(Text(note, style="dim") for note in notes)
+    if report.every_block:
+        hint = f"one block's heads at full size: --layer N (0–{len(report.traces) - 1})"
+        parts.append(Text(hint, style="dim"))
     return Group(*parts)
