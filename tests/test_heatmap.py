@@ -309,7 +309,7 @@ def test_generation_draws_the_final_sequence_with_prompt_and_generated_apart(inv
     assert len(rows) == final
     # a line between the prompt's last row and the first generated one says so
     separator = lines.index(rows[prompt]) - 1
-    assert lines[separator].startswith(f"╌ generated tokens {prompt}–{final - 1}")
+    assert lines[separator].startswith(f"╌ generated: rows {prompt}–{final - 1}, each")
     assert lines[separator - 1] == rows[prompt - 1]
     # over the keys: └generated stands at the first generated key's column
     marks = next(line for line in lines if "└generated" in line)
@@ -329,7 +329,7 @@ def test_generation_with_every_block_marks_the_generated_rows_in_each_block(gpt2
     report = report_of(gpt2, "the cat eats", generate=3, block="all")
     prompt = len(report.prompt_tokens[0])
     out = rendered(report, 80, color=False)
-    assert out.count(f"╌ generated tokens {prompt}–{prompt + 2}") == len(report.traces)
+    assert out.count(f"╌ generated: rows {prompt}–{prompt + 2}") == len(report.traces)
     for trace in report.traces:
         assert f"\nblock {trace.layer}\n" in out
     rows = matrix_lines(out)

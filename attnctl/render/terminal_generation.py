@@ -243,18 +243,22 @@ def generation_view(
     return Group(*parts)
 
 
+def _span(start: int, end: int) -> str:
+    """Positions start … end - 1: "0–6", or "7" alone."""
+    return str(start) if end - start == 1 else f"{start}–{end - 1}"
+
+
 def generation_heatmaps(report: GenerationReport, width: int, color: bool) -> list[RenderableType]:
     """The final sequence's weights as heatmaps (``--layer all``: each block's heads side by
     side), the prompt's rows and keys told apart from the generated ones."""
     prompt = len(report.prompt_tokens[0])
     final = prompt + report.generated_count
-    generated = f"{prompt}–{final - 1}" if final - 1 > prompt else str(prompt)
     where = "every block" if report.every_block else f"block {report.blocks[0]}"
     parts: list[RenderableType] = [
         Text(
             f"attention heatmaps of the final sequence ({final} tokens), {where}: each row as "
-            f"its step computed it; rows = queries, columns = keys; prompt 0–{prompt - 1}, "
-            f"generated {generated}",
+            f"its step computed it; rows = queries, columns = keys; prompt {_span(0, prompt)}, "
+            f"generated {_span(prompt, final)}",
             style="bold",
         )
     ]

@@ -215,8 +215,8 @@ def _between(panel: Panel, previous: list[int], rows: list[int], width: int) -> 
         )
     if rows[0] == panel.generated_from:
         last = panel.computed[-1][1]
-        span = f"{rows[0]}–{last}" if last > rows[0] else str(rows[0])
-        text = f"╌ generated tokens {span}: each row as its step computed it"
+        span = f"rows {rows[0]}–{last}" if last > rows[0] else f"row {rows[0]}"
+        text = f"╌ generated: {span}, each as its step computed it"
         return Text(shortened(text, width), style="dim")
     return None
 
