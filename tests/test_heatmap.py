@@ -495,3 +495,22 @@ def test_the_cli_fits_narrow_terminals_in_every_view(invoke, gpt2, marian, width
         assert result.exit_code == 0, result.output
         assert all(cell_len(line) <= width for line in result.stdout.splitlines())
         assert matrix_lines(result.stdout)
+
+
+def test_heads_that_do_not_fit_a_line_go_on_the_next_and_every_head_is_drawn(gpt2):
+    report = report_of(gpt2, "the cat eats the fish", block="all")
+    tokens = len(report.trace.tokens[0])
+    for width, per_line in ((40, 2), (80, 4)):
+        out = rendered(report, width, color=False)
+        block = section(out, "block 0\n", "\n")
+        headers = [line.split() for line in block.splitlines() if line.lstrip().startswith("head")]
+        groups = [range(first, first + per_line) for first in range(0, 4, per_line)]
+        assert headers == [[w for h in group for w in ("head", str(h))] for group in groups]
+        lines = matrix_lines(block)
+        assert len(lines) == tokens * (4 // per_line)
+        drawn = [tile_cells(line) for line in lines]
+        for head in range(4):
+            group, column = divmod(head, per_line)
+            for row in range(tokens):
+                weights = report.trace.attention[0][head][row]
+                assert drawn[group * tokens + row][column] == shades(weights)

@@ -120,17 +120,15 @@ def trace_panel(
     window: TextWindow,
     head: int,
     *,
-    title: str | None = None,
     corner: str | None = None,
     generated_from: int | None = None,
 ) -> Panel:
-    """Head ``head`` of one text (``window``) of ``trace``; by default titled "head N" (and
-    "· text B" in a batch), its columns "key" (self-attention) or "context"."""
+    """Head ``head`` of one text (``window``) of ``trace``, titled "head N" (and "· text B"
+    in a batch), its columns by default "key" (self-attention) or "context"."""
     batch_row = window.batch_row
     tokens = trace.tokens[batch_row]
     keys = tokens if trace.context_tokens is None else trace.context_tokens[batch_row]
-    if title is None:
-        title = f"head {head}" + (f" · text {batch_row}" if len(trace.tokens) > 1 else "")
+    title = f"head {head}" + (f" · text {batch_row}" if len(trace.tokens) > 1 else "")
     if corner is None:
         corner = "key" if trace.context_tokens is None else "context"
     return Panel(
@@ -315,6 +313,7 @@ def panel_lines(panel: Panel, width: int, color: bool) -> list[RenderableType]:
 
 
 def _tile_head_label(head: int, cells: int) -> str:
+    """The longest of "head N", "hN" and "N" that fits over a head of ``cells`` columns."""
     for label in (f"head {head}", f"h{head}", str(head)):
         if cell_len(label) <= cells:
             return label
@@ -378,13 +377,6 @@ def legend(color: bool, width: int) -> Text:
 
 
 # ---------------------------------------------------------------- the views
-
-
-def head_heatmap(
-    trace: Trace, window: TextWindow, head: int, width: int, color: bool
-) -> list[RenderableType]:
-    """One head's matrix for one text: title, key labels, rows of cells, pooling note."""
-    return panel_lines(trace_panel(trace, window, head), width, color)
 
 
 def _not_computed(window: TextWindow) -> str:
