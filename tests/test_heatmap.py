@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import tiny_models
 import tiny_seq2seq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.cells import cell_len
-from rich.console import Console
+from rich.console import Console, Group
 from rich.style import Style
 from rich.text import Text
 
@@ -21,12 +23,15 @@ from attnctl.render.terminal_generation import generation_view, translation_view
 from attnctl.render.terminal_heatmap import (
     SHADE_CHARS,
     UPPER_HALF,
+    Panel,
     heatmap_view,
     key_buckets,
+    panel_lines,
     shade_char,
     weight_color,
 )
 from attnctl.report_generation import GenerationReport, TranslationReport
+from attnctl.trace import Token
 
 CPU = ("--device", "cpu")
 SHADES = set(SHADE_CHARS[1:])
@@ -514,3 +519,45 @@ def test_heads_that_do_not_fit_a_line_go_on_the_next_and_every_head_is_drawn(gpt
             for row in range(tokens):
                 weights = report.trace.attention[0][head][row]
                 assert drawn[group * tokens + row][column] == shades(weights)
+
+
+@st.composite
+def panels(draw) -> Panel:
+    """A head's rows of weights over 1–200 keys, some rows left out, a prompt split maybe."""
+    keys = draw(st.integers(1, 200))
+    queries = draw(st.integers(1, 24))
+    texts = st.sampled_from(["a", "the", " cat", "猫", "吃鱼", "<pad>", "\t", "longer-token"])
+    tokens = [Token(n, draw(texts), n, n + 1) for n in range(max(keys, queries))]
+    positions = sorted(draw(st.sets(st.integers(0, queries - 1), min_size=1)))
+    weight = st.one_of(st.just(0.0), st.floats(0, 1, allow_subnormal=False))
+    rows = [draw(st.lists(weight, min_size=keys, max_size=keys)) for _ in positions]
+    generated = draw(st.one_of(st.none(), st.integers(1, max(1, queries - 1))))
+    return Panel("head 0", tokens, tokens, keys, rows, list(enumerate(positions)),
+                 generated_from=generated)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(panel=panels(), width=st.integers(20, 200), color=st.booleans())
+def test_any_panel_fits_its_width_and_draws_each_columns_strongest_key(panel, width, color):
+    console = Console(file=io.StringIO(), width=width, color_system="truecolor" if color else None,
+                      force_terminal=color, highlight=False, emoji=False)  # fmt: skip
+    with console.capture() as capture:
+        console.print(Group(*panel_lines(panel, width, color)))
+    out = capture.get()
+    text = Text.from_ansi(out).plain if color else out
+    assert all(cell_len(line) <= width for line in text.splitlines())
+    rows = matrix_lines(text)
+    computed = len(panel.computed)
+    if color:  # two rows a line, one where a run of rows ends
+        assert (computed + 1) // 2 <= len(rows) <= computed
+        assert all(set(line.split("│", 1)[1].rstrip()) <= {UPPER_HALF} for line in rows)
+        return
+    assert len(rows) == computed  # a line a row
+    for (index, _), line in zip(panel.computed, rows, strict=True):
+        columns = max(1, width - cell_len(line.split("│")[0]) - 2)  # a CJK label: 2 cells
+        buckets = key_buckets(panel.key_count, columns)
+        assert len(buckets) == min(panel.key_count, columns)  # every key, pooled if need be
+        cell = max(1, min(3, columns // len(buckets)))
+        row = panel.rows[index]
+        expected = "".join(shade_char(max(row[start:end])) * cell for start, end in buckets)
+        assert line.split("│", 1)[1].rstrip() == expected.rstrip()
