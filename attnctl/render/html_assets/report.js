@@ -460,13 +460,15 @@
       var classes = "token " + side + (token.pad ? " pad" : "") + (slot.pos >= generatedAt ? " generated" : "") +
         (mode === "row" && !right && slot.pos === source.rows[state.row] ? " current" : "");
       var label = slot.pos + " " + (token.pad ? "pad" : tokenLabel(token, 12));
+      /* one group a token: its tooltip, its shading and its label */
+      var group = svgEl("g", { class: "token-slot", "data-side": side, "data-pos": slot.pos });
+      group.appendChild(svgEl("title", null, (right ? "key " : "query ") + slot.pos + ": " + tokenLabel(token) +
+        (notes[slot.pos] ? " (" + notes[slot.pos] + ")" : "") + (token.pad ? " (padding)" : "")));
       var bg = svgEl("rect", { class: "token-bg", x: right ? rightX + 2 : leftX - labelWidth, y: y - ROW / 2 + 1, width: labelWidth - 4, height: ROW - 2, rx: 3, "fill-opacity": 0,
         "data-side": side, "data-pos": slot.pos });
-      svg.appendChild(bg);
-      var text = svgEl("text", { class: classes, x: right ? rightX + 8 : leftX - 8, y: y, "text-anchor": right ? "start" : "end", "data-side": side, "data-pos": slot.pos }, label);
-      var tip = svgEl("title", null, (right ? "key " : "query ") + slot.pos + ": " + tokenLabel(token) + (notes[slot.pos] ? " (" + notes[slot.pos] + ")" : "") + (token.pad ? " (padding)" : ""));
-      text.appendChild(tip);
-      text.addEventListener("mouseenter", function () {
+      group.appendChild(bg);
+      group.appendChild(svgEl("text", { class: classes, x: right ? rightX + 8 : leftX - 8, y: y, "text-anchor": right ? "start" : "end", "data-side": side, "data-pos": slot.pos }, label));
+      group.addEventListener("mouseenter", function () {
         if (mode === "row" && !right && source.rows.indexOf(slot.pos) !== state.row) {
           state.row = source.rows.indexOf(slot.pos); /* one row at a time: draw this one's */
           drawHeadView();
@@ -475,12 +477,12 @@
         }
         if (!state.pinned) focus(side, slot.pos);
       });
-      text.addEventListener("mouseleave", function () { if (!state.pinned) focus(null); });
-      text.addEventListener("click", function () {
+      group.addEventListener("mouseleave", function () { if (!state.pinned) focus(null); });
+      group.addEventListener("click", function () {
         if (state.pinned && state.focus && state.focus.side === side && state.focus.pos === slot.pos) { state.pinned = false; focus(null); }
         else { state.pinned = true; focus(side, slot.pos); }
       });
-      svg.appendChild(text);
+      svg.appendChild(group);
       (right ? keyY : queryY)[slot.pos] = y;
       backgrounds[side + slot.pos] = bg;
     }
