@@ -152,7 +152,7 @@ class Opened:
         return self.page.eval_on_selector_all(
             "#head-view line.edge:not(.hidden)",
             "nodes => nodes.map(n => ({h: n.dataset.h, q: n.dataset.q, k: n.dataset.k,"
-            " o: n.getAttribute('stroke-opacity')}))",
+            " o: n.getAttribute('stroke-opacity'), w: n.dataset.w}))",
         )
 
     def close(self) -> None:
@@ -224,13 +224,16 @@ def test_the_dom_holds_every_token_and_every_head(pages, opened):
     assert len(page.texts("#head-stats tr td:first-child")) == len(document["head_stats"])
 
 
-def test_line_opacity_is_the_weight(pages, opened):
+def test_a_line_shows_its_weight(pages, opened):
     path, document = pages["seeded"]
     page = opened(path)
     weights = document["attention"][0]  # (heads, rows, keys)
-    for edge in page.visible_edges():
+    edges = page.visible_edges()
+    assert edges
+    for edge in edges:
         want = weights[int(edge["h"])][int(edge["q"])][int(edge["k"])]
-        assert abs(float(edge["o"]) - want) <= 0.0006
+        assert abs(float(edge["w"]) - want) <= 0.0001
+        assert abs(float(edge["o"]) - want**0.5) <= 0.0006  # opacity √w, as the shading
 
 
 # ---------------------------------------------------------------- interaction

@@ -363,11 +363,11 @@
         if (!(largest > 0)) continue;
         if (mode === "all") {
           for (var k = 0; k < att.K; k++) {
-            if (weights[k] >= 0.002) edges.push({ h: h, r: r, k: k, w: weights[k], o: weights[k] });
+            if (weights[k] >= 0.002) edges.push({ h: h, r: r, k: k, w: weights[k], o: Math.sqrt(weights[k]) });
           }
         } else {
           topIndices(weights, state.topK).forEach(function (k) {
-            if (weights[k] > 0) { edges.push({ h: h, r: r, k: k, w: weights[k], o: weights[k] / largest }); used.add(k); }
+            if (weights[k] > 0) { edges.push({ h: h, r: r, k: k, w: weights[k], o: Math.sqrt(weights[k] / largest) }); used.add(k); }
           });
         }
       }
@@ -433,7 +433,7 @@
     var queryColumn = slotCentres(querySlots), keyColumn = slotCentres(keySlots);
     var length = Math.max(queryColumn.length, keyColumn.length);
     var height = length + 40;
-    var labelWidth = 150, gapWidth = 340;
+    var labelWidth = 160, gapWidth = 420;
     var width = labelWidth * 2 + gapWidth + 40;
     var svg = svgEl("svg", { class: "head-view", id: "head-view", width: width, height: height, viewBox: "0 0 " + width + " " + height,
       "data-mode": mode, "data-source": source.id, "data-layer": now.block.layer, "data-batch": b, role: "img" });
@@ -489,10 +489,16 @@
     querySlots.forEach(function (slot, i) { tokenText("query", slot, i, queryColumn, queryTokens, queryNotes, generatedQuery); });
     keySlots.forEach(function (slot, i) { tokenText("key", slot, i, keyColumn, keyTokens, keyNotes, generatedKey); });
 
+    /* each head's lines a little apart, so that heads on the same pair of tokens both show */
+    var picked = heads.filter(function (_, h) { return state.selected[h]; }).length;
+    var spread = Math.min(2.5, (ROW - 8) / Math.max(picked, 1));
+    var offsets = {}, order = 0;
+    heads.forEach(function (_, h) { if (state.selected[h]) offsets[h] = (order++ - (picked - 1) / 2) * spread; });
     drawn.edges.forEach(function (edge) {
       var query = source.rows[edge.r];
       if (!querySet.has(query) || keyY[edge.k] === undefined) return;
-      lines.appendChild(svgEl("line", { class: "edge", x1: leftX, y1: queryY[query], x2: rightX, y2: keyY[edge.k],
+      var shift = offsets[edge.h] || 0;
+      lines.appendChild(svgEl("line", { class: "edge", x1: leftX, y1: (queryY[query] + shift).toFixed(1), x2: rightX, y2: (keyY[edge.k] + shift).toFixed(1),
         stroke: headColour(edge.h, heads.length), "stroke-opacity": Math.max(0, Math.min(1, edge.o)).toFixed(3),
         "data-h": heads[edge.h], "data-q": query, "data-k": edge.k, "data-w": edge.w.toFixed(4) }));
     });
@@ -500,10 +506,10 @@
     wrap.textContent = "";
     wrap.appendChild(svg);
     var note = headView.querySelector(".note");
-    note.textContent = (mode === "all" ? "Every key; a line's opacity is its weight (lines under 0.002 left out)." :
+    note.textContent = (mode === "all" ? "Every key; a line's opacity is the square root of its weight, as the matrices' shading (lines under 0.002 left out)." :
       mode === "row" ? "Query row " + source.rows[state.row] + ": its " + state.topK + " strongest keys per head (of " + att.K.toLocaleString("en-US") +
-        "); a line's opacity is its weight \u00f7 the row's largest. Too many keys for every row at once: hover a query to draw its row." :
-      "Each row's " + state.topK + " strongest keys per head; a line's opacity is its weight \u00f7 the row's largest.") +
+        "); a line's opacity is \u221a(weight \u00f7 the row's largest). Too many keys for every row at once: hover a query to draw its row." :
+      "Each row's " + state.topK + " strongest keys per head; a line's opacity is \u221a(weight \u00f7 the row's largest).") +
       (source.rows.length < queryTokens.length ? " Only the computed query rows (--rows) are drawn." : "") +
       " Hover a token to isolate its row (query) or column (key); click to pin.";
     headView.backgrounds = backgrounds;
