@@ -20,6 +20,7 @@ from attnctl.render.html import (
     WIDE_LIMIT,
     decode_attention,
     encode_attention,
+    html_page,
     page_data,
     script_json,
 )
@@ -174,6 +175,21 @@ def test_the_same_input_gives_the_same_bytes(models, tmp_path):
             result = invoke("run", *views(models)[name], "--html", str(path))
             assert result.exit_code == 0, result.output
         assert first.read_bytes() == second.read_bytes()
+
+
+def test_extra_keys_and_nulls_pass_through(tmp_path):
+    """Keys added later (schema_version) and keys present as null where they do not apply."""
+    result = invoke("run", "Are you OK?", *SMALL, "--json")
+    document = json.loads(result.stdout)
+    nulls = words(
+        "prompt_tokens source_tokens target_tokens layers steps "
+        "alignment encoder_attention decoder_attention cross_attention generated_text"
+    )
+    widened = {"schema_version": "1.0", **document, **dict.fromkeys(nulls)}
+    data = page_data(widened)
+    assert data["schema_version"] == "1.0" and all(data[key] is None for key in nulls)
+    assert data["attention"]["shape"] == [1, 4, 4, 4]
+    assert embedded(html_page(widened)) == data
 
 
 # ---------------------------------------------------------------- user text

@@ -236,6 +236,22 @@ def test_a_line_shows_its_weight(pages, opened):
         assert abs(float(edge["o"]) - want**0.5) <= 0.0006  # opacity √w, as the shading
 
 
+def test_a_document_with_extra_keys_and_nulls_draws(pages, opened, tmp_path):
+    from attnctl.render.html import html_page
+
+    _, document = pages["seeded"]
+    nulls = words(
+        "prompt_tokens source_tokens target_tokens layers steps alignment encoder_attention "
+        "decoder_attention cross_attention generated_text head_stats memory stages"
+    )
+    path = tmp_path / "nulls.html"
+    path.write_text(html_page({"schema_version": "1.0", **document, **dict.fromkeys(nulls)}))
+    page = opened(path)
+    assert page.errors == [] and page.requests == [page.url]
+    assert page.page.locator("#head-view text.token.query").count() == 4
+    assert page.page.locator("#stages").count() == page.page.locator("#memory").count() == 0
+
+
 # ---------------------------------------------------------------- interaction
 
 

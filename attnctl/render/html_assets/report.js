@@ -565,9 +565,15 @@
     return "rgb(" + r + "," + g + "," + bl + ")";
   }
 
+  /* long rows of near-uniform weights would all be white: there, each row on its own scale */
+  function relativeShading(att) {
+    return att.K > ALL_KEYS_LIMIT;
+  }
+
   /* one head's matrix: computed rows × keys, binned (max) when the keys outnumber the pixels */
   function drawMatrix(canvas, att, b, h, rows, queryTokens, keyTokens, cellsWidth, labelled) {
     var K = att.K, R = att.R;
+    var relative = relativeShading(att);
     var cell = Math.max(1, Math.min(CELL_MAX, Math.floor(cellsWidth / K)));
     var columns = Math.min(K, cell === 1 ? cellsWidth : K);
     var perColumn = K / columns;
@@ -588,7 +594,7 @@
         var from = Math.floor(c * perColumn), to = Math.max(from + 1, Math.floor((c + 1) * perColumn));
         var value = 0;
         for (var k = from; k < to; k++) if (weights[k] > value) value = weights[k];
-        ctx.fillStyle = shade(value);
+        ctx.fillStyle = shade(relative ? value / Math.max(att.rowMax(b, h, r), 1e-30) : value);
         ctx.fillRect(left + c * cell, top + r * rowHeight, cell, rowHeight);
       }
       if (r > 0 && rows[r] !== rows[r - 1] + 1) { /* rows not computed lie between */
@@ -628,7 +634,13 @@
     var queryTokens = tokensOf(now.source.queries, b), keyTokens = tokensOf(now.source.keys, b);
     var box = matrices.querySelector(".matrices");
     box.textContent = "";
-    var cellsWidth = heads.length > 4 && att.K <= 24 ? 300 : MATRIX_WIDTH;
+    var cellsWidth = heads.length > 4 && att.K <= 24 ? 300 : att.K > ALL_KEYS_LIMIT ? 440 : MATRIX_WIDTH;
+    matrices.querySelector(".note").textContent = (relativeShading(att) ?
+      "Shading: \u221a(weight \u00f7 the row's largest), each row on its own scale (" + att.K.toLocaleString("en-US") + " keys a row)." :
+      "Shading: \u221a weight, white 0 to blue 1.") +
+      (Math.floor(cellsWidth / att.K) < 1 ? " One pixel column holds " + Math.ceil(att.K / cellsWidth) + " keys: their largest weight." : "") +
+      (now.source.rows.length < queryTokens.length ? " Only the computed query rows; an orange line marks rows left out." : "") +
+      " Hover a cell to read its weight.";
     heads.forEach(function (head, h) {
       var figure = el("figure", { class: "head-matrix", "data-head": head });
       var caption = el("figcaption");
@@ -714,7 +726,8 @@
         var weights = att.row(b, h, r);
         for (var x = 0; x < columns; x++) {
           var k0 = Math.floor(x * att.K / columns), k1 = Math.max(k0 + 1, Math.floor((x + 1) * att.K / columns));
-          for (var k = k0; k < k1; k++) if (weights[k] > best[x]) best[x] = weights[k];
+          var scale = relativeShading(att) ? 1 / Math.max(att.rowMax(b, h, r), 1e-30) : 1;
+          for (var k = k0; k < k1; k++) if (weights[k] * scale > best[x]) best[x] = weights[k] * scale;
         }
       }
       for (var xx = 0; xx < columns; xx++) {
@@ -911,7 +924,7 @@
       modelView = section("model-view", "model view: every block \u00d7 every head (click one to show it above)", [el("div", { class: "scroll" })]);
       modelView.querySelector(".scroll").appendChild(el("table", { class: "model-grid" }));
       root.appendChild(modelView);
-      matrices = section("matrices-section", "each head's weights (rows = queries, columns = keys)", [el("div", { class: "matrices" }), el("div", { class: "readout" })]);
+      matrices = section("matrices-section", "each head's weights (rows = queries, columns = keys)", [el("p", { class: "note" }), el("div", { class: "matrices" }), el("div", { class: "readout" })]);
       root.appendChild(matrices);
       statsSection = section("stats-section", "head statistics", [el("div", { class: "body" })]);
       root.appendChild(statsSection);
