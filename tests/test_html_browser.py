@@ -8,7 +8,8 @@ The page's DOM contract that these tests read (attnctl/render/html_assets/report
 ``data-batch``, ``data-mode``: all, topk or row) with ``text.token.query`` /
 ``text.token.key`` (``data-pos``; classes ``pad``, ``generated``), ``rect.token-bg``
 (``fill-opacity``: the focused row's weight) and ``line.edge`` (``data-h``, ``data-q``,
-``data-k``, ``stroke-opacity``; class ``hidden`` when another row or column is isolated);
+``data-k``, ``data-w``, ``stroke-opacity``; class ``hidden`` when another row or column is
+isolated); ``table#focus-weights`` (the focused token's weights, a column a head);
 ``input.head-toggle[data-head]``; ``canvas.matrix[data-head]``; ``#model-view
 canvas.cell[data-layer][data-head]``; selects ``#layer-select``, ``#source-select``,
 ``#batch-select``; tables ``#tokens``, ``#stages``, ``#memory``, ``#head-stats``.
@@ -256,7 +257,7 @@ def test_a_document_with_extra_keys_and_nulls_draws(pages, opened, tmp_path):
 
 
 def test_hovering_a_token_isolates_its_row_or_column(pages, opened):
-    path, _ = pages["seeded"]
+    path, document = pages["seeded"]
     page = opened(path)
     every = page.visible_edges()
     assert page.attribute_list("#head-view rect.token-bg", "fill-opacity") == ["0"] * 8
@@ -267,6 +268,15 @@ def test_hovering_a_token_isolates_its_row_or_column(pages, opened):
     shaded = page.attribute_list('#head-view rect.token-bg[data-side="key"]', "fill-opacity")
     assert all(float(value) > 0 for value in shaded)  # each key shaded by row 2's weight
     assert "focus" in page.page.get_attribute('text.token.query[data-pos="2"]', "class")
+    # beside it, row 2's weights as numbers: a row a key, a column a head (and the mean)
+    cells = page.page.eval_on_selector_all(
+        "#focus-weights tr", "rows => rows.slice(1).map(r => [...r.cells].map(c => c.textContent))"
+    )
+    weights = document["attention"][0]
+    assert len(cells) == len(document["tokens"][0])
+    for key, row in enumerate(cells):
+        for head, text in enumerate(row[1 : 1 + len(weights)]):
+            assert abs(float(text) - weights[head][2][key]) <= 0.0051
     page.page.hover('#head-view text.token.key[data-pos="1"]')
     column = page.visible_edges()
     assert column and {e["k"] for e in column} == {"1"}

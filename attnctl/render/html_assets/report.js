@@ -12,6 +12,7 @@
   var CELL_MAX = 22;
   var THUMB = 76; /* px of a model-view cell */
   var MAX_TEXT = 200; /* characters of a text in the header */
+  var FOCUS_ROWS = 24; /* weights listed beside the head view at most */
 
   var doc = JSON.parse(document.getElementById("attnctl-data").textContent);
   var root = document.getElementById("report");
@@ -433,7 +434,7 @@
     var queryColumn = slotCentres(querySlots), keyColumn = slotCentres(keySlots);
     var length = Math.max(queryColumn.length, keyColumn.length);
     var height = length + 40;
-    var labelWidth = 160, gapWidth = 420;
+    var labelWidth = 150, gapWidth = 300;
     var width = labelWidth * 2 + gapWidth + 40;
     var svg = svgEl("svg", { class: "head-view", id: "head-view", width: width, height: height, viewBox: "0 0 " + width + " " + height,
       "data-mode": mode, "data-source": source.id, "data-layer": now.block.layer, "data-batch": b, role: "img" });
@@ -515,6 +516,7 @@
     headView.backgrounds = backgrounds;
     state.focus = null;
     state.pinned = false;
+    focusTable(null);
     readout("");
   }
 
@@ -545,12 +547,71 @@
       if (side && name === side + pos) value = 0.35;
       backgrounds[name].setAttribute("fill-opacity", Math.min(0.6, Math.sqrt(value) * 0.6).toFixed(3));
     });
+    focusTable(side, pos);
     if (!side) { readout(""); return; }
     var now = current();
     var tokens = tokensOf(side === "query" ? now.source.queries : now.source.keys, Math.min(state.batch, now.attention.B - 1));
     readout((side === "query" ? "query row " : "key column ") + pos + " \u201c" + tokenLabel(tokens[pos] || {}) + "\u201d" +
       (counts ? ": shading = weight averaged over the " + counts + " head" + (counts > 1 ? "s" : "") + " picked" : "") + (state.pinned ? " (pinned: click again to release)" : ""));
   }
+  /* the focused row's (or column's) weights as numbers: one column a head picked */
+  function focusTable(side, pos) {
+    var box = headView.querySelector(".focus-weights");
+    if (!box) return;
+    box.textContent = "";
+    if (!side) {
+      box.appendChild(el("p", { class: "note" }, "Hover a token to list its weights here."));
+      return;
+    }
+    var now = current();
+    var att = now.attention, source = now.source, b = Math.min(state.batch, att.B - 1);
+    var picked = heads.map(function (_, h) { return h; }).filter(function (h) { return state.selected[h]; });
+    if (!picked.length) return;
+    var others = [];
+    var keyTokens = tokensOf(source.keys, b), queryTokens = tokensOf(source.queries, b);
+    if (side === "query") {
+      var r = source.rows.indexOf(pos);
+      if (r < 0) return;
+      var rows = picked.map(function (h) { return att.row(b, h, r); });
+      for (var k = 0; k < att.K; k++) others.push({ pos: k, token: keyTokens[k], values: rows.map(function (w) { return w[k]; }) });
+    } else {
+      source.rows.forEach(function (query, r) {
+        others.push({ pos: query, token: queryTokens[query], values: picked.map(function (h) { return att.row(b, h, r)[pos]; }) });
+      });
+    }
+    others.forEach(function (o) { o.mean = o.values.reduce(function (a, v) { return a + v; }, 0) / o.values.length; });
+    var shown = others;
+    var cut = others.length > FOCUS_ROWS;
+    if (cut) shown = others.slice().sort(function (x, y) { return y.mean - x.mean || x.pos - y.pos; }).slice(0, FOCUS_ROWS);
+    var table = el("table", { class: "data focus", id: "focus-weights" });
+    var head = el("tr");
+    head.appendChild(el("th", { class: "text" }, side === "query" ? "key" : "query"));
+    picked.forEach(function (h) {
+      var th = el("th");
+      var swatch = el("span", { class: "swatch" });
+      swatch.style.background = headColour(h, heads.length);
+      th.appendChild(swatch);
+      th.appendChild(document.createTextNode(" " + heads[h]));
+      head.appendChild(th);
+    });
+    if (picked.length > 1) head.appendChild(el("th", null, "mean"));
+    table.appendChild(head);
+    shown.forEach(function (o) {
+      var tr = el("tr", { class: o.token && o.token.pad ? "pad" : null });
+      tr.appendChild(el("td", { class: "text" }, o.pos + " " + (o.token && o.token.pad ? "pad" : tokenLabel(o.token || {}, 14))));
+      o.values.concat(picked.length > 1 ? [o.mean] : []).forEach(function (value) {
+        var td = el("td", null, value.toFixed(2));
+        td.style.background = shade(value);
+        if (value > 0.45) td.style.color = "#ffffff";
+        tr.appendChild(td);
+      });
+      table.appendChild(tr);
+    });
+    box.appendChild(el("h3", null, (side === "query" ? "query " : "key ") + pos + " \u201c" +
+      tokenLabel((side === "query" ? queryTokens : keyTokens)[pos] || {}, 16) + "\u201d" + (cut ? ": its " + FOCUS_ROWS + " strongest" : "")));
+    box.appendChild(table);
+  }
+
   function readout(text) {
     var node = headView.querySelector(".readout");
     if (node) node.textContent = text;
@@ -919,7 +980,10 @@
         return isList(lists) && lists.some(function (row) { return isList(row) && row.some(function (t) { return t && t.pad; }); });
       });
       if (padded) legend.appendChild(el("span", { class: "mark-pad" }, "padding (weight 0 as a key)"));
-      headView = section("head-view-section", "head view", [legend, el("div", { class: "head-view-wrap" }), el("div", { class: "readout" }), el("p", { class: "note" })]);
+      var pair = el("div", { class: "head-view-pair" });
+      pair.appendChild(el("div", { class: "head-view-wrap" }));
+      pair.appendChild(el("div", { class: "focus-weights" }));
+      headView = section("head-view-section", "head view", [legend, pair, el("div", { class: "readout" }), el("p", { class: "note" })]);
       root.appendChild(headView);
       modelView = section("model-view", "model view: every block \u00d7 every head (click one to show it above)", [el("div", { class: "scroll" })]);
       modelView.querySelector(".scroll").appendChild(el("table", { class: "model-grid" }));
