@@ -24,7 +24,7 @@ import html
 import json
 import math
 import os
-import struct
+import sys
 import tempfile
 from array import array
 from importlib import resources
@@ -110,7 +110,7 @@ def encode_attention(nested: list, name: str = "attention") -> dict[str, Any]:
                     continue
                 scale = top / stored
                 levels.extend(min(top, round(w * scale)) for w in finite)
-    if struct.pack("=H", 1) != struct.pack("<H", 1):  # a big-endian machine
+    if sys.byteorder == "big":  # the page reads little-endian
         maxima.byteswap()
         levels.byteswap()
     return {
@@ -128,7 +128,7 @@ def decode_attention(encoded: dict[str, Any]) -> list:
     bits = encoded["bits"]
     maxima = array("f", base64.b64decode(encoded["row_max"]))
     levels = array("H" if bits == 16 else "B", base64.b64decode(encoded["data"]))
-    if struct.pack("=H", 1) != struct.pack("<H", 1):
+    if sys.byteorder == "big":
         maxima.byteswap()
         levels.byteswap()
     top = (1 << bits) - 1
