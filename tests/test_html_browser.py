@@ -102,6 +102,18 @@ def pages(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
         "seq2seq": write_page(
             folder, "seq2seq", "猫吃鱼", "--model", marian, "--generate", "4", *cpu
         ),
+        "seq2seq-all": write_page(
+            folder,
+            "seq2seq-all",
+            "猫吃鱼",
+            "--model",
+            marian,
+            *words("--generate 3 --layer all"),
+            *cpu,
+        ),
+        "context": write_page(
+            folder, "context", "the cat sat", "--context", "a dog ran off", *SMALL
+        ),
         "long": write_page(folder, "long", long_text, "--tokenizer", "char", *SMALL),
         "inject": write_page(
             folder, "inject", INJECTION, *words("--tokenizer char --rows all"), *SMALL
@@ -194,16 +206,18 @@ def label(token: dict) -> str:
 # ---------------------------------------------------------------- loading
 
 
-@pytest.mark.parametrize(
-    "name", ["seeded", "batch", "blocks", "generate", "seq2seq", "long", "inject"]
-)
+NAMES = ("seeded", "batch", "context", "blocks", "generate", "seq2seq", "seq2seq-all", "long",
+         "inject")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_the_page_draws_with_no_error_and_no_request_but_itself(name, pages, opened):
     path, _ = pages[name]
     page = opened(path)
     assert page.errors == []
     assert page.requests == [page.url]  # the file, and nothing else: no font, script or image
     assert page.dialogs == []
-    for table in ("#tokens", "#memory" if name != "seq2seq" else "#alignment"):
+    for table in ("#tokens", "#alignment" if name.startswith("seq2seq") else "#memory"):
         assert page.page.locator(table).count() == 1, table
 
 
@@ -376,6 +390,36 @@ def test_user_text_is_text_not_markup(pages, opened):
     assert cells == [full_label(t) for t in document["tokens"][0]]
     assert "<" in cells and "&" in cells and '"' in cells
     assert page.page.title().startswith("attnctl run: </script><img")
+
+
+def test_the_context_is_the_key_side(pages, opened):
+    path, document = pages["context"]
+    page = opened(path)
+    texts, context = document["tokens"][0], document["context_tokens"][0]
+    assert len(texts) != len(context)
+    assert page.page.get_attribute("#head-view", "data-source") == "cross"
+    assert page.texts("#head-view text.token.query") == [
+        f"{i} {label(t)}" for i, t in enumerate(texts)
+    ]
+    assert page.texts("#head-view text.token.key") == [
+        f"{i} {label(t)}" for i, t in enumerate(context)
+    ]
+    assert page.page.locator("#key-tokens").count() == 1
+
+
+def test_every_block_of_every_attention_of_an_encoder_decoder(pages, opened):
+    path, document = pages["seq2seq-all"]
+    page = opened(path)
+    for value, kind in enumerate(("encoder", "decoder", "cross")):
+        page.page.select_option("#source-select", str(value))
+        blocks = [str(block["layer"]) for block in document["layers"][kind]]
+        assert page.texts("#layer-select option") == [f"layer {n}" for n in blocks]
+        page.page.select_option("#layer-select", str(len(blocks) - 1))
+        assert page.page.get_attribute("#head-view", "data-layer") == blocks[-1]
+        assert page.page.get_attribute("#head-view", "data-source") == kind
+        heads = len(document["attention_heads"])
+        assert page.page.locator("#model-view canvas.cell").count() == len(blocks) * heads
+    assert page.errors == []
 
 
 # ---------------------------------------------------------------- the picture
