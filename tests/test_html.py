@@ -87,6 +87,9 @@ def assert_self_contained(page: str) -> None:
                       "websocket", "eventsource", "sendbeacon", "import(", "<link", "<iframe",
                       "<img", "<object", "<embed"):  # fmt: skip
         assert forbidden not in lowered, forbidden
+    # no protocol-relative URL either: the markup, style and script hold no "//" at all (the
+    # data block's base64 may)
+    assert "//" not in DATA_BLOCK.sub("", page)
     for attribute in re.findall(r"""\b(?:src|href|action|srcset)\s*=\s*["']?([^"'\s>]*)""", page):
         assert attribute.startswith(("#", "data:")), attribute
     assert "default-src 'none'" in page  # the browser itself refuses any request
