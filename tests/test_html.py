@@ -93,6 +93,8 @@ def assert_self_contained(page: str) -> None:
     for attribute in re.findall(r"""\b(?:src|href|action|srcset)\s*=\s*["']?([^"'\s>]*)""", page):
         assert attribute.startswith(("#", "data:")), attribute
     assert "default-src 'none'" in page  # the browser itself refuses any request
+    for markup_sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write"):
+        assert markup_sink not in page, markup_sink  # user text goes in as textContent
 
 
 def html_and_json(args: tuple[str, ...], path: Path) -> tuple[str, dict]:
