@@ -35,6 +35,7 @@ from attnctl.cli_options import (
     ContextLenOption,
     EncoderLayerOption,
     GenerateOption,
+    HtmlOption,
     JsonOption,
     SaveOption,
     SeqLenOption,
@@ -295,6 +296,7 @@ def run(
     view: ViewOption = View.tables,
     as_json: JsonOption = False,
     save: SaveOption = None,
+    html: HtmlOption = None,
     *,
     layer: LayerRequest,
 ) -> None:
@@ -302,6 +304,11 @@ def run(
     from attnctl.app.save import checked_save_path, save_run
 
     save_target = None if save is None else checked_save_path(save)
+    html_target = None
+    if html is not None:  # the page's module loads only when a page is written
+        from attnctl.render.html import check_html_path
+
+        html_target = check_html_path(html)
     request = RunRequest(
         layer=layer,
         texts=text,
@@ -313,7 +320,7 @@ def run(
         digits=digits,
         force=force,
         block=block,
-        every_weight=as_json or save is not None,
+        every_weight=as_json or save is not None or html is not None,
         generate=generate,
         encoder_block=encoder_block,
         save=save,
@@ -332,14 +339,19 @@ def run(
     from attnctl.report_generation import GenerationReport, TranslationReport
 
     report = run_use_case(request, _hooks())
-    if save_target is not None:
+    if save_target is not None or html_target is not None:
         if isinstance(report, GenerationReport):
             document = generation_json(report)
         elif isinstance(report, TranslationReport):
             document = translation_json(report)
         else:
             document = blocks_json(report) if report.every_block else run_json(report)
-        save_run(save_target, document, getattr(report, "traces", []))
+        if save_target is not None:
+            save_run(save_target, document, getattr(report, "traces", []))
+        if html_target is not None:
+            from attnctl.render.html import write_html
+
+            write_html(html_target, document)
     if isinstance(report, GenerationReport | TranslationReport):
         generated = isinstance(report, GenerationReport)
         if as_json:

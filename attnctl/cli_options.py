@@ -212,6 +212,14 @@ SaveOption = Annotated[
         "--json has it) to FILE.safetensors, with the config and tokens as metadata.",
     ),
 ]
+HtmlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--html",
+        metavar="FILE",
+        help="Also write a self-contained HTML report (every head, as --json has it) to FILE.",
+    ),
+]
 SeqLenOption = Annotated[int, typer.Option("--seq-len", "-L", help="Sequence length L.")]
 BatchOption = Annotated[int, typer.Option("--batch", "-B", help="Batch size B.")]
 ContextLenOption = Annotated[

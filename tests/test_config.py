@@ -133,6 +133,9 @@ def test_installed_wheel_carries_the_presets_and_tokenizer(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "attnctl/configs/cat-eats-fish.toml" in names
     assert "attnctl/data/tokenizer.json" in names
+    # run --html reads its script and style sheet from the package
+    for asset in ("report.js", "report.css"):
+        assert f"attnctl/render/html_assets/{asset}" in names
 
 
 def test_decoder_and_modern_decoder_presets():

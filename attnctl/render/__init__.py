@@ -14,6 +14,8 @@ characters show as escapes.
 - ``terminal_generation``: ``run --generate``, and ``run`` on an encoder–decoder
 - ``json``: the ``--json`` documents
 - ``svg``: ``--svg FILE``, the terminal view recorded and saved as an SVG
+- ``html``: ``run --html FILE``, the run's JSON document as one self-contained page (its
+  script and style sheet in ``html_assets/``); imported only when a page is written
 """
 
 import importlib
