@@ -339,7 +339,8 @@ def run(
     from attnctl.report_generation import GenerationReport, TranslationReport
 
     report = run_use_case(request, _hooks())
-    if save_target is not None or html_target is not None:
+    if as_json or save_target is not None or html_target is not None:
+        # one document for stdout, the tensors file and the page: they hold the same numbers
         if isinstance(report, GenerationReport):
             document = generation_json(report)
         elif isinstance(report, TranslationReport):
@@ -352,18 +353,14 @@ def run(
             from attnctl.render.html import write_html
 
             write_html(html_target, document)
-    if isinstance(report, GenerationReport | TranslationReport):
-        generated = isinstance(report, GenerationReport)
         if as_json:
-            _print_json(generation_json(report) if generated else translation_json(report))
-        else:
-            console = _console()
-            draw = generation_view if generated else translation_view
-            coloured = heatmap and _coloured(console)
-            console.print(draw(report, console.width, heatmap, coloured))  # type: ignore[arg-type]
-        return
-    if as_json:
-        _print_json(blocks_json(report) if report.every_block else run_json(report))
+            _print_json(document)
+            return
+    if isinstance(report, GenerationReport | TranslationReport):
+        console = _console()
+        draw = generation_view if isinstance(report, GenerationReport) else translation_view
+        coloured = heatmap and _coloured(console)
+        console.print(draw(report, console.width, heatmap, coloured))  # type: ignore[arg-type]
         return
     console = _console()
     if heatmap:
