@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import json_contract
 import pytest
 from typer.testing import CliRunner
 
@@ -47,3 +49,37 @@ def golden(request: pytest.FixtureRequest):
         )
 
     return _check
+
+
+@pytest.fixture(autouse=True)
+def _json_follows_its_schema(monkeypatch):
+    """Every --json document a test produces in-process is checked against its command's
+    schema (tests/json_contract.py): as JSON gives it back, schema_version first. A broken
+    one fails the command (an internal error) and, whatever the test expected, the test."""
+    import attnctl.cli
+
+    broken: list[str] = []
+    print_json = attnctl.cli._print_json
+
+    def checked(document: dict) -> None:
+        command = sys._getframe(1).f_code.co_name  # the command function that prints it
+        try:
+            json_contract.check_printed(document, command)
+        except AssertionError as error:
+            broken.append(str(error))
+            raise
+        print_json(document)
+
+    monkeypatch.setattr(attnctl.cli, "_print_json", checked)
+    yield broken  # a test that expects a broken document takes it out of this list
+    if broken:
+        pytest.fail("\n".join(broken), pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    spent = json_contract.spent
+    if spent["documents"]:
+        terminalreporter.write_line(
+            f"json contract: {spent['documents']} documents checked against docs/schema "
+            f"in {spent['seconds']:.2f} s"
+        )

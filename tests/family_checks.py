@@ -14,6 +14,7 @@ from pathlib import Path
 
 import hf_reference
 import torch
+from json_contract import only_length
 
 TOLERANCE = 1e-5
 CPU = ("--device", "cpu")
@@ -52,7 +53,7 @@ def parameters_of(invoke, folder: Path) -> int:
     """The parameter count ``memory --model`` reports for a (header-only) folder."""
     result = invoke("memory", "--model", str(folder), "--seq-len", "16", *CPU, "--json")
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)["parameters"]
+    return only_length(json.loads(result.stdout))["parameters"]
 
 
 def refused(invoke, folder: Path, *command: str) -> str:

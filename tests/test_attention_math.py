@@ -11,6 +11,7 @@ import types
 
 import pytest
 import torch
+from json_contract import only_length
 
 import attnctl.nn.attention
 import attnctl.nn.positions
@@ -164,7 +165,7 @@ def test_head_dim_in_the_cli(invoke):
     shapes = invoke("shapes", *args).stdout
     assert "D_q=48" in shapes and "B L D_q" in shapes
     vocab = json.loads(invoke("shapes", *args, "--json").stdout)["sizes"]["V"]
-    memory = json.loads(invoke("memory", *args, "--seq-len", "8", "--json").stdout)
+    memory = only_length(json.loads(invoke("memory", *args, "--seq-len", "8", "--json").stdout))
     # the embedding; W_q, W_k, W_v: (48, 32) + 48 each; W_o: (32, 48) + 32; the LayerNorm
     assert memory["parameters"] == vocab * 32 + 3 * (48 * 32 + 48) + 32 * 48 + 32 + 2 * 32
     check = json.loads(invoke("check", *args, *CPU, "--json").stdout)
@@ -200,7 +201,7 @@ def test_head_dim_training_is_measured_as_estimated(invoke, impl):
     args = ("memory", "--train", "--head-dim", "32", "--seq-len", "24", "--batch", "2")
     result = invoke(*args, "--impl", impl, "--measure", "--device", "cpu", "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = only_length(json.loads(result.stdout))
     assert data["measured_what"] == "training step"
     assert data["measured_peak_bytes"] == data["training_bytes"]
 
@@ -372,7 +373,7 @@ def test_softcap_training_is_measured_as_estimated(invoke, dtype):
     args = ("memory", "--train", "--softcap", "5", "--impl", "math", "--seq-len", "24")
     result = invoke(*args, "--batch", "2", "--dtype", dtype, "--measure", *CPU, "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = only_length(json.loads(result.stdout))
     assert data["measured_what"] == "training step"
     assert data["measured_peak_bytes"] == data["training_bytes"]
 
@@ -474,7 +475,7 @@ def test_qk_norm_training_is_measured_as_estimated(invoke, impl, qk_norm):
     args = ("memory", "--train", "--qk-norm", qk_norm, "--norm-type", "rms", "--seq-len", "24")
     result = invoke(*args, "--batch", "2", "--impl", impl, "--measure", "--device", "cpu", "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = only_length(json.loads(result.stdout))
     assert data["measured_what"] == "training step"
     assert data["measured_peak_bytes"] == data["training_bytes"]
 

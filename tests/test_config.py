@@ -120,7 +120,7 @@ def test_device_names_are_checked_without_torch(device):
         assert valid
 
 
-def test_installed_wheel_carries_the_presets_and_tokenizer(tmp_path):
+def test_installed_wheel_carries_the_presets_tokenizer_and_schemas(tmp_path):
     wheel_dir = tmp_path / "wheel"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -136,6 +136,9 @@ def test_installed_wheel_carries_the_presets_and_tokenizer(tmp_path):
     # run --html reads its script and style sheet from the package
     for asset in ("report.js", "report.css"):
         assert f"attnctl/render/html_assets/{asset}" in names
+    for command in ("run", "shapes", "memory", "check"):  # docs/schema, byte for byte
+        inside = zipfile.ZipFile(wheel).read(f"attnctl/schema/{command}.schema.json")
+        assert inside == (ROOT / "docs" / "schema" / f"{command}.schema.json").read_bytes()
 
 
 def test_decoder_and_modern_decoder_presets():

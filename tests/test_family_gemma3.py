@@ -9,6 +9,7 @@ import pytest
 import tiny_models
 import torch
 from family_checks import assert_every_layer_matches, attnctl_layers, parameters_of, refused
+from json_contract import only_length
 
 from attnctl.families import read_model
 from attnctl.layer import Recorder
@@ -101,8 +102,8 @@ def estimate_kv(plan) -> int:
 def test_gemma_3_1b_at_32k_keeps_the_window_in_its_sliding_blocks(invoke, tmp_path):
     """22 blocks keep 512 positions, the 4 global ones (5, 11, 17, 23) all 32,768."""
     folder = tiny_models.write_header_only("gemma-3-1b", tmp_path / "g", dtype="bfloat16")
-    data = json.loads(
-        invoke("memory", "--model", str(folder), "--seq-len", "32768", "--json").stdout
+    data = only_length(
+        json.loads(invoke("memory", "--model", str(folder), "--seq-len", "32768", "--json").stdout)
     )
     assert data["parameters"] == 999_885_952 == parameters_of(invoke, folder)
     per_position = 2 * 1 * 256 * 2  # K and V, one KV head of 256, bfloat16

@@ -8,6 +8,7 @@ import json
 import pytest
 import tiny_models
 from family_checks import assert_every_layer_matches, parameters_of, refused
+from json_contract import only_length
 
 TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."
 
@@ -37,8 +38,8 @@ def test_sliding_blocks_from_max_window_layers(invoke, tmp_path):
     keys = tiny_models.OPTIONS["qwen3"]["sliding"]  # block 0 full, blocks 1 and 2 slide
     folder = tiny_models.write("qwen3", tmp_path / "sliding", **keys)
     assert_every_layer_matches(invoke, folder, ["cat", TEXT, tiny_models.LONG_TEXT])
-    memory = json.loads(
-        invoke("memory", "--model", str(folder), "--seq-len", "40", "--json").stdout
+    memory = only_length(
+        json.loads(invoke("memory", "--model", str(folder), "--seq-len", "40", "--json").stdout)
     )
     assert [(g["window"], g["layers"], g["tokens"]) for g in memory["kv_cache"]] == [
         (None, 1, 40),
@@ -50,8 +51,8 @@ def test_qwen3_0_6b_has_its_published_count_and_its_own_head_dim(invoke, tmp_pat
     """head_dim 128, not hidden/heads = 64: the KV cache is twice what D/H would give."""
     folder = tiny_models.write_header_only("qwen3-0.6b", tmp_path / "q", dtype="bfloat16")
     assert parameters_of(invoke, folder) == 596_049_920
-    memory = json.loads(
-        invoke("memory", "--model", str(folder), "--seq-len", "1000", "--json").stdout
+    memory = only_length(
+        json.loads(invoke("memory", "--model", str(folder), "--seq-len", "1000", "--json").stdout)
     )
     assert memory["kv_cache_bytes"] == 2 * 28 * 8 * 128 * 2 * 1000  # 114,688 B a token
 

@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import json_contract
 import pytest
 import torch
+from json_contract import only_length
 
 import attnctl.resources as resources
 from attnctl.config import build_config
@@ -139,7 +141,8 @@ def test_the_preflight_honours_ulimit_v():
     assert any(text in done.stderr for text in said)
     assert done.stderr.count("\n") == 1
     # a layer that fits runs under the same limit
-    assert run_limited(["run", "hi", "--json", *CPU], 4 * GiB).returncode == 0
+    fits = run_limited(["run", "hi", "--json", *CPU], 4 * GiB)
+    assert fits.returncode == 0 and json_contract.loads(fits.stdout, "run")["attention"]
 
 
 # ---------------------------------------------------------------- time
@@ -374,7 +377,7 @@ def test_stdin_as_text(tmp_path):
     assert not_utf8.returncode == 2 and not_utf8.stdout == b""
     assert b"cannot read stdin: not UTF-8 text" in not_utf8.stderr
     done = attnctl("run", "-", "--json", *CPU, input="猫吃鱼".encode())
-    assert done.returncode == 0 and json.loads(done.stdout)["tokens"]
+    assert done.returncode == 0 and json_contract.loads(done.stdout, "run")["tokens"]
 
 
 def test_run_gives_large_blocks_back_to_the_system(invoke, monkeypatch):
@@ -480,7 +483,7 @@ def test_memory_of_a_model_defaults_to_the_length_it_takes(invoke, tmp_path):
     import tiny_models
 
     folder = tiny_models.write("gpt2", tmp_path / "gpt2")  # 64 positions
-    data = json.loads(invoke("memory", "--model", str(folder), "--json").stdout)
+    data = only_length(json.loads(invoke("memory", "--model", str(folder), "--json").stdout))
     assert data["seq_len"] == 64
     line = one_clean_line(invoke("memory", "--model", str(folder), "-L", "65"), 2)
     assert "65 tokens are more than the 64 positions" in line

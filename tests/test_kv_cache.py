@@ -7,14 +7,16 @@ import json
 
 import pytest
 import tiny_models
+from json_contract import only_length
 
 CPU = ("--device", "cpu")
 
 
 def memory_json(invoke, *args: str) -> dict:
+    """memory's document of one length: its entry."""
     result = invoke("memory", *args, *CPU, "--json")
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return only_length(json.loads(result.stdout))
 
 
 def kv_per_block(tokens: int, kv_heads: int, head_dim: int, element: int = 4) -> int:

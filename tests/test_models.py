@@ -14,6 +14,7 @@ import pytest
 import tiny_models
 import torch
 import transformers  # a test extra (pip install -e ".[test]"): the oracle
+from json_contract import only_length
 
 from attnctl.config import DTYPE_BYTES
 from attnctl.families import read_model, supported
@@ -262,7 +263,7 @@ def test_memory_uses_the_models_own_config(invoke, models, family):
     spec = read_model(models[family])
     result = invoke("memory", "--model", str(models[family]), "--seq-len", "40", "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = only_length(json.loads(result.stdout))
     stored = sum(t.count for t in spec.checkpoint.tensors.values())
     assert data["parameters"] == stored  # every tensor of the checkpoint, once
     assert data["parameters_bytes"] == stored * DTYPE_BYTES[spec.dtype]
@@ -296,7 +297,7 @@ def test_full_size_models_have_their_published_parameter_counts(
     directory = tiny_models.write_header_only(name, tmp_path / name)
     result = invoke("memory", "--model", str(directory), "--seq-len", "256", "--json")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout)
+    data = only_length(json.loads(result.stdout))
     assert data["parameters"] == parameters
     assert data["parameters_bytes"] == 2 * parameters  # stored as float16
     assert data["kv_cache_bytes"] == 256 * kv_per_token

@@ -52,6 +52,7 @@ def _assert_attention_equal(document: dict, tensors: dict) -> None:
 
 
 def _assert_metadata(document: dict, meta: dict) -> None:
+    assert json.loads(meta["schema_version"]) == document["schema_version"] == 1
     assert json.loads(meta["config"]) == document["config"]
     assert json.loads(meta["tokens"]) == document["tokens"]
     assert all(isinstance(v, str) for v in meta.values())

@@ -73,22 +73,22 @@ def shapes_values(args: tuple[str, ...]) -> list[str]:
 def memory_values(args: tuple[str, ...]) -> list[str]:
     data = json_of(args)
     values = []
-    documents = data.get("results", [data])
+    documents = data["results"]  # one per length
     for document in documents:
         values += [format_bytes(document["peak_bytes"]), format_bytes(document["kv_cache_bytes"])]
         values += [format_bytes(document["parameters_bytes"])]
-        if "training_bytes" in document:
+        if document["training_bytes"] is not None:
             values.append(format_bytes(document["training_bytes"]))
-        if "measured_peak_bytes" in document:
+        if document["measured_peak_bytes"] is not None:
             values.append(format_bytes(document["measured_peak_bytes"]))
         if len(documents) == 1:  # one length in detail: every stage and every dtype
             for stage in document["stages"]:
                 values += [stage["name"], format_bytes(stage["live_bytes"])]
-                if "measured_live_bytes" not in stage:
+                if stage["measured_live_bytes"] is None:
                     values.append(shape_text(tuple(stage["shape"])))
             values += [format_bytes(row["peak_bytes"]) for row in document["by_dtype"].values()]
     for key in ("max_seq_len", "max_batch"):
-        values += [f"{found:,}" for found in data.get(key, {}).values()]
+        values += [f"{found:,}" for found in (data[key] or {}).values()]
     return values
 
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from json_contract import only_length
 
 from attnctl.config import build_config
 from attnctl.layer import AttentionLayer, Recorder
@@ -90,8 +91,9 @@ def test_gqa_plan_equals_trace_and_measurement(impl, kv_heads):
 
 
 def test_gqa_shrinks_the_kv_cache_and_the_weights(invoke):
-    full = json.loads(invoke("memory", "--seq-len", "1024", "--json").stdout)
+    full = only_length(json.loads(invoke("memory", "--seq-len", "1024", "--json").stdout))
     mqa = json.loads(invoke("memory", "--seq-len", "1024", "--kv-heads", "1", "--json").stdout)
+    mqa = only_length(mqa)
     assert mqa["kv_cache_bytes"] * 8 == full["kv_cache_bytes"] == 2 * 1024 * 512 * 4
     saved = 2 * (512 * 512 + 512) - 2 * (64 * 512 + 64)  # W_k and W_v shrink to 64 rows
     assert full["parameters"] - mqa["parameters"] == saved
@@ -537,8 +539,8 @@ def test_cross_attention_in_the_cli(invoke):
     shapes = json.loads(invoke("shapes", "--context-len", "32", "--json").stdout)
     scores = next(s for s in shapes["stages"] if s["name"] == "scores")
     assert scores["shape"] == [1, 8, 16, 32]
-    memory = json.loads(
-        invoke("memory", "--seq-len", "64", "--context-len", "1000", "--json").stdout
+    memory = only_length(
+        json.loads(invoke("memory", "--seq-len", "64", "--context-len", "1000", "--json").stdout)
     )
     assert memory["kv_cache_tokens"] == 1000  # the cache holds the context's keys and values
     assert memory["attention_matrix_bytes"] == 8 * 64 * 1000 * 4
@@ -637,5 +639,5 @@ def test_output_bias_off_biases_q_k_v_only(invoke, tmp_path):
         "--json",
     )  # fmt: skip
     assert trained.exit_code == 0, trained.output  # memory --train models it: to the byte
-    data = json.loads(trained.stdout)
+    data = only_length(json.loads(trained.stdout))
     assert data["measured_peak_bytes"] == data["training_bytes"]

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from json_contract import only_length
 
 SMALL = ("--d-model", "64", "--heads", "4", "--mask", "causal", "--window", "8")
 
 
 def memory_json(invoke, *args: str) -> dict:
+    """memory's document of one length: its entry."""
     result = invoke("memory", *SMALL, *args, "--device", "cpu", "--json")
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    return only_length(json.loads(result.stdout))
 
 
 def test_the_pattern_sets_each_layers_kv_cache(invoke):

@@ -21,6 +21,7 @@ SUFFIX = ".safetensors"
 ATTENTION_KEYS = ("attention", "encoder_attention", "decoder_attention", "cross_attention")
 # the document's keys written as metadata (JSON-encoded strings), when present
 METADATA_KEYS = (
+    "schema_version",  # which version of the document the other keys follow
     "model",
     "layer",
     "config",

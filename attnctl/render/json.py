@@ -1,10 +1,16 @@
-"""JSON documents (``--json``) from plans, traces and memory estimates."""
+"""JSON documents (``--json``) from plans, traces and memory estimates.
+
+Every document starts with ``schema_version``, ``command`` and ``kind``, and has one set
+of keys per command and kind whatever the options (a key an option does not fill is
+null); docs/schema/COMMAND.schema.json describes each, docs/json.md the versioning rule.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnctl.memory import MemoryEstimate
+from attnctl.memory import KVCacheGroup, MemoryEstimate
 from attnctl.plan import Plan
 from attnctl.report import LengthReport, MemoryCommandReport, RunReport
 
@@ -14,8 +20,99 @@ if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads the
 
 # ---------------------------------------------------------------- JSON
 
+# bumped when a document changes in a way that can break a reader of the previous version
+# (a key removed or renamed, a type, unit or meaning changed); docs/json.md has the rule
+SCHEMA_VERSION = 1
+# each command's JSON Schema: inside an installed wheel, or docs/schema in a source checkout
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+SCHEMA_DIRS = (_PACKAGE_DIR / "schema", _PACKAGE_DIR.parent / "docs" / "schema")
+LAYER = "layer"  # the seeded layer, or the block(s) of a model with one stack
+ENCODER_DECODER = "encoder-decoder"  # a model with an encoder and a decoder
+
+# run's document of kind "layer", in its order: one block (seeded layer, --context,
+# --model --layer N), every block (--layer all: "layers") or a generation (--generate)
+RUN_KEYS = (
+    "model",
+    "layer",
+    "config",
+    "tokenizer",
+    "vocab_size",
+    "device",
+    "tokens",
+    "stages",
+    "impl",
+    "head_stats",
+    "attention",
+    "attention_heads",
+    "attention_rows",
+    "context_tokens",
+    "memory",
+    "layers",
+    # --generate; null without it
+    "prompt_tokens",
+    "generated_ids",
+    "generated_tokens",
+    "generated_text",
+    "stop",
+    "kv_cache_layer",
+    "steps",
+    "kv_cache_bytes",
+    "measured_kv_cache_bytes",
+    "kv_cache",
+)
+
 if TYPE_CHECKING:  # generation's reports: their module loads with their use case
     from attnctl.report_generation import GenerationReport, TranslationReport, TranslationView
+
+
+def schema_file(command: str) -> Path:
+    """The JSON Schema of ``command``'s document (run, shapes, memory, check)."""
+    name = f"{command}.schema.json"
+    for folder in SCHEMA_DIRS:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"no {name} in {' or '.join(str(d) for d in SCHEMA_DIRS)}")
+
+
+def versioned(command: str, kind: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """A document: its version, command and kind first, then its fields."""
+    return {"schema_version": SCHEMA_VERSION, "command": command, "kind": kind, **fields}
+
+
+def _layer_run(fields: dict[str, Any]) -> dict[str, Any]:
+    """run's document of kind "layer": every key of :data:`RUN_KEYS` in its order, those
+    ``fields`` does not give null."""
+    unknown = fields.keys() - set(RUN_KEYS)
+    if unknown:  # a key of one form only would break the one shape
+        raise ValueError(f"not keys of run's document: {sorted(unknown)}")
+    return versioned("run", LAYER, {key: fields.get(key) for key in RUN_KEYS})
+
+
+def cache_groups(groups: list[KVCacheGroup]) -> list[dict[str, Any]]:
+    """A KV cache by kind of block: its window (null: full attention) and its bytes."""
+    return [
+        {
+            "window": group.window or None,
+            "layers": group.layers,
+            "tokens": group.tokens,
+            "kv_heads": group.kv_heads,
+            "head_dim": group.head_dim,
+            "bytes": group.bytes,
+        }
+        for group in groups
+    ]
+
+
+def _blocks(traces: list, stats: list) -> list[dict[str, Any]]:
+    """--layer all: each block's head statistics and weights."""
+    return [
+        {
+            "layer": trace.layer,
+            "head_stats": [s.to_dict() for s in block_stats],
+            "attention": trace.attention_lists(),
+        }
+        for trace, block_stats in zip(traces, stats, strict=True)
+    ]
 
 
 def memory_dict(estimate: MemoryEstimate) -> dict[str, int | str]:
@@ -53,100 +150,111 @@ def model_dict(plan: Plan) -> dict[str, Any] | None:
 
 
 def blocks_json(report: RunReport) -> dict[str, Any]:
-    """``run --model --layer all``: each block's head statistics and weights."""
+    """``run --model --layer all``: each block's head statistics and weights under
+    ``layers``; the one-block keys (``layer``, ``stages``, ``head_stats``, ``attention``)
+    are null."""
     first, plan, estimate = report.trace, report.plan, report.estimate
-    return {
-        "model": model_dict(plan),
-        "config": plan.config.to_dict(),
-        "tokenizer": first.tokenizer,
-        "vocab_size": first.vocab_size,
-        "device": first.device,
-        "tokens": [[t.to_dict() for t in row] for row in first.tokens],
-        "impl": first.impl,
-        "attention_heads": first.attention_heads,
-        "attention_rows": first.attention_rows,
-        "layers": [
-            {
-                "layer": trace.layer,
-                "head_stats": [s.to_dict() for s in stats],
-                "attention": trace.attention_lists(),
-            }
-            for trace, stats in zip(report.traces, report.head_stats, strict=True)
-        ],
-        "memory": memory_dict(estimate),
-    }
+    return _layer_run(
+        {
+            "model": model_dict(plan),
+            "config": plan.config.to_dict(),
+            "tokenizer": first.tokenizer,
+            "vocab_size": first.vocab_size,
+            "device": first.device,
+            "tokens": [[t.to_dict() for t in row] for row in first.tokens],
+            "impl": first.impl,
+            "attention_heads": first.attention_heads,
+            "attention_rows": first.attention_rows,
+            "context_tokens": _context_tokens(first),
+            "layers": _blocks(report.traces, report.head_stats),
+            "memory": memory_dict(estimate),
+        }
+    )
+
+
+def _context_tokens(trace: Any) -> list | None:
+    if trace.context_tokens is None:
+        return None
+    return [[t.to_dict() for t in row] for row in trace.context_tokens]
 
 
 def run_json(report: RunReport) -> dict[str, Any]:
     """``run``: one block's tokens, stages, head statistics and weights."""
     trace, plan, estimate = report.trace, report.plan, report.estimate
-    return {
-        "model": model_dict(plan),
-        "layer": trace.layer,
-        "config": plan.config.to_dict(),
-        "tokenizer": trace.tokenizer,
-        "vocab_size": trace.vocab_size,
-        "device": trace.device,
-        "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
-        "stages": [s.to_dict() for s in trace.stages],
-        "impl": trace.impl,
-        "head_stats": [s.to_dict() for s in report.head_stats[0]],
-        "attention": trace.attention_lists(),
-        "attention_heads": trace.attention_heads,
-        "attention_rows": trace.attention_rows,
-        "context_tokens": None
-        if trace.context_tokens is None
-        else [[t.to_dict() for t in row] for row in trace.context_tokens],
-        "memory": memory_dict(estimate),
-    }
+    return _layer_run(
+        {
+            "model": model_dict(plan),
+            "layer": trace.layer,
+            "config": plan.config.to_dict(),
+            "tokenizer": trace.tokenizer,
+            "vocab_size": trace.vocab_size,
+            "device": trace.device,
+            "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
+            "stages": [s.to_dict() for s in trace.stages],
+            "impl": trace.impl,
+            "head_stats": [s.to_dict() for s in report.head_stats[0]],
+            "attention": trace.attention_lists(),
+            "attention_heads": trace.attention_heads,
+            "attention_rows": trace.attention_rows,
+            "context_tokens": _context_tokens(trace),
+            "memory": memory_dict(estimate),
+        }
+    )
 
 
 def shapes_json(plan: Plan) -> dict[str, Any]:
-    return {
-        "model": model_dict(plan),
-        "config": plan.config.to_dict(),
-        "seq_len": plan.seq_len,
-        "batch": plan.batch,
-        "sizes": plan.sizes,
-        "stages": [s.to_dict() for s in plan.stages],
-    }
+    return versioned(
+        "shapes",
+        LAYER,
+        {
+            "model": model_dict(plan),
+            "config": plan.config.to_dict(),
+            "seq_len": plan.seq_len,
+            "batch": plan.batch,
+            "sizes": plan.sizes,
+            "stages": [s.to_dict() for s in plan.stages],
+        },
+    )
 
 
 def memory_json(command: MemoryCommandReport) -> dict[str, Any]:
-    """One length: its document. Several: their documents under ``results``."""
-    reports, fits, budget = command.lengths, command.fits, command.budget_bytes
-    documents = [_length_json(report) for report in reports]
-    extra: dict[str, Any] = {}
-    if fits is not None:
-        extra = {
-            "budget_bytes": budget,
-            "max_seq_len": {impl: found["max_seq_len"] for impl, found in fits.items()},
-            "max_batch": {impl: found["max_batch"] for impl, found in fits.items()},
-        }
-    if len(documents) == 1:
-        return {**documents[0], **extra}
+    """``memory``: what every length shares, then one document per length under
+    ``results`` (one length too), then what fits the budget (null without one)."""
+    reports, fits = command.lengths, command.fits
     first = reports[0].plan
-    return {
-        "model": model_dict(first),
-        "config": first.config.to_dict(),
-        "batch": first.batch,
-        "layers": reports[0].estimate.layers,
-        "seq_lens": [r.plan.seq_len for r in reports],
-        "results": documents,
-        **extra,
-    }
+    return versioned(
+        "memory",
+        LAYER,
+        {
+            "model": model_dict(first),
+            "config": first.config.to_dict(),
+            "batch": first.batch,
+            "layers": reports[0].estimate.layers,
+            "seq_lens": [r.plan.seq_len for r in reports],
+            "results": [_length_json(report) for report in reports],
+            "budget_bytes": None if fits is None else command.budget_bytes,
+            "max_seq_len": None
+            if fits is None
+            else {impl: found["max_seq_len"] for impl, found in fits.items()},
+            "max_batch": None
+            if fits is None
+            else {impl: found["max_batch"] for impl, found in fits.items()},
+        },
+    )
 
 
 def _length_json(report: LengthReport) -> dict[str, Any]:
+    """One length: every key whatever the options (--train, --measure, --generate fill
+    theirs, else null)."""
     plan, estimate, measured = report.plan, report.estimate, report.measured
+    measured_stages = measured.stage_peak_bytes if measured is not None else None
     stages = []
     for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
         entry = {**stage.to_dict(), "live_bytes": live, "scratch_bytes": stage.scratch}
-        if measured is not None and measured.stage_peak_bytes:
-            entry["measured_live_bytes"] = measured.stage_peak_bytes[i]
+        entry["measured_live_bytes"] = measured_stages[i] if measured_stages else None
         stages.append(entry)
-    variants = report.variants
-    document: dict[str, Any] = {
+    variants, training = report.variants, report.training
+    return {
         "model": model_dict(plan),
         "config": plan.config.to_dict(),
         "seq_len": plan.seq_len,
@@ -155,26 +263,15 @@ def _length_json(report: LengthReport) -> dict[str, Any]:
         **memory_dict(estimate),
         "kv_cache_tokens": report.kv_cache_tokens,
         "kv_cache_bytes": report.kv_cache_bytes,
-        "kv_cache": [
-            {
-                "window": group.window or None,
-                "layers": group.layers,
-                "tokens": group.tokens,
-                "kv_heads": group.kv_heads,
-                "head_dim": group.head_dim,
-                "bytes": group.bytes,
-            }
-            for group in report.kv_cache
-        ],
+        "kv_cache": cache_groups(report.kv_cache),
         "measured_kv_cache_bytes": report.measured_kv_cache_bytes,
         "by_dtype": {dtype: memory_dict(row[plan.config.impl]) for dtype, row in variants.items()},
         "by_impl": {impl: memory_dict(est) for impl, est in variants[plan.config.dtype].items()},
         "stages": stages,
-    }
-    if report.training is not None:
-        training = report.training
-        document["training_bytes"] = training.peak_bytes
-        document["training"] = {
+        "training_bytes": None if training is None else training.peak_bytes,
+        "training": None
+        if training is None
+        else {
             "parameters_bytes": training.parameter_bytes,
             "gradient_bytes": training.gradient_bytes,
             "master_bytes": training.master_bytes,
@@ -182,37 +279,51 @@ def _length_json(report: LengthReport) -> dict[str, Any]:
             "saved_bytes": training.saved_bytes,
             "peak_bytes": training.peak_bytes,
             "peak_phase": training.peak_phase,
-        }
-    if measured is not None:
-        document["measured_peak_bytes"] = measured.peak_bytes
-        document["measured_what"] = "training step" if report.training else "forward pass"
-        document["measured_device"] = measured.device
-        document["measured_by"] = measured.method
-    return document
+        },
+        "measured_peak_bytes": None if measured is None else measured.peak_bytes,
+        "measured_what": None
+        if measured is None
+        else ("training step" if training else "forward pass"),
+        "measured_device": None if measured is None else measured.device,
+        "measured_by": None if measured is None else measured.method,
+        "kv_cache_after_generate": None
+        if report.generate is None
+        else {
+            "generate": report.generate,
+            "tokens": plan.seq_len + report.generate,
+            "bytes": report.generated_kv_cache_bytes,
+            "kv_cache": cache_groups(report.generated_kv_cache or []),
+            "measured_bytes": report.measured_generated_kv_cache_bytes,
+        },
+    }
 
 
 def check_json(result: CheckResult, plan: Plan) -> dict[str, Any]:
-    return {
-        "config": plan.config.to_dict(),
-        "seq_len": plan.seq_len,
-        "batch": plan.batch,
-        "device": result.device,
-        "comparisons": [
-            {
-                "a": c.a,
-                "b": c.b,
-                "what": c.what,
-                "max_abs_diff": c.max_abs_diff,
-                "tolerance": c.tolerance,
-                "ok": c.ok,
-            }
-            for c in result.comparisons
-        ],
-        "skipped": result.skipped,
-        "gradcheck": result.gradcheck,
-        "gradcheck_note": result.gradcheck_note,
-        "ok": result.ok,
-    }
+    return versioned(
+        "check",
+        LAYER,
+        {
+            "config": plan.config.to_dict(),
+            "seq_len": plan.seq_len,
+            "batch": plan.batch,
+            "device": result.device,
+            "comparisons": [
+                {
+                    "a": c.a,
+                    "b": c.b,
+                    "what": c.what,
+                    "max_abs_diff": c.max_abs_diff,
+                    "tolerance": c.tolerance,
+                    "ok": c.ok,
+                }
+                for c in result.comparisons
+            ],
+            "skipped": result.skipped,
+            "gradcheck": result.gradcheck,
+            "gradcheck_note": result.gradcheck_note,
+            "ok": result.ok,
+        },
+    )
 
 
 def generation_json(report: GenerationReport) -> dict[str, Any]:
@@ -221,68 +332,51 @@ def generation_json(report: GenerationReport) -> dict[str, Any]:
     final sequence as its step computed it; with --layer all, ``layers`` holds each
     block's."""
     trace, plan = report.trace, report.plan
-    document: dict[str, Any] = {
-        "model": model_dict(plan),
-        "layer": None if report.every_block else report.blocks[0],
-        "config": plan.config.to_dict(),
-        "tokenizer": trace.tokenizer,
-        "vocab_size": trace.vocab_size,
-        "device": trace.device,
-        "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
-        "stages": [s.to_dict() for s in plan.stages],  # the prefill's, as planned
-        "impl": trace.impl,
-        "head_stats": [s.to_dict() for s in report.head_stats[0]],
-        "attention": None if report.every_block else trace.attention_lists(),
-        "attention_heads": trace.attention_heads,
-        "attention_rows": trace.attention_rows,
-        "context_tokens": None,
-        "memory": memory_dict(report.estimate),
-        "prompt_tokens": [[t.to_dict() for t in row] for row in report.prompt_tokens],
-        "generated_ids": report.generated_ids,
-        "generated_tokens": [[t.text for t in row] for row in report.generated_tokens],
-        "generated_text": report.generated_texts,
-        "stop": report.stop,
-        "kv_cache_layer": report.cache_block,
-        "steps": [
-            {
-                "step": step.step,
-                "token": step.tokens,
-                "text": step.texts,
-                "position": step.position,
-                "finished": step.finished,
-                "kv_cache_shape": list(step.cache_shapes[report.cache_block]["attention"]),
-                "kv_cache_shapes": [list(s["attention"]) for s in step.cache_shapes],
-                "kv_cache_bytes": step.estimated_bytes,
-                "measured_kv_cache_bytes": step.measured_bytes,
-                "dropped": step.dropped,
-                "top_keys": [[list(pair) for pair in row] for row in step.top_keys],
-            }
-            for step in report.steps
-        ],
-        "kv_cache_bytes": report.final_estimated_bytes,
-        "measured_kv_cache_bytes": report.final_measured_bytes,
-        "kv_cache": [
-            {
-                "window": group.window or None,
-                "layers": group.layers,
-                "tokens": group.tokens,
-                "kv_heads": group.kv_heads,
-                "head_dim": group.head_dim,
-                "bytes": group.bytes,
-            }
-            for group in report.kv_groups
-        ],
-    }
-    if report.every_block:
-        document["layers"] = [
-            {
-                "layer": t.layer,
-                "head_stats": [s.to_dict() for s in stats],
-                "attention": t.attention_lists(),
-            }
-            for t, stats in zip(report.traces, report.head_stats, strict=True)
-        ]
-    return document
+    return _layer_run(
+        {
+            "model": model_dict(plan),
+            "layer": None if report.every_block else report.blocks[0],
+            "config": plan.config.to_dict(),
+            "tokenizer": trace.tokenizer,
+            "vocab_size": trace.vocab_size,
+            "device": trace.device,
+            "tokens": [[t.to_dict() for t in row] for row in trace.tokens],
+            "stages": [s.to_dict() for s in plan.stages],  # the prefill's, as planned
+            "impl": trace.impl,
+            "head_stats": [s.to_dict() for s in report.head_stats[0]],
+            "attention": None if report.every_block else trace.attention_lists(),
+            "attention_heads": trace.attention_heads,
+            "attention_rows": trace.attention_rows,
+            "context_tokens": None,
+            "memory": memory_dict(report.estimate),
+            "layers": _blocks(report.traces, report.head_stats) if report.every_block else None,
+            "prompt_tokens": [[t.to_dict() for t in row] for row in report.prompt_tokens],
+            "generated_ids": report.generated_ids,
+            "generated_tokens": [[t.text for t in row] for row in report.generated_tokens],
+            "generated_text": report.generated_texts,
+            "stop": report.stop,
+            "kv_cache_layer": report.cache_block,
+            "steps": [
+                {
+                    "step": step.step,
+                    "token": step.tokens,
+                    "text": step.texts,
+                    "position": step.position,
+                    "finished": step.finished,
+                    "kv_cache_shape": list(step.cache_shapes[report.cache_block]["attention"]),
+                    "kv_cache_shapes": [list(s["attention"]) for s in step.cache_shapes],
+                    "kv_cache_bytes": step.estimated_bytes,
+                    "measured_kv_cache_bytes": step.measured_bytes,
+                    "dropped": step.dropped,
+                    "top_keys": [[list(pair) for pair in row] for row in step.top_keys],
+                }
+                for step in report.steps
+            ],
+            "kv_cache_bytes": report.final_estimated_bytes,
+            "measured_kv_cache_bytes": report.final_measured_bytes,
+            "kv_cache": cache_groups(report.kv_groups),
+        }
+    )
 
 
 def translation_dict(view: TranslationView) -> dict[str, Any]:
@@ -316,7 +410,7 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
     """An encoder–decoder's run: its tokens, steps, the three attentions of the blocks
     chosen over the whole target as the steps computed it, and the alignment."""
     model = report.model
-    return {
+    fields = {
         "model": {
             "path": str(model.path),
             "model_type": model.model_type,
@@ -371,16 +465,10 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         # --layer all: "encoder", "decoder", "cross" -> one {layer, head_stats, attention}
         # per block; else null
         "layers": {
-            kind: [
-                {
-                    "layer": trace.layer,
-                    "head_stats": [s.to_dict() for s in stats],
-                    "attention": trace.attention_lists(),
-                }
-                for trace, stats in zip(traces, report.block_stats[kind], strict=True)
-            ]
+            kind: _blocks(traces, report.block_stats[kind])
             for kind, traces in report.block_traces.items()
         }
         if report.every_block
         else None,
     }
+    return versioned("run", ENCODER_DECODER, fields)

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnctl.memory import KVCacheGroup
 from attnctl.plan import Plan
-from attnctl.render.json import memory_dict, memory_json, model_dict, shapes_json
+from attnctl.render.json import (
+    ENCODER_DECODER,
+    cache_groups,
+    memory_dict,
+    memory_json,
+    model_dict,
+    shapes_json,
+    versioned,
+)
 from attnctl.report import (
     MemoryCommandReport,
     Seq2SeqDtypeRow,
@@ -24,7 +31,7 @@ def shapes_document(shapes: Plan | Seq2SeqShapes) -> dict[str, Any]:
     if isinstance(shapes, Plan):
         return shapes_json(shapes)
     encoder, decoder = shapes.encoder, shapes.decoder
-    return {
+    fields = {
         "model": _model(encoder),
         "config": encoder.config.to_dict(),
         "src_len": encoder.seq_len,
@@ -37,6 +44,7 @@ def shapes_document(shapes: Plan | Seq2SeqShapes) -> dict[str, Any]:
         "encoder": _block(encoder),
         "decoder": _block(decoder),
     }
+    return versioned("shapes", ENCODER_DECODER, fields)
 
 
 def _model(encoder: Plan) -> dict[str, Any] | None:
@@ -56,38 +64,12 @@ def _block(plan: Plan) -> dict[str, Any]:
     }
 
 
-def cache_groups(groups: list[KVCacheGroup]) -> list[dict[str, Any]]:
-    return [
-        {
-            "window": group.window or None,
-            "layers": group.layers,
-            "tokens": group.tokens,
-            "kv_heads": group.kv_heads,
-            "head_dim": group.head_dim,
-            "bytes": group.bytes,
-        }
-        for group in groups
-    ]
-
-
 def memory_document(report: MemoryCommandReport | Seq2SeqMemoryReport) -> dict[str, Any]:
-    """``memory --json``: an encoder–decoder's document, or render/json.py's with the cache
-    after ``--generate N`` under ``kv_cache_after_generate``."""
+    """``memory --json``: an encoder–decoder's document, or render/json.py's (the cache
+    after ``--generate N`` under each length's ``kv_cache_after_generate``)."""
     if isinstance(report, Seq2SeqMemoryReport):
         return seq2seq_memory_json(report)
-    document = memory_json(report)
-    if report.lengths[0].generate is None:
-        return document
-    documents = document.get("results", [document])
-    for entry, length in zip(documents, report.lengths, strict=True):
-        entry["kv_cache_after_generate"] = {
-            "generate": length.generate,
-            "tokens": length.plan.seq_len + length.generate,
-            "bytes": length.generated_kv_cache_bytes,
-            "kv_cache": cache_groups(length.generated_kv_cache or []),
-            "measured_bytes": length.measured_generated_kv_cache_bytes,
-        }
-    return document
+    return memory_json(report)
 
 
 def _row(row: Seq2SeqDtypeRow) -> dict[str, int]:
@@ -113,8 +95,7 @@ def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:
         stages = []
         for i, (stage, live) in enumerate(zip(plan.stages, estimate.live_bytes, strict=True)):
             entry = {**stage.to_dict(), "live_bytes": live, "scratch_bytes": stage.scratch}
-            if got is not None:
-                entry["measured_live_bytes"] = got.stage_peak_bytes[i]
+            entry["measured_live_bytes"] = None if got is None else got.stage_peak_bytes[i]
             stages.append(entry)
         blocks[name] = {
             "layer": plan.layer_index,
@@ -123,7 +104,7 @@ def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:
             **memory_dict(estimate),
             "stages": stages,
         }
-    document: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "model": _model(encoder),
         "config": encoder.config.to_dict(),
         "batch": encoder.batch,
@@ -141,9 +122,9 @@ def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:
         },
         "by_impl": {impl: _row(r) for impl, r in report.variants[encoder.config.dtype].items()},
         **blocks,
-    }
-    if measured is not None:
-        document["measured"] = {
+        "measured": None
+        if measured is None
+        else {
             "parameters_bytes": measured.encoder.parameter_bytes,
             "encoder_peak_activation_bytes": measured.encoder.peak_activation_bytes,
             "decoder_peak_activation_bytes": measured.decoder.peak_activation_bytes,
@@ -151,5 +132,6 @@ def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:
             "cross_kv_cache_bytes": measured.cross_kv_cache_bytes,
             "device": measured.encoder.device,
             "by": measured.encoder.method,
-        }
-    return document
+        },
+    }
+    return versioned("memory", ENCODER_DECODER, fields)
