@@ -294,6 +294,8 @@ class TranslationReport:
     # --layer all: "encoder", "decoder", "cross" -> one Trace per block, and its statistics
     block_traces: dict[str, list[Trace]] = field(default_factory=dict)
     block_stats: dict[str, list[list[HeadStats]]] = field(default_factory=dict)
+    # "encoder", "decoder", "cross" -> the statistics of the blocks shown
+    shown_stats: dict[str, list[HeadStats]] = field(default_factory=dict)
 
     @property
     def every_block(self) -> bool:

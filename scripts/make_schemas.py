@@ -443,6 +443,9 @@ def run_encoder_decoder() -> Schema:
         "encoder_attention": attention("(B, H, Ls, Ls)"),
         "decoder_attention": attention("(B, H, Lt, Lt)"),
         "cross_attention": attention("(B, H, Lt, Ls)"),
+        "encoder_head_stats": array(ref("head_stat"), description="the encoder block shown"),
+        "decoder_head_stats": array(ref("head_stat"), description="the decoder block shown"),
+        "cross_head_stats": array(ref("head_stat"), description="its cross-attention"),
         "alignment_heads": array(INDEX, 1),
         "alignment": array(
             array(

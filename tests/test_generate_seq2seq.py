@@ -251,3 +251,24 @@ def test_the_stage_tables_name_the_device_the_run_used(folders, invoke):
     document = json.loads(result.stdout)
     devices = {s["device"] for s in document["encoder_stages"] + document["decoder_stages"]}
     assert devices == {"cpu"}
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_the_blocks_shown_carry_the_statistics_of_their_three_attentions(invoke, folders, family):
+    """encoder_/decoder_/cross_head_stats are the statistics --layer all gives those blocks."""
+    shown = _translate(invoke, folders[family])
+    every = _translate(invoke, folders[family], "--layer", "all")
+    layers = {"encoder": shown["encoder_layer"], "decoder": shown["decoder_layer"]}
+    layers["cross"] = layers["decoder"]
+    for kind, block in layers.items():
+        ours = shown[f"{kind}_head_stats"]
+        theirs = every["layers"][kind][block]["head_stats"]
+        heads = len(shown["attention_heads"])
+        assert len(ours) == len(theirs) == heads * len(TEXTS), kind
+        for mine, reference in zip(ours, theirs, strict=True):
+            assert mine.keys() == reference.keys()
+            for key, value in mine.items():
+                if isinstance(value, float):
+                    assert value == pytest.approx(reference[key], abs=1e-6), (kind, key)
+                else:
+                    assert value == reference[key], (kind, key)

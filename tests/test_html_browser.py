@@ -336,10 +336,14 @@ def test_the_encoder_decoder_switches_between_its_three_attentions(pages, opened
     page = opened(path)
     source, target = document["source_tokens"][0], document["target_tokens"][0]
     expected = {"0": (source, source), "1": (target, target), "2": (target, source)}
+    kinds = {"0": "encoder", "1": "decoder", "2": "cross"}
     for value, (queries, keys) in expected.items():
         page.page.select_option("#source-select", value)
         assert page.page.locator("#head-view text.token.query").count() == len(queries)
         assert page.page.locator("#head-view text.token.key").count() == len(keys)
+        # each attention's own statistics, one row a head and text
+        stats = document[f"{kinds[value]}_head_stats"]
+        assert stats and len(page.texts("#head-stats tr td:first-child")) == len(stats)
     # the target after its start token is generated
     assert page.page.locator("#head-view text.token.query.generated").count() == len(target) - 1
 

@@ -451,6 +451,29 @@ def translation_use_case(
     block_stats = {
         kind: [head_stats(trace) for trace in traces] for kind, traces in block_traces.items()
     }
+    # the statistics of the three attentions of the blocks shown, over the whole target
+    shown_stats = {
+        kind: head_stats(
+            Trace(
+                tokens=queries,
+                stages=[],
+                attention=weights,
+                attention_heads=all_heads,
+                attention_rows=list(range(len(queries[0]))),
+                top_keys=[],  # the statistics read the weights only
+                device=run.device,
+                tokenizer=batch.name,
+                vocab_size=batch.vocab_size,
+                impl="math",
+                layer=encoder_block if kind == "encoder" else decoder_block,
+            )
+        )
+        for kind, queries, weights in (
+            ("encoder", source_tokens, run.encoder_attention),
+            ("decoder", target_tokens, run.decoder_attention),
+        )
+    }
+    shown_stats["cross"] = head_stats(cross_trace)
     hidden = None
     if not request.heads and not every_block and heads_count > len(heads_shown):
         hidden = (len(heads_shown), heads_count - 1)
@@ -482,6 +505,7 @@ def translation_use_case(
         heads_not_shown=hidden,
         block_traces=block_traces,
         block_stats=block_stats,
+        shown_stats=shown_stats,
     )
 
 

@@ -462,6 +462,11 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         ],
         "kv_cache_bytes": report.final_estimated_bytes,
         "measured_kv_cache_bytes": report.final_measured_bytes,
+        # the statistics of the blocks shown (see head_stats), one list per attention
+        **{
+            f"{kind}_head_stats": [s.to_dict() for s in report.shown_stats.get(kind, [])]
+            for kind in ("encoder", "decoder", "cross")
+        },
         # --layer all: "encoder", "decoder", "cross" -> one {layer, head_stats, attention}
         # per block; else null
         "layers": {

@@ -144,13 +144,13 @@
       var sourceRows = isList(doc.attention_rows) ? doc.attention_rows : null;
       found.push({ id: "encoder", name: "encoder self-attention", queries: doc.source_tokens, keys: doc.source_tokens,
         rows: sourceRows, querySide: "source", keySide: "source",
-        blocks: blocksOf("encoder", doc.encoder_attention, doc.encoder_layer) });
+        blocks: blocksOf("encoder", doc.encoder_attention, doc.encoder_layer, doc.encoder_head_stats) });
       found.push({ id: "decoder", name: "decoder self-attention", queries: doc.target_tokens, keys: doc.target_tokens,
         rows: null, querySide: "target", keySide: "target",
-        blocks: blocksOf("decoder", doc.decoder_attention, doc.decoder_layer) });
+        blocks: blocksOf("decoder", doc.decoder_attention, doc.decoder_layer, doc.decoder_head_stats) });
       found.push({ id: "cross", name: "cross-attention (target \u2192 source)", queries: doc.target_tokens, keys: doc.source_tokens,
         rows: null, querySide: "target", keySide: "source",
-        blocks: blocksOf("cross", doc.cross_attention, doc.decoder_layer) });
+        blocks: blocksOf("cross", doc.cross_attention, doc.decoder_layer, doc.cross_head_stats) });
     } else {
       var context = isList(doc.context_tokens);
       found.push({ id: context ? "cross" : "self", name: context ? "cross-attention (text \u2192 context)" : "self-attention",
