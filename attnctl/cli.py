@@ -60,8 +60,12 @@ class _OneLineErrors(TyperGroup):
     """Turn every usage error and AttnctlError into one line on stderr."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        with _terminal_conventions():
-            return self._guarded_main(*args, standalone_mode=standalone_mode, **kwargs)
+        try:
+            with _terminal_conventions():
+                return self._guarded_main(*args, standalone_mode=standalone_mode, **kwargs)
+        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as click does
+            _silence_stdout()
+            sys.exit(RUNTIME)
 
     def _guarded_main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
@@ -77,9 +81,21 @@ class _OneLineErrors(TyperGroup):
             _fail(error.message, error.exit_code, error)
         except typer.Abort as error:
             _fail("aborted", RUNTIME, error)
+        except BrokenPipeError:
+            raise
         except Exception as error:  # a bug: still one line, the traceback with --debug
             _fail(f"internal error: {type(error).__name__}: {error}", RUNTIME, error)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is left for
+    a closed pipe does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real descriptor (a test's stream)
+        pass
 
 
 MAX_COLUMNS = 1000  # wider terminals get this width: no renderer gains beyond it
@@ -201,6 +217,9 @@ def _main(
     _state["debug"] = debug
 
 
+JSON_WRITE_CHARS = 1 << 16  # --json is written in pieces of about this many characters
+
+
 def _console() -> Console:
     from attnctl.render.svg import recorded  # --svg: the console records
 
@@ -209,7 +228,20 @@ def _console() -> Console:
 
 
 def _print_json(document: dict[str, Any]) -> None:
-    typer.echo(json.dumps(document, ensure_ascii=False, indent=2))
+    """The document on stdout, written as it is encoded: a long run's attention is tens of
+    MB of text, which one string (and its lines, trimmed when piped) would hold several
+    times over."""
+    encoder = json.JSONEncoder(ensure_ascii=False, indent=2)
+    pending: list[str] = []
+    size = 0
+    for chunk in encoder.iterencode(document):
+        pending.append(chunk)
+        size += len(chunk)
+        if size >= JSON_WRITE_CHARS:
+            sys.stdout.write("".join(pending))
+            pending, size = [], 0
+    sys.stdout.write("".join(pending) + "\n")
+    sys.stdout.flush()
 
 
 @contextlib.contextmanager

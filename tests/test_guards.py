@@ -510,3 +510,21 @@ def test_run_refuses_the_zeros_of_a_header_only_checkpoint(invoke, tmp_path):
     line = one_clean_line(invoke("run", "hi", "--model", str(folder), "--tokenizer", "bundled",
                                  *CPU), 2)  # fmt: skip
     assert "is all zeros: a header-only checkpoint?" in line
+
+
+def test_a_reader_that_leaves_early_ends_the_json_quietly(tmp_path):
+    """`attnctl run … --json | head -c 100`: the document is written as it is encoded, and a
+    closed pipe stops it with exit 1 and nothing on stderr (no traceback, no internal error)."""
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join(["the cat eats fish"] * 150), encoding="utf-8")  # ~600 tokens
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnctl", "run", "--file", str(text), "--json", "--device", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.read(100).startswith(b'{\n  "schema_version": 1')
+    process.stdout.close()  # the document is megabytes: far more than a pipe holds
+    error = process.stderr.read()
+    assert process.wait(timeout=120) == 1
+    assert error == b""
