@@ -7,7 +7,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["startup.py", "long_input.py", "memory_accuracy.py", "pretrained.py", "generate.py"]
+SCRIPTS = [
+    "startup.py",
+    "long_input.py",
+    "memory_accuracy.py",
+    "pretrained.py",
+    "generate.py",
+    "html_report.py",
+]
 
 
 def main() -> int:
