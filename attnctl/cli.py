@@ -334,6 +334,7 @@ def run(
 ) -> None:
     """Run one attention layer on TEXT (a batch for several) and show every stage and weights."""
     from attnctl.app.save import checked_save_path, save_run
+    from attnctl.output_files import refuse_same_file
 
     save_target = None if save is None else checked_save_path(save)
     html_target = None
@@ -341,6 +342,7 @@ def run(
         from attnctl.render.html import check_html_path
 
         html_target = check_html_path(html)
+    refuse_same_file(save_target, html_target)  # and --svg's, claimed around the command
     request = RunRequest(
         layer=layer,
         texts=text,

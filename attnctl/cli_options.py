@@ -262,10 +262,11 @@ SVG_OPTION = Annotated[
 def svg_option(command: Callable[..., None]) -> Any:
     """Give a command ``--svg FILE``: what it prints is recorded and saved as an SVG.
 
-    The path is checked before the command runs (exit 2: a folder, no such folder, not
-    writable), and refused with ``--json`` (there is no terminal view to draw). The file is
-    written after the command (also when it exits with a code, as ``check`` does when a
-    comparison fails); an error during the run writes nothing.
+    The path is checked before the command runs (exit 2: see :mod:`attnctl.output_files`;
+    the command refuses its own output files naming the same file), and refused with
+    ``--json`` (there is no terminal view to draw). The file is written after the command
+    (also when it exits with a code, as ``check`` does when a comparison fails); an error
+    during the run writes nothing.
     """
     signature = inspect.signature(command, eval_str=True)
     svg = inspect.Parameter(
@@ -279,19 +280,20 @@ def svg_option(command: Callable[..., None]) -> Any:
             command(**kwargs)
             return
         from attnctl.errors import USAGE, AttnctlError
+        from attnctl.output_files import claimed
         from attnctl.render.svg import check_svg_path, recording, write_svg
 
         if kwargs.get("as_json"):
             raise AttnctlError("--svg draws the terminal view: not with --json", exit_code=USAGE)
-        path = check_svg_path(given)
+        output = check_svg_path(given)
         title = f"attnctl {command.__name__}"
-        with recording() as consoles:
+        with recording() as consoles, claimed(output):  # the command's own outputs: not here
             try:
                 command(**kwargs)
             except typer.Exit:
-                write_svg(consoles, path, title)
+                write_svg(consoles, output, title)
                 raise
-        write_svg(consoles, path, title)
+        write_svg(consoles, output, title)
 
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=[*signature.parameters.values(), svg]

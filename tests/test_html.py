@@ -316,22 +316,22 @@ def test_a_path_that_cannot_be_written_is_refused_before_the_run(
 
 
 def test_a_folder_that_is_not_writable_is_refused(tmp_path, monkeypatch):
-    import attnctl.render.html as html_module
+    import attnctl.output_files as output_files
 
     # os.access, not chmod: root may write into a read-only folder
-    monkeypatch.setattr(html_module.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(output_files.os, "access", lambda path, mode: False)
     result = invoke("run", "the cat", *SMALL, "--html", str(tmp_path / "out.html"))
     assert result.exit_code == 2 and "not writable" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failed_write_exits_1_and_keeps_the_old_file(tmp_path, monkeypatch):
-    import attnctl.render.html as html_module
+    import attnctl.output_files as output_files
 
     def full_disk(source, destination):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(html_module.os, "replace", full_disk)
+    monkeypatch.setattr(output_files.os, "replace", full_disk)
     target = tmp_path / "out.html"
     target.write_text("old", encoding="utf-8")
     result = invoke("run", "the cat", *SMALL, "--html", str(target))

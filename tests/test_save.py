@@ -134,7 +134,7 @@ def test_encoder_decoder_saves_its_three_attentions(invoke, tmp_path, marian):
     "name, says",
     [
         ("out.json", "must end in .safetensors"),
-        ("missing/out.safetensors", "no such directory"),
+        ("missing/out.safetensors", "no folder missing"),
         (".", "must end in .safetensors"),
     ],
 )
@@ -151,7 +151,7 @@ def test_a_bad_path_is_one_line_and_writes_nothing(invoke, tmp_path, monkeypatch
 def test_a_directory_named_like_the_file_is_refused(invoke, tmp_path):
     (tmp_path / "d.safetensors").mkdir()
     result = invoke("run", "the cat", "--save", str(tmp_path / "d.safetensors"))
-    assert result.exit_code == 2 and "is a directory" in result.stderr
+    assert result.exit_code == 2 and "is a folder, not a file" in result.stderr
     assert list((tmp_path / "d.safetensors").iterdir()) == []
 
 
@@ -183,13 +183,12 @@ def test_the_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(invoke, tmp_path, monkeypatch):
-    import safetensors.torch
+    import attnctl.output_files as output_files
 
-    def full_disk(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"half")
+    def full_disk(source, destination):  # the temporary file is written whole by then
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    monkeypatch.setattr(output_files.os, "replace", full_disk)
     target = tmp_path / "f.safetensors"
     target.write_bytes(b"old")
     result = invoke("run", "the cat", "--d-model", "32", "--save", str(target))

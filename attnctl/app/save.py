@@ -8,13 +8,10 @@ when a file is written.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from attnctl.errors import RUNTIME, AttnctlError
-from attnctl.render.text import printable
+from attnctl.output_files import OutputFile, checked_output, write_atomically
 
 SUFFIX = ".safetensors"
 # the document's keys that hold attention weights, saved under their own names
@@ -41,24 +38,13 @@ METADATA_KEYS = (
 )
 
 
-def checked_save_path(path: str) -> Path:
+def checked_save_path(path: str) -> OutputFile:
     """The file ``--save`` writes, refused before anything runs when it cannot be written.
 
     A name must end in ``.safetensors``: ``--save out.json`` is more likely a mistake than
     a wish for a binary file under that name, and ``load_file`` users find it by its name.
     """
-    target = Path(path)
-    shown = printable(repr(path))
-    if not target.name.endswith(SUFFIX) or target.name == SUFFIX:
-        raise AttnctlError(f"--save {shown}: the file name must end in {SUFFIX}")
-    if target.is_dir():
-        raise AttnctlError(f"--save {shown}: is a directory")
-    folder = target.parent
-    if not folder.is_dir():
-        raise AttnctlError(f"--save {shown}: no such directory {printable(str(folder))}")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise AttnctlError(f"--save {shown}: the directory is not writable")
-    return target
+    return checked_output(path, "--save", suffix=SUFFIX)
 
 
 def attention_tensors(document: dict[str, Any]) -> dict[str, Any]:
@@ -108,22 +94,16 @@ def metadata(document: dict[str, Any]) -> dict[str, str]:
     return {key: json.dumps(value, ensure_ascii=False) for key, value in found.items()}
 
 
-def save_run(target: Path, document: dict[str, Any], traces: list) -> int:
-    """Write the stages and attention of a run to ``target`` atomically (a temporary file
-    in the same directory, then renamed); the tensors written."""
-    from safetensors.torch import save_file
+def save_run(output: OutputFile, document: dict[str, Any], traces: list) -> int:
+    """Write the stages and attention of a run to ``output`` atomically (a temporary file
+    in the target's folder, then renamed); the tensors written.
+
+    The file's bytes are built in memory first (``safetensors.torch.save``): its
+    ``save_file`` renames a temporary file of its own over the name it is given, which
+    would replace a device or a symlink and name its temporary file in an error.
+    """
+    from safetensors.torch import save
 
     tensors = {**stage_tensors(traces), **attention_tensors(document)}
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(handle)
-    try:
-        save_file(tensors, temporary, metadata=metadata(document))
-        os.replace(temporary, target)
-    except OSError as error:
-        raise AttnctlError(
-            f"--save {printable(str(target))}: {error.strerror}", exit_code=RUNTIME
-        ) from error
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    write_atomically(output, save(tensors, metadata=metadata(document)))
     return len(tensors)

@@ -19,19 +19,16 @@ The same document gives the same bytes (no time stamp, no random id).
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import json
 import math
-import os
 import sys
-import tempfile
 from array import array
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
-from attnctl.errors import RUNTIME, USAGE, AttnctlError
+from attnctl.errors import RUNTIME, AttnctlError
+from attnctl.output_files import OutputFile, checked_output, write_atomically
 from attnctl.render.text import printable
 
 ENCODING = "rowmax-uint"  # the name the page's script decodes
@@ -49,20 +46,9 @@ _SCRIPT_ESCAPES = {
 }
 
 
-def check_html_path(given: str) -> Path:
+def check_html_path(given: str) -> OutputFile:
     """The file --html names, refused (exit 2) before the run if it cannot be written."""
-    if not given.strip():
-        raise AttnctlError("--html needs a file name", exit_code=USAGE)
-    path = Path(given).expanduser()
-    shown = printable(given)
-    if path.is_dir():
-        raise AttnctlError(f"--html {shown}: is a folder, not a file", exit_code=USAGE)
-    folder = path.parent
-    if not folder.is_dir():
-        raise AttnctlError(f"--html {shown}: no folder {printable(str(folder))}", exit_code=USAGE)
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise AttnctlError(f"--html {shown}: not writable", exit_code=USAGE)
-    return path
+    return checked_output(given, "--html")
 
 
 def _shape(nested: Any, name: str) -> tuple[int, int, int, int]:
@@ -240,26 +226,6 @@ def html_page(document: dict[str, Any]) -> str:
     )
 
 
-def write_html(path: Path, document: dict[str, Any]) -> int:
-    """Write the page to ``path`` atomically (exit 1 on an I/O failure); its bytes."""
-    page = html_page(document).encode("utf-8")
-    shown = printable(str(path))
-    temporary: str | None = None
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(page)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)  # mkstemp's 0600, as open() would make it
-        os.replace(temporary, path)
-        temporary = None
-    except OSError as error:
-        raise AttnctlError(
-            f"--html {shown}: {error.strerror or error}", exit_code=RUNTIME
-        ) from error
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-    return len(page)
+def write_html(output: OutputFile, document: dict[str, Any]) -> int:
+    """Write the page to ``output`` atomically (exit 1 on an I/O failure); its bytes."""
+    return write_atomically(output, html_page(document).encode("utf-8"))

@@ -11,16 +11,12 @@ renamed), so a failure leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import tempfile
 from collections.abc import Iterator
 from contextvars import ContextVar
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnctl.errors import RUNTIME, USAGE, AttnctlError
-from attnctl.render.text import printable
+from attnctl.output_files import OutputFile, checked_output, write_atomically
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -61,20 +57,9 @@ _LINE_CLIP = re.compile(rf' clip-path="url\(#{ID_PREFIX}-line-\d+\)"')
 _recording: ContextVar[list[Console] | None] = ContextVar("svg_recording", default=None)
 
 
-def check_svg_path(given: str) -> Path:
+def check_svg_path(given: str) -> OutputFile:
     """The file --svg names, refused (exit 2) before the run if it cannot be written."""
-    if not given.strip():
-        raise AttnctlError("--svg needs a file name", exit_code=USAGE)
-    path = Path(given).expanduser()
-    shown = printable(given)
-    if path.is_dir():
-        raise AttnctlError(f"--svg {shown}: is a folder, not a file", exit_code=USAGE)
-    folder = path.parent
-    if not folder.is_dir():
-        raise AttnctlError(f"--svg {shown}: no folder {printable(str(folder))}", exit_code=USAGE)
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise AttnctlError(f"--svg {shown}: not writable", exit_code=USAGE)
-    return path
+    return checked_output(given, "--svg")
 
 
 @contextlib.contextmanager
@@ -105,33 +90,10 @@ def svg_text(console: Console, title: str) -> str:
     return _LINE_CLIP.sub("", svg)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_svg(consoles: list[Console], path: Path, title: str) -> None:
-    """Write what the command printed to ``path`` atomically (exit 1 on an I/O failure)."""
+def write_svg(consoles: list[Console], output: OutputFile, title: str) -> None:
+    """Write what the command printed to ``output`` atomically (exit 1 on an I/O failure)."""
     if not consoles:  # every command prints through one console; none: an empty picture
         from rich.console import Console
 
         consoles = [Console(record=True)]
-    document = svg_text(consoles[-1], title)
-    shown = printable(str(path))
-    temporary: str | None = None
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(document)
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600, as open() would make it
-        os.replace(temporary, path)
-        temporary = None
-    except OSError as error:
-        raise AttnctlError(
-            f"--svg {shown}: {error.strerror or error}", exit_code=RUNTIME
-        ) from error
-    finally:
-        if temporary is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+    write_atomically(output, svg_text(consoles[-1], title))
