@@ -80,7 +80,7 @@ def checked_output(given: str, option: str, *, suffix: str | None = None) -> Out
     if status is not None and stat.S_ISDIR(status.st_mode):
         raise AttnctlError(f"{option} {shown}: is a folder, not a file", exit_code=USAGE)
     if status is not None and not stat.S_ISREG(status.st_mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(status.st_mode)), "special")
+        kind = next((name for test, name in _NOT_REGULAR if test(status.st_mode)), "a special file")
         raise AttnctlError(f"{option} {shown}: is {kind}, not a regular file", exit_code=USAGE)
     if status is not None and _is_standard_stream(status):
         raise AttnctlError(
