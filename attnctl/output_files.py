@@ -167,8 +167,10 @@ def _mode_for(target: Path) -> int:
     try:
         status = target.stat()
     except FileNotFoundError:
-        return 0o666 & ~_umask()
-    return stat.S_IMODE(status.st_mode) & 0o777 if stat.S_ISREG(status.st_mode) else 0o666
+        status = None
+    if status is not None and stat.S_ISREG(status.st_mode):
+        return stat.S_IMODE(status.st_mode) & 0o777  # no set-id or sticky bits
+    return 0o666 & ~_umask()
 
 
 def write_atomically(output: OutputFile, content: bytes | str) -> int:
