@@ -114,7 +114,9 @@ def pages(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
         "context": write_page(
             folder, "context", "the cat sat", "--context", "a dog ran off", *SMALL
         ),
-        "long": write_page(folder, "long", long_text, "--tokenizer", "char", *SMALL),
+        "long": write_page(
+            folder, "long", long_text, *words("--tokenizer char --mask causal"), *SMALL
+        ),
         "inject": write_page(
             folder, "inject", INJECTION, *words("--tokenizer char --rows all"), *SMALL
         ),
@@ -316,7 +318,7 @@ def test_the_layer_selector_and_the_model_view_switch_blocks(pages, opened):
     path, document = pages["blocks"]
     page = opened(path)
     layers = [str(block["layer"]) for block in document["layers"]]
-    assert page.texts("#layer-select option") == [f"layer {n}" for n in layers]
+    assert page.texts("#layer-select option") == [f"block {n}" for n in layers]
     first = page.visible_edges()
     assert page.page.get_attribute("#head-view", "data-layer") == layers[0]
     page.page.select_option("#layer-select", str(len(layers) - 1))
@@ -384,6 +386,92 @@ def test_a_long_input_draws_only_the_computed_rows_and_their_strongest_keys(page
     assert len(page.visible_edges()) <= len(rows) * heads * 2
 
 
+def test_small_weights_keep_their_digits_and_masked_keys_say_so(pages, opened):
+    path, document = pages["long"]
+    page = opened(path)
+    rows, weights = document["attention_rows"], document["attention"][0]  # (heads, rows, keys)
+    page.page.uncheck('input.head-toggle[data-head="1"]')  # head 0 alone: no mean column
+    for head in document["attention_heads"][2:]:
+        page.page.uncheck(f'input.head-toggle[data-head="{head}"]')
+    for index in (0, len(rows) - 1):  # an early row (most keys masked), the last (400 keys)
+        page.page.hover(f'#head-view text.token.query[data-pos="{rows[index]}"]')
+        cells = page.page.eval_on_selector_all(
+            "#focus-weights tr",
+            "rows => rows.slice(1).map(r => [...r.cells].map(c => c.textContent))",
+        )
+        assert len(cells) == 24
+        for key_text, weight_text in cells:
+            weight = weights[0][index][int(key_text.split()[0])]
+            if weight == 0:
+                assert weight_text == "—"
+            else:
+                assert float(weight_text) == pytest.approx(weight, rel=6e-3)
+        shown = [float(w) for _, w in cells if w != "—"]
+        if index == 0:
+            assert {w for _, w in cells} >= {"—"} and len(shown) == rows[0] + 1  # causal
+        else:  # 400 keys: every listed weight is small, and none reads 0
+            assert max(shown) < 0.05 and min(shown) > 0 and all(w != "0.00" for _, w in cells)
+    # a matrix cell's readout: the masked key says so, the first key gives its weight
+    canvas = page.page.locator('canvas.matrix[data-head="0"]').bounding_box()
+    keys = len(document["tokens"][0])
+    page.page.mouse.move(canvas["x"] + 96 + keys - 0.5, canvas["y"] + 6 + 6)  # row 0, last key
+    readout = page.page.text_content("#matrices-section .readout")
+    assert readout.endswith(": masked (weight exactly 0)"), readout
+    page.page.mouse.move(canvas["x"] + 96 + 0.5, canvas["y"] + 6 + 6)  # row 0, key 0
+    readout = page.page.text_content("#matrices-section .readout")
+    assert float(readout.rsplit(": ", 1)[1]) == pytest.approx(weights[0][0][0], rel=6e-3)
+
+
+def test_padding_rows_draw_no_lines_and_legends_name_only_what_is_shown(pages, opened):
+    path, document = pages["batch"]
+    page = opened(path)
+    padding = {str(i) for i, t in enumerate(document["tokens"][0]) if t["pad"]}
+    assert padding and page.visible_edges()
+    assert not {e["q"] for e in page.visible_edges()} & padding  # no fan from a padding row
+    assert page.texts("#head-view-section .legend span") == [
+        "padding (weight 0 as a key, no lines as a query)"
+    ]
+    page.page.select_option("#batch-select", "1")  # the longest text: no padding
+    assert page.texts("#head-view-section .legend span") == []
+    path, _ = pages["seq2seq"]
+    page = opened(path)
+    assert page.texts("#head-view-section .legend span") == []  # the encoder: none generated
+    for value in ("1", "2"):  # the decoder's and the cross-attention's queries are
+        page.page.select_option("#source-select", value)
+        assert page.texts("#head-view-section .legend span") == ["generated tokens"]
+
+
+def test_the_header_shows_a_checkpoints_own_facts_and_quotes_the_generated_text(pages, opened):
+    path, document = pages["generate"]
+    page = opened(path)
+    header = dict(zip(page.texts("header dt"), page.texts("header dd"), strict=True))
+    assert document["model"]["positions"] == "learned" and document["config"]["pos"] == "none"
+    assert "positions learned" in header["attention layer"]
+    assert "seed" not in header["attention layer"] and "pos none" not in header["attention layer"]
+    assert header["generated"] == f"“{document['generated_text'][0]}”"
+    path, document = pages["seeded"]
+    header = dict(zip(*(opened(path).texts(f"header {t}") for t in ("dt", "dd")), strict=True))
+    assert f"seed {document['config']['seed']}" in header["layer"]
+
+
+def test_every_block_shows_its_stages_and_the_encoder_decoder_its_memory(pages, opened):
+    path, document = pages["blocks"]
+    page = opened(path)
+    assert len(page.texts("#stages tr")) == len(document["stages"]) + 1
+    assert page.texts("#stages tr td:nth-child(2)") == [s["name"] for s in document["stages"]]
+    assert "block 0" in page.texts("#stages-section h2")[0]
+    assert page.texts("#model-view table th")[-1].startswith("block ")
+    path, document = pages["seq2seq"]
+    page = opened(path)
+    exact = page.texts("#memory tr td:nth-child(3)")
+    memory = document["memory"]
+    keys = words("encoder_peak_activation_bytes decoder_peak_activation_bytes kv_cache_bytes "
+                 "cross_kv_cache_bytes peak_bytes parameters_bytes")  # fmt: skip
+    for key in keys:
+        assert f"{memory[key]:,} B" in exact
+    assert "encoder peak activations (block 0)" in page.texts("#memory tr td:first-child")
+
+
 def test_user_text_is_text_not_markup(pages, opened):
     path, document = pages["inject"]
     page = opened(path)
@@ -417,7 +505,7 @@ def test_every_block_of_every_attention_of_an_encoder_decoder(pages, opened):
     for value, kind in enumerate(("encoder", "decoder", "cross")):
         page.page.select_option("#source-select", str(value))
         blocks = [str(block["layer"]) for block in document["layers"][kind]]
-        assert page.texts("#layer-select option") == [f"layer {n}" for n in blocks]
+        assert page.texts("#layer-select option") == [f"block {n}" for n in blocks]
         page.page.select_option("#layer-select", str(len(blocks) - 1))
         assert page.page.get_attribute("#head-view", "data-layer") == blocks[-1]
         assert page.page.get_attribute("#head-view", "data-source") == kind
