@@ -275,6 +275,9 @@ def test_a_document_with_extra_keys_and_nulls_draws(pages, opened, tmp_path):
 def test_hovering_a_token_isolates_its_row_or_column(pages, opened):
     path, document = pages["seeded"]
     page = opened(path)
+    header = dict(zip(page.texts("header dt"), page.texts("header dd"), strict=True))
+    assert f"seed {document['config']['seed']}" in header["layer"]  # the seeded layer's
+    assert page.texts("#head-view-section .legend span") == []  # nothing generated or padded
     every = page.visible_edges()
     assert page.attribute_list("#head-view rect.token-bg", "fill-opacity") == ["0"] * 8
     page.page.hover('#head-view text.token.query[data-pos="2"]')
@@ -331,6 +334,10 @@ def test_the_layer_selector_and_the_model_view_switch_blocks(pages, opened):
     assert page.page.get_attribute("#head-view", "data-layer") == "1"
     assert page.page.input_value("#layer-select") == "1"
     assert {e["h"] for e in page.visible_edges()} == {"2"}
+    assert page.texts("#model-view table th")[-1] == f"block {layers[-1]}"
+    # block 0's stage table, as the document has it
+    assert page.texts("#stages tr td:nth-child(2)") == [s["name"] for s in document["stages"]]
+    assert "block 0" in page.texts("#stages-section h2")[0]
 
 
 def test_the_encoder_decoder_switches_between_its_three_attentions(pages, opened):
@@ -348,6 +355,18 @@ def test_the_encoder_decoder_switches_between_its_three_attentions(pages, opened
         assert stats and len(page.texts("#head-stats tr td:first-child")) == len(stats)
     # the target after its start token is generated
     assert page.page.locator("#head-view text.token.query.generated").count() == len(target) - 1
+    # the legend names only what the view shows: nothing generated in the encoder's
+    for value, legend in (("2", ["generated tokens"]), ("1", ["generated tokens"]), ("0", [])):
+        page.page.select_option("#source-select", value)
+        assert page.texts("#head-view-section .legend span") == legend
+    # its memory, as memory --src-len S --tgt-len T gives it (tests/test_seq2seq_memory.py)
+    exact = page.texts("#memory tr td:nth-child(3)")
+    memory = document["memory"]
+    keys = words("encoder_peak_activation_bytes decoder_peak_activation_bytes kv_cache_bytes "
+                 "cross_kv_cache_bytes peak_bytes parameters_bytes")  # fmt: skip
+    for key in keys:
+        assert f"{memory[key]:,} B" in exact
+    assert "encoder peak activations (block 0)" in page.texts("#memory tr td:first-child")
 
 
 def test_generated_tokens_and_padding_are_marked(pages, opened):
@@ -356,15 +375,28 @@ def test_generated_tokens_and_padding_are_marked(pages, opened):
     generated = len(document["tokens"][0]) - len(document["prompt_tokens"][0])
     assert generated == 3
     assert page.page.locator("#head-view text.token.query.generated").count() == generated
+    # the header: a checkpoint's own positions (GPT-2's are learned), no seed; quoted text
+    header = dict(zip(page.texts("header dt"), page.texts("header dd"), strict=True))
+    assert document["model"]["positions"] == "learned" and document["config"]["pos"] == "none"
+    assert "positions learned" in header["attention layer"]
+    assert "seed" not in header["attention layer"] and "pos none" not in header["attention layer"]
+    assert header["generated"] == f"“{document['generated_text'][0]}”"
     path, document = pages["batch"]
     page = opened(path)
     assert page.page.get_attribute("#head-view", "data-batch") == "0"
     padded = sum(t["pad"] for t in document["tokens"][0])
     assert padded > 0
     assert page.page.locator("#head-view text.token.key.pad").count() == padded
+    # a padding query row draws no fan of lines (its weights are noise)
+    padding = {str(i) for i, t in enumerate(document["tokens"][0]) if t["pad"]}
+    assert page.visible_edges() and not {e["q"] for e in page.visible_edges()} & padding
+    assert page.texts("#head-view-section .legend span") == [
+        "padding (weight 0 as a key, no lines as a query)"
+    ]
     page.page.select_option("#batch-select", "1")
     assert page.page.get_attribute("#head-view", "data-batch") == "1"
     assert page.page.locator("#head-view text.token.key.pad").count() == 0
+    assert page.texts("#head-view-section .legend span") == []  # the longest: no padding
 
 
 def test_a_long_input_draws_only_the_computed_rows_and_their_strongest_keys(pages, opened):
@@ -420,56 +452,6 @@ def test_small_weights_keep_their_digits_and_masked_keys_say_so(pages, opened):
     page.page.mouse.move(canvas["x"] + 96 + 0.5, canvas["y"] + 6 + 6)  # row 0, key 0
     readout = page.page.text_content("#matrices-section .readout")
     assert float(readout.rsplit(": ", 1)[1]) == pytest.approx(weights[0][0][0], rel=6e-3)
-
-
-def test_padding_rows_draw_no_lines_and_legends_name_only_what_is_shown(pages, opened):
-    path, document = pages["batch"]
-    page = opened(path)
-    padding = {str(i) for i, t in enumerate(document["tokens"][0]) if t["pad"]}
-    assert padding and page.visible_edges()
-    assert not {e["q"] for e in page.visible_edges()} & padding  # no fan from a padding row
-    assert page.texts("#head-view-section .legend span") == [
-        "padding (weight 0 as a key, no lines as a query)"
-    ]
-    page.page.select_option("#batch-select", "1")  # the longest text: no padding
-    assert page.texts("#head-view-section .legend span") == []
-    path, _ = pages["seq2seq"]
-    page = opened(path)
-    assert page.texts("#head-view-section .legend span") == []  # the encoder: none generated
-    for value in ("1", "2"):  # the decoder's and the cross-attention's queries are
-        page.page.select_option("#source-select", value)
-        assert page.texts("#head-view-section .legend span") == ["generated tokens"]
-
-
-def test_the_header_shows_a_checkpoints_own_facts_and_quotes_the_generated_text(pages, opened):
-    path, document = pages["generate"]
-    page = opened(path)
-    header = dict(zip(page.texts("header dt"), page.texts("header dd"), strict=True))
-    assert document["model"]["positions"] == "learned" and document["config"]["pos"] == "none"
-    assert "positions learned" in header["attention layer"]
-    assert "seed" not in header["attention layer"] and "pos none" not in header["attention layer"]
-    assert header["generated"] == f"“{document['generated_text'][0]}”"
-    path, document = pages["seeded"]
-    header = dict(zip(*(opened(path).texts(f"header {t}") for t in ("dt", "dd")), strict=True))
-    assert f"seed {document['config']['seed']}" in header["layer"]
-
-
-def test_every_block_shows_its_stages_and_the_encoder_decoder_its_memory(pages, opened):
-    path, document = pages["blocks"]
-    page = opened(path)
-    assert len(page.texts("#stages tr")) == len(document["stages"]) + 1
-    assert page.texts("#stages tr td:nth-child(2)") == [s["name"] for s in document["stages"]]
-    assert "block 0" in page.texts("#stages-section h2")[0]
-    assert page.texts("#model-view table th")[-1].startswith("block ")
-    path, document = pages["seq2seq"]
-    page = opened(path)
-    exact = page.texts("#memory tr td:nth-child(3)")
-    memory = document["memory"]
-    keys = words("encoder_peak_activation_bytes decoder_peak_activation_bytes kv_cache_bytes "
-                 "cross_kv_cache_bytes peak_bytes parameters_bytes")  # fmt: skip
-    for key in keys:
-        assert f"{memory[key]:,} B" in exact
-    assert "encoder peak activations (block 0)" in page.texts("#memory tr td:first-child")
 
 
 def test_user_text_is_text_not_markup(pages, opened):

@@ -914,7 +914,7 @@
 
   function stageSection() {
     var groups = [];
-    if (isList(doc.stages)) groups.push([isList(doc.layers) ? "stages (block 0's, as planned: every block runs these after the embeddings)" : "stages", doc.stages]);
+    if (isList(doc.stages)) groups.push([isList(doc.layers) ? "stages (block 0's, as planned" + (isList(doc.prompt_tokens) ? ", over the prompt" : "") + ": the embeddings, then block 0; a later block starts from the hidden states)" : "stages", doc.stages]);
     if (isList(doc.encoder_stages)) groups.push(["encoder stages", doc.encoder_stages]);
     if (isList(doc.decoder_stages)) groups.push(["decoder stages (the whole target at once)", doc.decoder_stages]);
     if (!groups.length) return null;
