@@ -217,7 +217,9 @@ HtmlOption = Annotated[
     typer.Option(
         "--html",
         metavar="FILE",
-        help="Also write a self-contained HTML report (every head, as --json has it) to FILE.",
+        help="Also write a self-contained HTML report to FILE, with the weights --json "
+        "holds: every head (those --head names, with --head) and the query rows computed "
+        "(--rows; with --generate or an encoder–decoder every row).",
     ),
 ]
 SeqLenOption = Annotated[int, typer.Option("--seq-len", "-L", help="Sequence length L.")]

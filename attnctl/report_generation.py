@@ -23,7 +23,13 @@ from typing import Any
 
 from attnctl.memory import KVCacheGroup, MemoryEstimate
 from attnctl.plan import Plan
-from attnctl.report import BlockSummary, TextWindow, block_summary, text_windows
+from attnctl.report import (
+    BlockSummary,
+    Seq2SeqDtypeRow,
+    TextWindow,
+    block_summary,
+    text_windows,
+)
 from attnctl.stats import HeadStats, head_stats
 from attnctl.trace import Token, Trace
 
@@ -291,6 +297,8 @@ class TranslationReport:
     # whole target at once (the steps compute its rows one at a time)
     encoder_plan: Plan | None = None
     decoder_plan: Plan | None = None
+    # the memory of the run's lengths, as memory --src-len S --tgt-len T gives it
+    memory: Seq2SeqDtypeRow | None = None
     # --layer all: "encoder", "decoder", "cross" -> one Trace per block, and its statistics
     block_traces: dict[str, list[Trace]] = field(default_factory=dict)
     block_stats: dict[str, list[list[HeadStats]]] = field(default_factory=dict)

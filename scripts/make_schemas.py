@@ -221,6 +221,12 @@ def estimate() -> Schema:
     )
 
 
+POSITIONS_OF_MODEL = string(
+    "the positions it uses: added to its embeddings (learned, sinusoidal, sinusoidal_halves), "
+    "else its attention's (config.pos: rope, alibi, relative, none)"
+)
+
+
 def model(decoder_layers: bool = False) -> Schema:
     properties = {
         "path": string(),
@@ -234,6 +240,7 @@ def model(decoder_layers: bool = False) -> Schema:
         "activation": string(),
         "vocab_size": POSITIVE,
         "max_positions": integer(0, "0: no limit (relative positions)"),
+        "positions": POSITIONS_OF_MODEL,
         "dtype": string("the stored weights' dtype"),
     }
     if decoder_layers:
@@ -368,7 +375,11 @@ def run_layer() -> Schema:
         "vocab_size": POSITIVE,
         "device": string(),
         "tokens": tokens(),
-        "stages": nullable(array(ref("stage"), 1, "null with --layer all (no --generate)")),
+        "stages": array(
+            ref("stage"),
+            1,
+            "the block's as planned; with --layer all block 0's (--generate: the prefill's)",
+        ),
         "impl": enum(("math", "sdpa")),
         "head_stats": nullable(array(ref("head_stat"), description="null with --layer all")),
         "attention": nullable(attention("(B, heads, rows, Lk); null with --layer all")),
@@ -424,6 +435,7 @@ def run_encoder_decoder() -> Schema:
                 "hidden": POSITIVE,
                 "heads": POSITIVE,
                 "vocab_size": POSITIVE,
+                "positions": POSITIONS_OF_MODEL,
                 "dtype": string(),
             }
         ),
@@ -486,6 +498,19 @@ def run_encoder_decoder() -> Schema:
         ),
         "kv_cache_bytes": BYTES,
         "measured_kv_cache_bytes": nullable(BYTES),
+        "memory": obj(
+            {
+                "parameters": COUNT,
+                "parameters_bytes": BYTES,
+                "encoder_peak_activation_bytes": BYTES,
+                "decoder_peak_activation_bytes": BYTES,
+                "kv_cache_bytes": BYTES,
+                "cross_kv_cache_bytes": BYTES,
+                "peak_bytes": BYTES,
+            },
+            "as memory --src-len S --tgt-len T gives them for the run's lengths (S the "
+            "source's, T the target's); kv_cache_bytes is the self-attention's alone",
+        ),
         "layers": nullable(
             obj(
                 {"encoder": blocks, "decoder": blocks, "cross": blocks},

@@ -121,9 +121,16 @@ def assert_close(decoded: list, original: list, bits: int) -> None:
     for per_text, want_text in zip(decoded, original, strict=True):
         for head, want_head in zip(per_text, want_text, strict=True):
             for row, want in zip(head, want_head, strict=True):
-                bound = max(want) / (2 * top) * 1.0001 + 1e-12
+                step = max(want) / top
+                bound = step / 2 * 1.0001 + 1e-12
                 assert len(row) == len(want)
-                assert all(abs(a - b) <= bound for a, b in zip(row, want, strict=True))
+                for got, weight in zip(row, want, strict=True):
+                    if weight <= 0:
+                        assert got == 0.0  # exactly 0 (a masked key) stays exactly 0
+                    elif weight < step / 2:
+                        assert got == pytest.approx(step, rel=1e-6)  # above 0: one step
+                    else:
+                        assert abs(got - weight) <= bound
 
 
 # ---------------------------------------------------------------- every view
@@ -171,6 +178,21 @@ def test_every_head_is_in_the_page_even_where_the_terminal_shows_eight(tmp_path)
     data = embedded(path.read_text(encoding="utf-8"))
     assert data["attention_heads"] == list(range(12))
     assert data["attention"]["shape"] == [1, 12, 4, 4]
+
+
+def test_head_and_rows_choose_what_the_page_holds_as_its_help_says(tmp_path):
+    path = tmp_path / "one.html"
+    result = invoke("run", "abcdefghijkl", *words("--tokenizer char --head 2 --rows 0:1"),
+                    *SMALL, "--html", str(path))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = embedded(path.read_text(encoding="utf-8"))
+    assert (data["attention_heads"], data["attention_rows"]) == ([2], [0])
+    assert data["attention"]["shape"] == [1, 1, 1, 12]  # one head, one row, every key
+    from attnctl.cli_options import HtmlOption
+
+    help_text = HtmlOption.__metadata__[0].help
+    for said in ("every head", "those --head names", "the query rows computed", "--rows"):
+        assert said in help_text, help_text
 
 
 def test_the_same_input_gives_the_same_bytes(models, tmp_path):
@@ -259,6 +281,8 @@ def test_the_encoding_holds_each_weight_within_half_a_step_of_its_row_maximum(mo
     for encoded in (wide, narrow):
         assert_close(decode_attention(encoded), rows, encoded["bits"])
         assert decode_attention(encoded)[0][1][1] == [0.0] * 4  # a row of zeros stays zeros
+        tiny, masked = decode_attention(encoded)[0][1][0][0], decode_attention(encoded)[0][1][0][3]
+        assert tiny > 0 and masked == 0.0  # a weight of 1e-9 is not read as masked
     assert len(narrow["data"]) < len(wide["data"])
 
 

@@ -114,7 +114,9 @@ def pages(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
         "context": write_page(
             folder, "context", "the cat sat", "--context", "a dog ran off", *SMALL
         ),
-        "long": write_page(folder, "long", long_text, "--tokenizer", "char", *SMALL),
+        "long": write_page(
+            folder, "long", long_text, *words("--tokenizer char --mask causal"), *SMALL
+        ),
         "inject": write_page(
             folder, "inject", INJECTION, *words("--tokenizer char --rows all"), *SMALL
         ),
@@ -273,6 +275,9 @@ def test_a_document_with_extra_keys_and_nulls_draws(pages, opened, tmp_path):
 def test_hovering_a_token_isolates_its_row_or_column(pages, opened):
     path, document = pages["seeded"]
     page = opened(path)
+    header = dict(zip(page.texts("header dt"), page.texts("header dd"), strict=True))
+    assert f"seed {document['config']['seed']}" in header["layer"]  # the seeded layer's
+    assert page.texts("#head-view-section .legend span") == []  # nothing generated or padded
     every = page.visible_edges()
     assert page.attribute_list("#head-view rect.token-bg", "fill-opacity") == ["0"] * 8
     page.page.hover('#head-view text.token.query[data-pos="2"]')
@@ -316,7 +321,7 @@ def test_the_layer_selector_and_the_model_view_switch_blocks(pages, opened):
     path, document = pages["blocks"]
     page = opened(path)
     layers = [str(block["layer"]) for block in document["layers"]]
-    assert page.texts("#layer-select option") == [f"layer {n}" for n in layers]
+    assert page.texts("#layer-select option") == [f"block {n}" for n in layers]
     first = page.visible_edges()
     assert page.page.get_attribute("#head-view", "data-layer") == layers[0]
     page.page.select_option("#layer-select", str(len(layers) - 1))
@@ -329,6 +334,10 @@ def test_the_layer_selector_and_the_model_view_switch_blocks(pages, opened):
     assert page.page.get_attribute("#head-view", "data-layer") == "1"
     assert page.page.input_value("#layer-select") == "1"
     assert {e["h"] for e in page.visible_edges()} == {"2"}
+    assert page.texts("#model-view table th")[-1] == f"block {layers[-1]}"
+    # block 0's stage table, as the document has it
+    assert page.texts("#stages tr td:nth-child(2)") == [s["name"] for s in document["stages"]]
+    assert "block 0" in page.texts("#stages-section h2")[0]
 
 
 def test_the_encoder_decoder_switches_between_its_three_attentions(pages, opened):
@@ -346,6 +355,18 @@ def test_the_encoder_decoder_switches_between_its_three_attentions(pages, opened
         assert stats and len(page.texts("#head-stats tr td:first-child")) == len(stats)
     # the target after its start token is generated
     assert page.page.locator("#head-view text.token.query.generated").count() == len(target) - 1
+    # the legend names only what the view shows: nothing generated in the encoder's
+    for value, legend in (("2", ["generated tokens"]), ("1", ["generated tokens"]), ("0", [])):
+        page.page.select_option("#source-select", value)
+        assert page.texts("#head-view-section .legend span") == legend
+    # its memory, as memory --src-len S --tgt-len T gives it (tests/test_seq2seq_memory.py)
+    exact = page.texts("#memory tr td:nth-child(3)")
+    memory = document["memory"]
+    keys = words("encoder_peak_activation_bytes decoder_peak_activation_bytes kv_cache_bytes "
+                 "cross_kv_cache_bytes peak_bytes parameters_bytes")  # fmt: skip
+    for key in keys:
+        assert f"{memory[key]:,} B" in exact
+    assert "encoder peak activations (block 0)" in page.texts("#memory tr td:first-child")
 
 
 def test_generated_tokens_and_padding_are_marked(pages, opened):
@@ -354,15 +375,28 @@ def test_generated_tokens_and_padding_are_marked(pages, opened):
     generated = len(document["tokens"][0]) - len(document["prompt_tokens"][0])
     assert generated == 3
     assert page.page.locator("#head-view text.token.query.generated").count() == generated
+    # the header: a checkpoint's own positions (GPT-2's are learned), no seed; quoted text
+    header = dict(zip(page.texts("header dt"), page.texts("header dd"), strict=True))
+    assert document["model"]["positions"] == "learned" and document["config"]["pos"] == "none"
+    assert "positions learned" in header["attention layer"]
+    assert "seed" not in header["attention layer"] and "pos none" not in header["attention layer"]
+    assert header["generated"] == f"“{document['generated_text'][0]}”"
     path, document = pages["batch"]
     page = opened(path)
     assert page.page.get_attribute("#head-view", "data-batch") == "0"
     padded = sum(t["pad"] for t in document["tokens"][0])
     assert padded > 0
     assert page.page.locator("#head-view text.token.key.pad").count() == padded
+    # a padding query row draws no fan of lines (its weights are noise)
+    padding = {str(i) for i, t in enumerate(document["tokens"][0]) if t["pad"]}
+    assert page.visible_edges() and not {e["q"] for e in page.visible_edges()} & padding
+    assert page.texts("#head-view-section .legend span") == [
+        "padding (weight 0 as a key, no lines as a query)"
+    ]
     page.page.select_option("#batch-select", "1")
     assert page.page.get_attribute("#head-view", "data-batch") == "1"
     assert page.page.locator("#head-view text.token.key.pad").count() == 0
+    assert page.texts("#head-view-section .legend span") == []  # the longest: no padding
 
 
 def test_a_long_input_draws_only_the_computed_rows_and_their_strongest_keys(pages, opened):
@@ -382,6 +416,42 @@ def test_a_long_input_draws_only_the_computed_rows_and_their_strongest_keys(page
     page.page.fill("#top-k", "2")
     page.page.dispatch_event("#top-k", "change")
     assert len(page.visible_edges()) <= len(rows) * heads * 2
+
+
+def test_small_weights_keep_their_digits_and_masked_keys_say_so(pages, opened):
+    path, document = pages["long"]
+    page = opened(path)
+    rows, weights = document["attention_rows"], document["attention"][0]  # (heads, rows, keys)
+    page.page.uncheck('input.head-toggle[data-head="1"]')  # head 0 alone: no mean column
+    for head in document["attention_heads"][2:]:
+        page.page.uncheck(f'input.head-toggle[data-head="{head}"]')
+    for index in (0, len(rows) - 1):  # an early row (most keys masked), the last (400 keys)
+        page.page.hover(f'#head-view text.token.query[data-pos="{rows[index]}"]')
+        cells = page.page.eval_on_selector_all(
+            "#focus-weights tr",
+            "rows => rows.slice(1).map(r => [...r.cells].map(c => c.textContent))",
+        )
+        assert len(cells) == 24
+        for key_text, weight_text in cells:
+            weight = weights[0][index][int(key_text.split()[0])]
+            if weight == 0:
+                assert weight_text == "—"
+            else:
+                assert float(weight_text) == pytest.approx(weight, rel=6e-3)
+        shown = [float(w) for _, w in cells if w != "—"]
+        if index == 0:
+            assert {w for _, w in cells} >= {"—"} and len(shown) == rows[0] + 1  # causal
+        else:  # 400 keys: every listed weight is small, and none reads 0
+            assert max(shown) < 0.05 and min(shown) > 0 and all(w != "0.00" for _, w in cells)
+    # a matrix cell's readout: the masked key says so, the first key gives its weight
+    canvas = page.page.locator('canvas.matrix[data-head="0"]').bounding_box()
+    keys = len(document["tokens"][0])
+    page.page.mouse.move(canvas["x"] + 96 + keys - 0.5, canvas["y"] + 6 + 6)  # row 0, last key
+    readout = page.page.text_content("#matrices-section .readout")
+    assert readout.endswith(": masked (weight exactly 0)"), readout
+    page.page.mouse.move(canvas["x"] + 96 + 0.5, canvas["y"] + 6 + 6)  # row 0, key 0
+    readout = page.page.text_content("#matrices-section .readout")
+    assert float(readout.rsplit(": ", 1)[1]) == pytest.approx(weights[0][0][0], rel=6e-3)
 
 
 def test_user_text_is_text_not_markup(pages, opened):
@@ -417,7 +487,7 @@ def test_every_block_of_every_attention_of_an_encoder_decoder(pages, opened):
     for value, kind in enumerate(("encoder", "decoder", "cross")):
         page.page.select_option("#source-select", str(value))
         blocks = [str(block["layer"]) for block in document["layers"][kind]]
-        assert page.texts("#layer-select option") == [f"layer {n}" for n in blocks]
+        assert page.texts("#layer-select option") == [f"block {n}" for n in blocks]
         page.page.select_option("#layer-select", str(len(blocks) - 1))
         assert page.page.get_attribute("#head-view", "data-layer") == blocks[-1]
         assert page.page.get_attribute("#head-view", "data-source") == kind

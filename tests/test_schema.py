@@ -221,7 +221,12 @@ def test_keys_that_do_not_apply_are_null(documents):
     generation = ("prompt_tokens", "generated_ids", "steps", "stop", "kv_cache", "kv_cache_layer")
     assert all(seeded[key] is None for key in generation)
     every = documents["run", "model all"]
-    assert every["layer"] is every["stages"] is every["attention"] is every["head_stats"] is None
+    assert every["layer"] is every["attention"] is every["head_stats"] is None
+    # --layer all: the stage table is block 0's (the embeddings, then the block), as shapes
+    # plans it; block 1's (--layer 1) starts from the hidden states
+    block_0 = [s["name"] for s in documents["shapes", "model"]["stages"]]
+    assert [s["name"] for s in every["stages"]] == block_0 and block_0[0] == "token_ids"
+    assert block_0 != [s["name"] for s in documents["run", "model layer"]["stages"]]
     assert [block["layer"] for block in every["layers"]] == [0, 1, 2]
     assert documents["run", "context"]["context_tokens"] is not None
     generated = documents["run", "generate"]

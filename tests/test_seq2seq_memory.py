@@ -198,6 +198,27 @@ def memory_json(invoke, *args: str) -> dict:
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_runs_memory_is_what_memory_says_for_its_lengths(invoke, folders, family, dtype):
+    """run on an encoder–decoder: its ``memory`` equals memory --src-len S --tgt-len T."""
+    folder = str(folders[family])
+    result = invoke("run", "the cat sat", "--model", folder, "--generate", "3", "--json",
+                    "--device", "cpu", "--dtype", dtype)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    source, target = len(run["source_tokens"][0]), len(run["target_tokens"][0])
+    data = memory_json(invoke, "--model", folder, "--src-len", str(source), "--tgt-len",
+                       str(target), "--dtype", dtype, "--device", "cpu")  # fmt: skip
+    assert run["memory"] == {key: data[key] for key in run["memory"]}
+    assert set(run["memory"]) == {
+        "parameters", "parameters_bytes", "encoder_peak_activation_bytes",
+        "decoder_peak_activation_bytes", "kv_cache_bytes", "cross_kv_cache_bytes", "peak_bytes",
+    }  # fmt: skip
+    # the run's KV cache at the end: its self-attention's and its cross-attention's
+    assert run["kv_cache_bytes"] == data["kv_cache_bytes"] + data["cross_kv_cache_bytes"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_memory_measure_equals_every_part(invoke, folders, family, dtype):
     """Weights, each block's peak and both caches: estimated = measured, to the byte."""
     folder = str(folders[family])

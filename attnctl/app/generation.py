@@ -30,6 +30,7 @@ from attnctl.app.requests import Hooks, RunRequest
 from attnctl.config import LARGEST_SIZE, LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
+from attnctl.report import Seq2SeqDtypeRow
 from attnctl.report_generation import (
     GenerationReport,
     TranslationReport,
@@ -477,6 +478,11 @@ def translation_use_case(
     hidden = None
     if not request.heads and not every_block and heads_count > len(heads_shown):
         hidden = (len(heads_shown), heads_count - 1)
+    # planned again for the target the run made (an early end makes it shorter)
+    final_decoder_plan = seq2seq_plans_of(
+        model, layer, source_len, fed, rows, batch.padded, encoder_block, decoder_block
+    )[1]
+    memory = _seq2seq_memory(model, layer, source_len, fed, rows, batch.padded)
     return TranslationReport(
         texts=texts,
         model=model,
@@ -496,16 +502,31 @@ def translation_use_case(
         requested=new_tokens,
         final_cache_shapes=run.final_cache_shapes,
         final_estimated_bytes=cache_bytes(fed),
-        # planned again for the target the run made (an early end makes it shorter)
         encoder_plan=encoder_plan,
-        decoder_plan=seq2seq_plans_of(
-            model, layer, source_len, fed, rows, batch.padded, encoder_block, decoder_block
-        )[1],
+        decoder_plan=final_decoder_plan,
+        memory=memory,
         final_measured_bytes=run.final_measured_bytes,
         heads_not_shown=hidden,
         block_traces=block_traces,
         block_stats=block_stats,
         shown_stats=shown_stats,
+    )
+
+
+def _seq2seq_memory(
+    model: ModelDescription, layer: LayerConfig, source: int, target: int, rows: int, padded: bool
+) -> Seq2SeqDtypeRow:
+    """The run's lengths as memory --src-len S --tgt-len T figures them: the weights, block
+    0's peaks (T5's first block also computes the position bias: the largest) and both
+    caches of every block."""
+    encoder_plan, decoder_plan = seq2seq_plans_of(model, layer, source, target, rows, padded, 0, 0)
+    self_groups = kv_cache_of(decoder_plan, target, model.decoder.layers)
+    return Seq2SeqDtypeRow(
+        parameter_bytes=encoder_plan.parameter_bytes,  # every weight of the checkpoint
+        encoder=estimate_of(encoder_plan),
+        decoder=estimate_of(decoder_plan),
+        kv_cache_bytes=sum(g.bytes for g in self_groups),
+        cross_kv_cache_bytes=sum(g.bytes for g in cross_kv_cache_of(decoder_plan, source)),
     )
 
 

@@ -34,7 +34,8 @@ from attnctl.render.text import printable
 ENCODING = "rowmax-uint"  # the name the page's script decodes
 ATTENTION_KEYS = ("attention", "encoder_attention", "decoder_attention", "cross_attention")
 # up to this many weights, 16 bits a weight (error ≤ row max / 131070); above, 8 bits
-# (error ≤ row max / 510), so that an 8k-key run's default rows stay a few MB
+# (error ≤ row max / 510), so that an 8k-key run's default rows stay a few MB; a weight
+# above 0 but below half a step reads as one step
 WIDE_LIMIT = 1 << 20
 DATA_ID = "attnctl-data"
 _SCRIPT_ESCAPES = {
@@ -75,9 +76,10 @@ def encode_attention(nested: list, name: str = "attention") -> dict[str, Any]:
     """A (B, heads, rows, Lk) array of weights in [0, 1], encoded compactly.
 
     ``row_max``: each row's largest weight (float32, little-endian, base64, B·heads·rows of
-    them); ``data``: each weight as round(w / row_max · M), M = 2^bits - 1, unsigned
-    little-endian (``bits`` 16, or 8 above :data:`WIDE_LIMIT` weights), base64. A row of
-    zeros (or of anything not finite) has row_max 0. Decoding: q / M · row_max.
+    them); ``data``: each weight as round(w / row_max · M), M = 2^bits - 1, but at least 1
+    for a weight above 0, so that 0 stands only for a weight of exactly 0 (a masked key),
+    unsigned little-endian (``bits`` 16, or 8 above :data:`WIDE_LIMIT` weights), base64. A
+    row of zeros (or of anything not finite) has row_max 0. Decoding: q / M · row_max.
     """
     batch, heads, rows, keys = _shape(nested, name)
     bits = 16 if batch * heads * rows * keys <= WIDE_LIMIT else 8
@@ -95,7 +97,8 @@ def encode_attention(nested: list, name: str = "attention") -> dict[str, Any]:
                     levels.extend(bytes(keys) if bits == 8 else [0] * keys)
                     continue
                 scale = top / stored
-                levels.extend(min(top, round(w * scale)) for w in finite)
+                # a weight that is not 0 keeps at least one step: 0 stays "exactly 0" (masked)
+                levels.extend(min(top, max(1, round(w * scale))) if w > 0 else 0 for w in finite)
     if sys.byteorder == "big":  # the page reads little-endian
         maxima.byteswap()
         levels.byteswap()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnctl.memory import KVCacheGroup, MemoryEstimate
 from attnctl.plan import Plan
-from attnctl.report import LengthReport, MemoryCommandReport, RunReport
+from attnctl.report import LengthReport, MemoryCommandReport, RunReport, Seq2SeqDtypeRow
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
     from attnctl.check import CheckResult
@@ -129,6 +129,18 @@ def memory_dict(estimate: MemoryEstimate) -> dict[str, int | str]:
     }
 
 
+def seq2seq_memory_dict(row: Seq2SeqDtypeRow) -> dict[str, int]:
+    """An encoder–decoder's memory at one source and target length (memory's figures)."""
+    return {
+        "parameters_bytes": row.parameter_bytes,
+        "encoder_peak_activation_bytes": row.encoder.peak_activation_bytes,
+        "decoder_peak_activation_bytes": row.decoder.peak_activation_bytes,
+        "kv_cache_bytes": row.kv_cache_bytes,
+        "cross_kv_cache_bytes": row.cross_kv_cache_bytes,
+        "peak_bytes": row.peak_bytes,
+    }
+
+
 def model_dict(plan: Plan) -> dict[str, Any] | None:
     model = plan.model
     if model is None:
@@ -145,14 +157,22 @@ def model_dict(plan: Plan) -> dict[str, Any] | None:
         "activation": model.activation,
         "vocab_size": model.vocab_size,
         "max_positions": model.max_positions,
+        "positions": model_positions(model),
         "dtype": model.dtype,
     }
 
 
+def model_positions(model: Any) -> str:
+    """The positions a checkpoint uses, as it describes them: those added to its embeddings
+    (learned, sinusoidal, sinusoidal_halves), else its attention's (rope, alibi, relative)."""
+    added = model.embeddings.positions
+    return added if added != "none" else model.config.pos
+
+
 def blocks_json(report: RunReport) -> dict[str, Any]:
     """``run --model --layer all``: each block's head statistics and weights under
-    ``layers``; the one-block keys (``layer``, ``stages``, ``head_stats``, ``attention``)
-    are null."""
+    ``layers``; ``stages`` block 0's as planned (every block of one kind has its table);
+    the one-block keys (``layer``, ``head_stats``, ``attention``) are null."""
     first, plan, estimate = report.trace, report.plan, report.estimate
     return _layer_run(
         {
@@ -162,6 +182,7 @@ def blocks_json(report: RunReport) -> dict[str, Any]:
             "vocab_size": first.vocab_size,
             "device": first.device,
             "tokens": [[t.to_dict() for t in row] for row in first.tokens],
+            "stages": [s.to_dict() for s in plan.stages],  # block 0's, as planned
             "impl": first.impl,
             "attention_heads": first.attention_heads,
             "attention_rows": first.attention_rows,
@@ -420,6 +441,7 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
             "hidden": model.hidden,
             "heads": model.heads,
             "vocab_size": model.vocab_size,
+            "positions": model_positions(model),
             "dtype": model.dtype,
         },
         "config": model.config.to_dict(),  # the encoder's attention
@@ -462,6 +484,13 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         ],
         "kv_cache_bytes": report.final_estimated_bytes,
         "measured_kv_cache_bytes": report.final_measured_bytes,
+        # memory --src-len S --tgt-len T's figures for the run's source and target lengths
+        "memory": None
+        if report.memory is None
+        else {
+            "parameters": report.memory.encoder.parameters,  # every weight, as parameters_bytes
+            **seq2seq_memory_dict(report.memory),
+        },
         # the statistics of the blocks shown (see head_stats), one list per attention
         **{
             f"{kind}_head_stats": [s.to_dict() for s in report.shown_stats.get(kind, [])]

@@ -15,6 +15,7 @@ from attnctl.render.json import (
     memory_dict,
     memory_json,
     model_dict,
+    seq2seq_memory_dict,
     shapes_json,
     versioned,
 )
@@ -73,14 +74,7 @@ def memory_document(report: MemoryCommandReport | Seq2SeqMemoryReport) -> dict[s
 
 
 def _row(row: Seq2SeqDtypeRow) -> dict[str, int]:
-    return {
-        "parameters_bytes": row.parameter_bytes,
-        "encoder_peak_activation_bytes": row.encoder.peak_activation_bytes,
-        "decoder_peak_activation_bytes": row.decoder.peak_activation_bytes,
-        "kv_cache_bytes": row.kv_cache_bytes,
-        "cross_kv_cache_bytes": row.cross_kv_cache_bytes,
-        "peak_bytes": row.peak_bytes,
-    }
+    return seq2seq_memory_dict(row)
 
 
 def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:

@@ -13,6 +13,7 @@
   var THUMB = 76; /* px of a model-view cell */
   var MAX_TEXT = 200; /* characters of a text in the header */
   var FOCUS_ROWS = 24; /* weights listed beside the head view at most */
+  var MASKED_FILL = "#dfe2e8"; /* a matrix cell whose weight is exactly 0: a masked key */
 
   var doc = JSON.parse(document.getElementById("attnctl-data").textContent);
   var root = document.getElementById("report");
@@ -67,10 +68,11 @@
     return label;
   }
   /* a long text shortened for the header, as the terminal does */
-  function shownText(text) {
+  function shownText(text, quoted) {
     var chars = Array.from(printable(text));
-    if (chars.length <= MAX_TEXT) return chars.join("");
-    return chars.slice(0, MAX_TEXT).join("") + "\u2026 (" + Array.from(text).length.toLocaleString("en-US") + " characters in all)";
+    var open = quoted ? "\u201c" : "", close = quoted ? "\u201d" : "";
+    if (chars.length <= MAX_TEXT) return open + chars.join("") + close;
+    return open + chars.slice(0, MAX_TEXT).join("") + "\u2026" + close + " (" + Array.from(text).length.toLocaleString("en-US") + " characters in all)";
   }
   function formatBytes(bytes) {
     if (typeof bytes !== "number") return "\u2014";
@@ -78,6 +80,13 @@
     var value = bytes, unit = 0;
     while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit++; }
     return unit === 0 ? bytes + " B" : value.toFixed(2) + " " + units[unit];
+  }
+  /* a weight as read out: 3 significant digits, scientific below 0.01; exactly 0 is a masked
+     key (causal, window or padding: the encoding keeps any weight above 0 above 0) */
+  function weightText(value) {
+    if (typeof value !== "number" || !isFinite(value)) return "\u2014";
+    if (value === 0) return "\u2014";
+    return value >= 0.01 ? value.toPrecision(3) : value.toExponential(2);
   }
   function fixed(value, digits) {
     return typeof value === "number" ? value.toFixed(digits) : "\u2014";
@@ -248,7 +257,7 @@
     texts.forEach(function (text, b) { row(texts.length > 1 ? "text " + b : "text", shownText(text)); });
     if (isList(doc.context_tokens)) textsOf(doc.context_tokens).forEach(function (text, b) { row("context " + b, shownText(text)); });
     if (isList(doc.generated_text)) doc.generated_text.forEach(function (text, b) {
-      row(doc.generated_text.length > 1 ? "generated " + b : "generated", shownText(text));
+      row(doc.generated_text.length > 1 ? "generated " + b : "generated", shownText(text, true));
     });
     if (doc.stop) row("stop", doc.stop);
     if (model) {
@@ -260,9 +269,14 @@
     if (typeof doc.layer === "number") row("block", doc.layer);
     if (typeof doc.encoder_layer === "number") row("blocks", "encoder " + doc.encoder_layer + " \u00b7 decoder " + doc.decoder_layer);
     if (config.d_model) {
-      row("layer", "d_model " + config.d_model + " \u00b7 heads " + config.heads + (config.kv_heads && config.kv_heads !== config.heads ? " (kv " + config.kv_heads + ")" : "") +
-        " \u00b7 pos " + config.pos + " \u00b7 mask " + config.mask + " \u00b7 norm " + config.norm +
-        (config.window ? " \u00b7 window " + config.window : "") + " \u00b7 seed " + config.seed);
+      /* a checkpoint: its own positions (GPT-2's are learned, added to its embeddings) and no
+         seed (its weights are read, not drawn); the seeded layer: its config as given */
+      var facts = ["d_model " + config.d_model, "heads " + config.heads + (config.kv_heads && config.kv_heads !== config.heads ? " (kv " + config.kv_heads + ")" : "")];
+      facts.push(model ? "positions " + (model.positions || config.pos) : "pos " + config.pos);
+      facts.push("mask " + config.mask, "norm " + config.norm);
+      if (config.window) facts.push("window " + config.window);
+      if (!model) facts.push("seed " + config.seed);
+      row(model ? (isList(doc.source_tokens) ? "encoder attention" : "attention layer") : "layer", facts.join(" \u00b7 "));
     }
     row("tokenizer", doc.tokenizer ? printable(doc.tokenizer) + (doc.vocab_size ? " (vocab " + doc.vocab_size + ")" : "") : null);
     row("device", [doc.device, doc.dtype || config.dtype].filter(Boolean).join(" \u00b7 "));
@@ -298,7 +312,7 @@
       }));
     }
     if (now.source.blocks.length > 1) {
-      controls.appendChild(selectField("layer-select", "block", now.source.blocks.map(function (block) { return "layer " + block.layer; }), state.block, function (value) {
+      controls.appendChild(selectField("layer-select", "block", now.source.blocks.map(function (block) { return "block " + block.layer; }), state.block, function (value) {
         state.block = value; state.focus = null; redraw(false);
       }));
     }
@@ -353,12 +367,15 @@
   /* the keys drawn: every key, or (top-k) those some drawn row sends a line to */
   function edgesFor(now, mode, onlyRow) {
     var att = now.attention, b = Math.min(state.batch, att.B - 1);
+    var queryTokens = tokensOf(now.source.queries, b);
     var edges = [];
     var used = new Set();
     heads.forEach(function (head, h) {
       if (!state.selected[h]) return;
       for (var r = 0; r < att.R; r++) {
         if (onlyRow !== null && r !== onlyRow) continue;
+        var query = queryTokens[now.source.rows[r]];
+        if (query && query.pad) continue; /* a padding row: its weights are noise, no lines */
         var weights = att.row(b, h, r);
         var largest = att.rowMax(b, h, r);
         if (!(largest > 0)) continue;
@@ -513,11 +530,26 @@
       "Each row's " + state.topK + " strongest keys per head; a line's opacity is \u221a(weight \u00f7 the row's largest).") +
       (source.rows.length < queryTokens.length ? " Only the computed query rows (--rows) are drawn." : "") +
       " Hover a token to isolate its row (query) or column (key); click to pin.";
+    var paddingRows = source.rows.some(function (pos) { return queryTokens[pos] && queryTokens[pos].pad; });
+    if (paddingRows) note.textContent += " Padding query rows draw no lines (their weights mean nothing).";
+    drawLegend(source, queryTokens, keyTokens, generatedQuery, generatedKey);
     headView.backgrounds = backgrounds;
     state.focus = null;
     state.pinned = false;
     focusTable(null);
     readout("");
+  }
+
+  /* the legend of what this view marks: generated tokens, padding; nothing that is not there */
+  function drawLegend(source, queryTokens, keyTokens, generatedQuery, generatedKey) {
+    var legend = headView.querySelector(".legend");
+    legend.textContent = "";
+    var generated = source.rows.some(function (pos) { return pos >= generatedQuery && pos < queryTokens.length; }) ||
+      keyTokens.length > generatedKey;
+    if (generated) legend.appendChild(el("span", { class: "mark-generated" }, "generated tokens"));
+    var padded = queryTokens.concat(keyTokens).some(function (t) { return t && t.pad; });
+    if (padded) legend.appendChild(el("span", { class: "mark-pad" }, "padding (weight 0 as a key, no lines as a query)"));
+    legend.hidden = !generated && !padded;
   }
 
   /* isolate one query row or key column: other lines hidden, the other side shaded by weight */
@@ -600,7 +632,7 @@
       var tr = el("tr", { class: o.token && o.token.pad ? "pad" : null });
       tr.appendChild(el("td", { class: "text" }, o.pos + " " + (o.token && o.token.pad ? "pad" : tokenLabel(o.token || {}, 14))));
       o.values.concat(picked.length > 1 ? [o.mean] : []).forEach(function (value) {
-        var td = el("td", null, value.toFixed(2));
+        var td = el("td", { class: value === 0 ? "masked" : null, title: value === 0 ? "masked (weight exactly 0)" : null }, weightText(value));
         td.style.background = shade(value);
         if (value > 0.45) td.style.color = "#ffffff";
         tr.appendChild(td);
@@ -649,20 +681,22 @@
     var ctx = canvas.getContext("2d");
     ctx.scale(ratio, ratio);
     ctx.fillStyle = "#ffffff"; ctx.fillRect(0, 0, width, height);
+    var masked = false;
     for (var r = 0; r < R; r++) {
       var weights = att.row(b, h, r);
       for (var c = 0; c < columns; c++) {
         var from = Math.floor(c * perColumn), to = Math.max(from + 1, Math.floor((c + 1) * perColumn));
         var value = 0;
         for (var k = from; k < to; k++) if (weights[k] > value) value = weights[k];
-        ctx.fillStyle = shade(relative ? value / Math.max(att.rowMax(b, h, r), 1e-30) : value);
+        if (value === 0) masked = true; /* every key of the cell exactly 0: masked, grey */
+        ctx.fillStyle = value === 0 ? MASKED_FILL : shade(relative ? value / Math.max(att.rowMax(b, h, r), 1e-30) : value);
         ctx.fillRect(left + c * cell, top + r * rowHeight, cell, rowHeight);
       }
       if (r > 0 && rows[r] !== rows[r - 1] + 1) { /* rows not computed lie between */
         ctx.fillStyle = "#e0541c"; ctx.fillRect(left, top + r * rowHeight - 1, columns * cell, 2);
       }
     }
-    if (!labelled) return { cell: cell, rowHeight: rowHeight, left: left, top: top, perColumn: perColumn, columns: columns };
+    if (!labelled) return { cell: cell, rowHeight: rowHeight, left: left, top: top, perColumn: perColumn, columns: columns, masked: masked };
     ctx.fillStyle = "#1d2330";
     ctx.font = Math.min(12, rowHeight) + "px system-ui, sans-serif";
     ctx.textBaseline = "middle";
@@ -686,7 +720,7 @@
         ctx.restore();
       }
     }
-    return { cell: cell, rowHeight: rowHeight, left: left, top: top, perColumn: perColumn, columns: columns };
+    return { cell: cell, rowHeight: rowHeight, left: left, top: top, perColumn: perColumn, columns: columns, masked: masked };
   }
 
   function drawMatrices() {
@@ -702,6 +736,7 @@
       (Math.floor(cellsWidth / att.K) < 1 ? " One pixel column holds " + Math.ceil(att.K / cellsWidth) + " keys: their largest weight." : "") +
       (now.source.rows.length < queryTokens.length ? " Only the computed query rows; an orange line marks rows left out." : "") +
       " Hover a cell to read its weight.";
+    var anyMasked = false;
     heads.forEach(function (head, h) {
       var figure = el("figure", { class: "head-matrix", "data-head": head });
       var caption = el("figcaption");
@@ -712,20 +747,26 @@
       figure.appendChild(caption);
       var canvas = el("canvas", { class: "matrix", "data-head": head });
       var geometry = drawMatrix(canvas, att, b, h, now.source.rows, queryTokens, keyTokens, cellsWidth, true);
+      anyMasked = anyMasked || geometry.masked;
       canvas.addEventListener("mousemove", function (event) {
         var bounds = canvas.getBoundingClientRect();
         var x = event.clientX - bounds.left - geometry.left, y = event.clientY - bounds.top - geometry.top;
         var r = Math.floor(y / geometry.rowHeight), c = Math.floor(x / geometry.cell);
         if (r < 0 || r >= att.R || c < 0 || c >= geometry.columns) { matrixReadout(""); return; }
-        var k = Math.floor(c * geometry.perColumn);
-        var weight = att.row(b, h, r)[k];
+        /* the pixel's keys: the largest of them, as the cell is shaded */
+        var from = Math.floor(c * geometry.perColumn), to = Math.max(from + 1, Math.floor((c + 1) * geometry.perColumn));
+        var weights = att.row(b, h, r), k = from;
+        for (var j = from; j < to; j++) if (weights[j] > weights[k]) k = j;
+        var weight = weights[k];
         matrixReadout("head " + head + " \u00b7 query " + now.source.rows[r] + " \u201c" + tokenLabel(queryTokens[now.source.rows[r]] || {}) +
-          "\u201d \u2192 key " + k + " \u201c" + tokenLabel(keyTokens[k] || {}) + "\u201d: " + weight.toFixed(4) + (geometry.perColumn > 1 ? " (one pixel: " + Math.round(geometry.perColumn) + " keys, their largest shown)" : ""));
+          "\u201d \u2192 key " + k + " \u201c" + tokenLabel(keyTokens[k] || {}) + "\u201d: " + (weight === 0 ? "masked (weight exactly 0)" : weightText(weight)) +
+          (to - from > 1 ? " (one pixel: keys " + from + "\u2013" + (to - 1) + ", their largest shown)" : ""));
       });
       canvas.addEventListener("mouseleave", function () { matrixReadout(""); });
       figure.appendChild(canvas);
       box.appendChild(figure);
     });
+    if (anyMasked) matrices.querySelector(".note").textContent += " Grey: masked keys (weight exactly 0).";
     markMatrices();
   }
   function matrixReadout(text) {
@@ -753,11 +794,11 @@
     var b = Math.min(state.batch, now.attention.B - 1);
     blocks.forEach(function (block, index) {
       var row = el("tr");
-      row.appendChild(el("th", null, "layer " + block.layer));
+      row.appendChild(el("th", null, "block " + block.layer));
       heads.forEach(function (headNumber, h) {
         var cell = el("td");
         var canvas = el("canvas", { class: "cell" + (index === state.block && state.selected[h] ? " current" : ""), "data-layer": block.layer, "data-head": headNumber,
-          title: "layer " + block.layer + ", head " + headNumber + ": show it in the head view" });
+          title: "block " + block.layer + ", head " + headNumber + ": show it in the head view" });
         drawThumb(canvas, block.attention, b, h);
         canvas.addEventListener("click", function () {
           state.block = index;
@@ -873,7 +914,7 @@
 
   function stageSection() {
     var groups = [];
-    if (isList(doc.stages)) groups.push(["stages", doc.stages]);
+    if (isList(doc.stages)) groups.push([isList(doc.layers) ? "stages (block 0's, as planned" + (isList(doc.prompt_tokens) ? ", over the prompt" : "") + ": the embeddings, then block 0; a later block starts from the hidden states)" : "stages", doc.stages]);
     if (isList(doc.encoder_stages)) groups.push(["encoder stages", doc.encoder_stages]);
     if (isList(doc.decoder_stages)) groups.push(["decoder stages (the whole target at once)", doc.decoder_stages]);
     if (!groups.length) return null;
@@ -894,8 +935,11 @@
     var names = {
       parameters: "parameters", parameters_bytes: "parameters (bytes)", activation_bytes: "activations, all stages",
       attention_matrix_bytes: "one B\u00b7H\u00b7L\u00b7L matrix", scores_bytes: "scores", weights_bytes: "weights",
-      peak_activation_bytes: "peak activations", peak_bytes: "peak (parameters + activations)", peak_stage: "peak at stage"
+      peak_activation_bytes: "peak activations", peak_bytes: "peak (parameters + activations)", peak_stage: "peak at stage",
+      encoder_peak_activation_bytes: "encoder peak activations (block 0)", decoder_peak_activation_bytes: "decoder peak activations (block 0, the whole target)",
+      kv_cache_bytes: "decoder self-attention KV cache", cross_kv_cache_bytes: "cross-attention K and V (from the source)"
     };
+    if (isList(doc.source_tokens)) names.peak_bytes = "peak (parameters + the larger of the encoder's and the decoder's with both caches)";
     var memory = doc.memory && typeof doc.memory === "object" ? doc.memory : {};
     Object.keys(memory).forEach(function (key) {
       var value = memory[key];
@@ -903,8 +947,9 @@
       var shown = key === "parameters" ? value.toLocaleString("en-US") : typeof value === "number" ? formatBytes(value) : String(value);
       rows.push([names[key] || key, shown, typeof value === "number" && key !== "parameters" ? value.toLocaleString("en-US") + " B" : ""]);
     });
-    if (typeof doc.kv_cache_bytes === "number") rows.push(["KV cache at the end (estimate)", formatBytes(doc.kv_cache_bytes), doc.kv_cache_bytes.toLocaleString("en-US") + " B"]);
-    if (typeof doc.measured_kv_cache_bytes === "number") rows.push(["KV cache at the end (measured)", formatBytes(doc.measured_kv_cache_bytes), doc.measured_kv_cache_bytes.toLocaleString("en-US") + " B"]);
+    var caches = isList(doc.source_tokens) ? "KV caches at the end (self + cross, " : "KV cache at the end (";
+    if (typeof doc.kv_cache_bytes === "number") rows.push([caches + "estimate)", formatBytes(doc.kv_cache_bytes), doc.kv_cache_bytes.toLocaleString("en-US") + " B"]);
+    if (typeof doc.measured_kv_cache_bytes === "number") rows.push([caches + "measured)", formatBytes(doc.measured_kv_cache_bytes), doc.measured_kv_cache_bytes.toLocaleString("en-US") + " B"]);
     if (!rows.length) return null;
     var section = el("section", { id: "memory-section" });
     section.appendChild(el("h2", null, "memory"));
@@ -974,12 +1019,7 @@
     } else {
       controls = el("nav", { class: "controls", id: "controls" });
       root.appendChild(controls);
-      var legend = el("span", { class: "legend" });
-      if (isList(doc.prompt_tokens) || isList(doc.source_tokens)) legend.appendChild(el("span", { class: "mark-generated" }, "generated tokens"));
-      var padded = [doc.tokens, doc.context_tokens, doc.source_tokens, doc.target_tokens].some(function (lists) {
-        return isList(lists) && lists.some(function (row) { return isList(row) && row.some(function (t) { return t && t.pad; }); });
-      });
-      if (padded) legend.appendChild(el("span", { class: "mark-pad" }, "padding (weight 0 as a key)"));
+      var legend = el("span", { class: "legend" }); /* filled by drawLegend, per view */
       var pair = el("div", { class: "head-view-pair" });
       pair.appendChild(el("div", { class: "head-view-wrap" }));
       pair.appendChild(el("div", { class: "focus-weights" }));
