@@ -240,3 +240,93 @@ def test_every_view_saves_its_attention_with_tables_and_with_the_heatmap(
     if "every block" in name and "encoder" in name:  # each kind of each block
         assert {"encoder.block.1.attention", "decoder.block.1.attention",
                 "cross.block.1.attention"} <= set(tensors)  # fmt: skip
+
+
+def _recorded_need(monkeypatch) -> list[int]:
+    """The bytes each run after this asks the pre-flight for, in order."""
+    import attnctl.app.use_cases as use_cases
+
+    asked: list[int] = []
+    real = use_cases.preflight
+
+    def recording(plan, need_bytes, *rest, **kwargs):
+        asked.append(need_bytes)
+        return real(plan, need_bytes, *rest, **kwargs)
+
+    monkeypatch.setattr(use_cases, "preflight", recording)
+    return asked
+
+
+def _block_documents(invoke, gpt2: Path, text: str) -> list[dict]:
+    """``--layer N --json`` for each block of the tiny GPT-2: the stages the plan names."""
+    documents = []
+    for n in range(3):
+        result = invoke("run", text, "--model", str(gpt2), "--layer", str(n), "--device", "cpu",
+                        "--json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        documents.append(json.loads(result.stdout))
+    return documents
+
+
+def _own_stages(document: dict) -> list[dict]:
+    """A block's stages from its input on: the inputs and embeddings are block 0's."""
+    stages = document["stages"]
+    names = [stage["name"] for stage in stages]
+    return stages if document["layer"] == 0 else stages[names.index("hidden") :]
+
+
+def test_model_every_layer_saves_every_blocks_stages(invoke, tmp_path, gpt2):
+    text = "the cat sat on the mat"
+    args = (text, "--model", str(gpt2), "--layer", "all")
+    document, tensors, meta = _run_both(invoke, tmp_path / "stages.safetensors", *args)
+    dims = json.loads(meta["stages"])
+    groups = json.loads(meta["stage_groups"])
+    assert list(groups) == ["block.0.", "block.1.", "block.2."]
+    per_block = _block_documents(invoke, gpt2, text)
+    alone = tmp_path / "alone.safetensors"
+    expected_names = set()
+    for n, block_document in enumerate(per_block):
+        result = invoke("run", *args[:3], "--layer", str(n), "--device", "cpu", "--save",
+                        str(alone))  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        one_block = load_file(str(alone))
+        for stage in _own_stages(block_document):
+            name = f"block.{n}.{stage['name']}"
+            expected_names.add(name)
+            assert list(tensors[name].shape) == stage["shape"], name
+            assert str(tensors[name].dtype).removeprefix("torch.") == stage["dtype"], name
+            assert dims[name] == stage["dims"], name
+            # the same values as the block's own --layer N run (the same pass through it)
+            assert torch.equal(tensors[name], one_block[name]), name
+        # the recorded weights are the attention the JSON shows for that block
+        shown = torch.tensor(document["layers"][n]["attention"], dtype=torch.float32)
+        assert torch.equal(tensors[f"block.{n}.weights"], shown)
+    assert set(dims) == expected_names
+    assert set(tensors) == expected_names | {f"block.{n}.attention" for n in range(3)}
+    # the inputs once, with block 0
+    assert "block.0.token_ids" in tensors and "block.1.token_ids" not in tensors
+
+
+def test_every_layer_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch, gpt2):
+    text = "the cat sat on the mat"
+    per_block = _block_documents(invoke, gpt2, text)
+    asked = _recorded_need(monkeypatch)
+    args = ("run", text, "--model", str(gpt2), "--layer", "all", "--device", "cpu")
+    assert invoke(*args, "--json").exit_code == 0
+    target = tmp_path / "big.safetensors"
+    assert invoke(*args, "--save", str(target)).exit_code == 0
+    kept = sum(stage["bytes"] for document in per_block for stage in _own_stages(document))
+    assert asked[1] - asked[0] == kept > 0
+    # refused, --force-less, when the copies would not fit: nothing written, nothing printed
+    import attnctl.resources as resources
+    from attnctl.resources import Available
+
+    target.unlink()
+    between = Available(asked[0] + kept // 2, "x")
+    monkeypatch.setattr(resources, "available_memory", lambda device: between)
+    assert invoke(*args, "--json").exit_code == 0  # without the copies it fits
+    refused = invoke(*args, "--save", str(target))
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "use --force to try anyway" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert not target.exists() and not list(tmp_path.glob(".*"))

@@ -15,6 +15,7 @@ from typing import Any
 
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.render.text import printable
+from attnctl.trace import KeptStages
 
 SUFFIX = ".safetensors"
 # the document's keys that hold attention weights, saved under their own names
@@ -91,15 +92,31 @@ def _float32(nested: list, name: str) -> Any:
         ) from error
 
 
-def stage_tensors(traces: list) -> dict[str, Any]:
+def kept_stage_groups(report: Any) -> list[KeptStages]:
+    """The stages a run's report kept (``run --save``): each trace's (the seeded layer,
+    a model's block N), then the report's own groups (a generation's prefill, an
+    encoder–decoder's encoder and decoder)."""
+    groups = [trace.kept for trace in getattr(report, "traces", []) if trace.kept is not None]
+    return groups + list(getattr(report, "kept_stages", []))
+
+
+def stage_tensors(groups: list[KeptStages]) -> dict[str, Any]:
     """Each recorded stage's tensor: by its name for the seeded layer, ``block.N.NAME`` for
-    a model's block N."""
-    named: dict[str, Any] = {}
-    for trace in traces:
-        prefix = "" if trace.layer is None else f"block.{trace.layer}."
-        for stage, tensor in (trace.stage_tensors or {}).items():
-            named[prefix + stage] = tensor
-    return named
+    a model's block N (``prefill.block.N.NAME``, ``encoder.block.N.NAME``, …)."""
+    return {group.prefix + name: t for group in groups for name, t in group.tensors.items()}
+
+
+def stage_metadata(groups: list[KeptStages]) -> dict[str, str]:
+    """What the stage tensors are: ``stages`` maps each one's saved name to its named dims
+    (as the JSON's ``stages`` give them), ``stage_groups`` each prefix to its pass."""
+    if not groups:
+        return {}
+    dims = {group.prefix + s.name: list(s.dims) for group in groups for s in group.stages}
+    what = {group.prefix: group.what for group in groups}
+    return {
+        "stages": json.dumps(dims, ensure_ascii=False),
+        "stage_groups": json.dumps(what, ensure_ascii=False),
+    }
 
 
 def metadata(document: dict[str, Any]) -> dict[str, str]:
@@ -108,16 +125,18 @@ def metadata(document: dict[str, Any]) -> dict[str, str]:
     return {key: json.dumps(value, ensure_ascii=False) for key, value in found.items()}
 
 
-def save_run(target: Path, document: dict[str, Any], traces: list) -> int:
-    """Write the stages and attention of a run to ``target`` atomically (a temporary file
-    in the same directory, then renamed); the tensors written."""
+def save_run(target: Path, document: dict[str, Any], report: Any) -> int:
+    """Write the stages and attention of a run (``report``, ``document`` its JSON) to
+    ``target`` atomically (a temporary file in the same directory, then renamed); the
+    tensors written."""
     from safetensors.torch import save_file
 
-    tensors = {**stage_tensors(traces), **attention_tensors(document)}
+    groups = kept_stage_groups(report)
+    tensors = {**stage_tensors(groups), **attention_tensors(document)}
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(handle)
     try:
-        save_file(tensors, temporary, metadata=metadata(document))
+        save_file(tensors, temporary, metadata=metadata(document) | stage_metadata(groups))
         os.replace(temporary, target)
     except OSError as error:
         raise AttnctlError(
