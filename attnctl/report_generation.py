@@ -25,7 +25,7 @@ from attnctl.memory import KVCacheGroup, MemoryEstimate
 from attnctl.plan import Plan
 from attnctl.report import BlockSummary, TextWindow, block_summary, text_windows
 from attnctl.stats import HeadStats, head_stats
-from attnctl.trace import Token, Trace
+from attnctl.trace import KeptStages, Token, Trace
 
 TOP_KEYS_KEPT = 8  # strongest keys of each step's query row the report keeps
 
@@ -65,6 +65,8 @@ class GenerationRun:
     final_cache_shapes: list[dict[str, tuple[int, ...]]]
     final_measured_bytes: int
     device: str
+    # run --save: the prefill's stages, block by block (prefill.block.N.)
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ class GenerationReport:
     kv_groups: list[KVCacheGroup]  # the final cache by kind of block
     window_notes: list[WindowNote]
     heads_not_shown: tuple[int, int] | None = None
+    # run --save: the prefill's stages, block by block (prefill.block.N.)
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
     @property
     def trace(self) -> Trace:
@@ -207,6 +211,7 @@ def generation_report(
         final_cache_shapes=run.final_cache_shapes,
         final_estimated_bytes=final_estimated_bytes,
         final_measured_bytes=run.final_measured_bytes,
+        kept_stages=run.kept_stages,
         kv_groups=kv_groups,
         window_notes=window_notes(windows, steps, final_length),
         heads_not_shown=heads_not_shown,

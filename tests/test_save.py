@@ -330,3 +330,55 @@ def test_every_layer_kept_stages_count_in_the_memory_check(invoke, tmp_path, mon
     assert "use --force to try anyway" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
     assert not target.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_generate_saves_the_prefills_stages_of_every_block(invoke, tmp_path, gpt2):
+    text = "the cat sat on the mat"
+    args = (text, "--model", str(gpt2), "--generate", "3")
+    document, tensors, meta = _run_both(invoke, tmp_path / "prefill.safetensors", *args)
+    dims = json.loads(meta["stages"])
+    assert list(json.loads(meta["stage_groups"])) == [f"prefill.block.{n}." for n in range(3)]
+    alone = tmp_path / "alone.safetensors"
+    expected = set()
+    for n, block_document in enumerate(_block_documents(invoke, gpt2, text)):
+        result = invoke("run", text, "--model", str(gpt2), "--layer", str(n), "--device", "cpu",
+                        "--save", str(alone))  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        one_block = load_file(str(alone))
+        for stage in _own_stages(block_document):
+            name = f"prefill.block.{n}.{stage['name']}"
+            expected.add(name)
+            assert list(tensors[name].shape) == stage["shape"], name
+            assert dims[name] == stage["dims"], name
+            # the prefill is a pass over the prompt: the same values as run --layer N's
+            assert torch.equal(tensors[name], one_block[f"block.{n}.{stage['name']}"]), name
+    assert set(dims) == expected and set(tensors) == expected | {"attention"}
+    # the JSON's stages are the prefill's, as planned for the block shown (the last)
+    for stage in _own_stages({**document, "layer": 2}):
+        assert list(tensors[f"prefill.block.2.{stage['name']}"].shape) == stage["shape"]
+    # the prompt's rows of the final sequence's attention are the prefill's weights
+    prompt = len(document["prompt_tokens"][0])
+    shown = torch.tensor(document["attention"], dtype=torch.float32)[:, :, :prompt, :prompt]
+    assert torch.equal(tensors["prefill.block.2.weights"], shown)
+
+
+def test_generate_with_save_generates_the_same(invoke, tmp_path, gpt2):
+    args = ("run", "the cat", "--model", str(gpt2), "--generate", "4", "--device", "cpu")
+    alone = invoke(*args, "--json")
+    both = invoke(*args, "--json", "--save", str(tmp_path / "same.safetensors"))
+    assert alone.exit_code == 0 and both.exit_code == 0, both.stderr
+    assert json.loads(both.stdout) == json.loads(alone.stdout)
+
+
+def test_generate_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch, gpt2):
+    text = "the cat sat on the mat"
+    kept = sum(
+        stage["bytes"]
+        for document in _block_documents(invoke, gpt2, text)
+        for stage in _own_stages(document)
+    )
+    asked = _recorded_need(monkeypatch)
+    args = ("run", text, "--model", str(gpt2), "--generate", "2", "--device", "cpu")
+    assert invoke(*args, "--json").exit_code == 0
+    assert invoke(*args, "--json", "--save", str(tmp_path / "g.safetensors")).exit_code == 0
+    assert asked[1] - asked[0] == kept > 0

@@ -177,28 +177,34 @@ def generate_tokens(
     heads: list[int],
     cache_block: int,
     averaged_heads: list[int],
+    keep_stages: bool = False,
 ) -> GenerationRun:
     """Greedy decoding of up to ``new_tokens`` after ``prompt_ids`` (B, L), of equal
     length, keeping ``heads``' weights in ``blocks``; each step's query row of
     ``cache_block`` averaged over ``averaged_heads`` (a subset of ``heads``) gives its
-    strongest keys. Plain data back: lists and compact float32 rows."""
+    strongest keys. Plain data back: lists and compact float32 rows. ``keep_stages``
+    (``run --save``): a CPU copy of every block's stages in the prefill."""
     import torch
 
-    from attnctl.layer import resolve_device
+    from attnctl.layer import Recorder, resolve_device
     from attnctl.nn.generate import greedy
     from attnctl.nn.weights import model_weights
     from attnctl.report_generation import TOP_KEYS_KEPT, GenerationRun, GenerationStep
     from attnctl.resources import tune_allocator
-    from attnctl.runner import shown_weights
+    from attnctl.runner import kept_stages_of, shown_weights
 
     device = resolve_device(layer.device)
     tune_allocator()
     run = model.with_run(layer)
     prompt_len = len(prompt_ids[0])
+    records = {n: Recorder(keep=True) for n in range(run.layers)} if keep_stages else None
     with device_errors_of(layer.device), torch.inference_mode():
         weights = model_weights(run, layer, device, blocks=run.layers, head=True)
         ids = torch.tensor(prompt_ids, device=device)  # (B, L)
-        decoded = greedy(run, weights.named, ids, new_tokens, shown=blocks, heads=heads)
+        decoded = greedy(
+            run, weights.named, ids, new_tokens, shown=blocks, heads=heads,
+            prefill_records=records,
+        )  # fmt: skip
         del weights
         shown = decoded.attention[(cache_block, "attention")]  # (B, h, T, T)
         picked = [heads.index(h) for h in averaged_heads]
@@ -251,6 +257,10 @@ def generate_tokens(
         final_cache_shapes=decoded.final_cache,
         final_measured_bytes=decoded.final_cache_bytes,
         device=str(device),
+        kept_stages=[
+            kept_stages_of(record, f"prefill.block.{n}.", f"block {n}'s stages in the prefill")
+            for n, record in (records or {}).items()
+        ],
     )
 
 

@@ -129,7 +129,7 @@ def generation_use_case(
     hooks: Hooks,
 ) -> GenerationReport:
     """Check, tokenize, pre-flight, decode, report."""
-    from attnctl.app.use_cases import preflight
+    from attnctl.app.use_cases import kept_stage_bytes, preflight
 
     new_tokens = request.generate if request.generate is not None else 0
     model = check_generation_request(request, model, new_tokens)
@@ -185,12 +185,21 @@ def generation_use_case(
         + kept * (4 + per_weight)  # the rows as computed, then the report's copy
         + logits
     )
+    keep_stages = request.save is not None
+    if keep_stages:  # --save: a copy of every block's stages in the prefill stays alive
+        need += kept_stage_bytes(
+            [
+                plan_for(layer, prompt_len, rows, model.vocab_size, model=model, layer_index=n)
+                for n in range(model.layers)
+            ]
+        )
     preflight(plan, need, request.force, hooks, blocks=model.layers)
     prompt_ids = [[t.id for t in row] for row in batch.rows]
     with hooks.progress(f"generating {new_tokens} tokens with {model.name}"):
         run = generate_tokens(
-            model, layer, prompt_ids, new_tokens, blocks, all_heads, cache_block, all_heads
-        )
+            model, layer, prompt_ids, new_tokens, blocks, all_heads, cache_block, all_heads,
+            keep_stages,
+        )  # fmt: skip
     pieces = decode_pieces(run.generated, layer.tokenizer, prompt_ids)
     generated_tokens = [
         _generated_tokens(ids, row) for ids, row in zip(run.generated, pieces, strict=True)
