@@ -267,6 +267,8 @@ class TranslationRun:
     device: str
     # --layer all: "encoder", "decoder", "cross" -> block -> weights as a Trace holds them
     block_windows: dict[str, dict[int, tuple[list, list, object]]] = field(default_factory=dict)
+    # run --save: the encoder's stages and a teacher-forced decoder pass's, block by block
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -301,6 +303,8 @@ class TranslationReport:
     block_stats: dict[str, list[list[HeadStats]]] = field(default_factory=dict)
     # "encoder", "decoder", "cross" -> the statistics of the blocks shown
     shown_stats: dict[str, list[HeadStats]] = field(default_factory=dict)
+    # run --save: the encoder's stages and a teacher-forced decoder pass's, block by block
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
     @property
     def every_block(self) -> bool:

@@ -382,3 +382,105 @@ def test_generate_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkey
     assert invoke(*args, "--json").exit_code == 0
     assert invoke(*args, "--json", "--save", str(tmp_path / "g.safetensors")).exit_code == 0
     assert asked[1] - asked[0] == kept > 0
+
+
+def _seq2seq_block_documents(invoke, marian: Path, texts: tuple[str, ...]) -> list[dict]:
+    """``--layer N --json`` for each block N of the tiny Marian: encoder block N's and
+    decoder block N's planned stages, and their attentions."""
+    documents = []
+    for n in range(2):
+        result = invoke("run", *texts, "--model", str(marian), "--generate", "3", "--layer",
+                        str(n), "--device", "cpu", "--json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        documents.append(json.loads(result.stdout))
+    return documents
+
+
+def _own(stages: list[dict], block: int) -> list[dict]:
+    names = [stage["name"] for stage in stages]
+    return stages if block == 0 else stages[names.index("hidden") :]
+
+
+@pytest.mark.parametrize("texts", [("the cat",), ("the cat", "a dog eats fish")])
+def test_encoder_decoder_saves_every_blocks_stages(invoke, tmp_path, marian, texts):
+    args = (*texts, "--model", str(marian), "--generate", "3")
+    document, tensors, meta = _run_both(invoke, tmp_path / "seq2seq.safetensors", *args)
+    dims = json.loads(meta["stages"])
+    assert list(json.loads(meta["stage_groups"])) == [
+        "encoder.block.0.", "encoder.block.1.", "decoder.block.0.", "decoder.block.1."
+    ]  # fmt: skip
+    target_len = len(document["target_tokens"][0])
+    expected = set()
+    for n, block_document in enumerate(_seq2seq_block_documents(invoke, marian, texts)):
+        assert block_document["target_tokens"] == document["target_tokens"]
+        for kind in ("encoder", "decoder"):
+            for stage in _own(block_document[f"{kind}_stages"], n):
+                name = f"{kind}.block.{n}.{stage['name']}"
+                expected.add(name)
+                assert dims[name] == stage["dims"], name
+                # planned for the whole target the steps may fill (L = N + 1)
+                sizes = zip(stage["dims"], stage["shape"], strict=True)
+                shape = [target_len if kind == "decoder" and d == "L" else s for d, s in sizes]
+                assert list(tensors[name].shape) == shape, name
+        # the encoder's weights are the JSON's; the teacher-forced decoder pass's are the
+        # steps' (each row computed in its own step), to float error
+        encoder = torch.tensor(block_document["encoder_attention"], dtype=torch.float32)
+        assert torch.equal(tensors[f"encoder.block.{n}.weights"], encoder)
+        for stage, key in (("weights", "decoder_attention"), ("cross_weights", "cross_attention")):
+            steps = torch.tensor(block_document[key], dtype=torch.float32)
+            recorded = tensors[f"decoder.block.{n}.{stage}"]
+            assert recorded.shape == steps.shape
+            assert torch.allclose(recorded, steps, atol=1e-5, rtol=0), stage
+    assert set(dims) == expected
+    assert set(tensors) == expected | {k for k in ATTENTION_KEYS if document.get(k) is not None}
+    if len(texts) > 1:  # a padded source: its mask among the encoder's and decoder's inputs
+        assert {"encoder.block.0.padding_mask", "decoder.block.0.padding_mask"} <= expected
+
+
+def test_encoder_decoder_kept_stages_count_in_the_memory_check(
+    invoke, tmp_path, monkeypatch, marian
+):
+    texts = ("the cat", "a dog eats fish")
+
+    def planned_bytes(stage: dict, kind: str, target_len: int) -> int:
+        """The JSON plans the decoder for the target made; the pre-flight, for the longest
+        (the start token and all 3 tokens): L = 4."""
+        scale = 1
+        for dim, size in zip(stage["dims"], stage["shape"], strict=True):
+            if kind == "decoder" and dim == "L":
+                assert size == target_len
+                scale *= 4
+                stage = {**stage, "bytes": stage["bytes"] // size}
+        return stage["bytes"] * scale
+
+    kept = sum(
+        planned_bytes(stage, kind, len(document["target_tokens"][0]))
+        for n, document in enumerate(_seq2seq_block_documents(invoke, marian, texts))
+        for kind in ("encoder", "decoder")
+        for stage in _own(document[f"{kind}_stages"], n)
+    )
+    asked = _recorded_need(monkeypatch)
+    args = ("run", *texts, "--model", str(marian), "--generate", "3", "--device", "cpu")
+    assert invoke(*args, "--json").exit_code == 0
+    target = tmp_path / "t.safetensors"
+    assert invoke(*args, "--json", "--save", str(target)).exit_code == 0
+    assert asked[1] - asked[0] == kept > 0
+    import attnctl.resources as resources
+    from attnctl.resources import Available
+
+    target.unlink()
+    between = Available(asked[0] + kept // 2, "x")
+    monkeypatch.setattr(resources, "available_memory", lambda device: between)
+    refused = invoke(*args, "--save", str(target))
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "use --force to try anyway" in refused.stderr
+    assert not target.exists()
+
+
+def test_encoder_decoder_with_save_translates_the_same(invoke, tmp_path, marian):
+    args = ("run", "the cat", "a dog", "--model", str(marian), "--generate", "3", "--device",
+            "cpu", "--layer", "all", "--json")  # fmt: skip
+    alone = invoke(*args)
+    both = invoke(*args, "--save", str(tmp_path / "same.safetensors"))
+    assert alone.exit_code == 0 and both.exit_code == 0, both.stderr
+    assert json.loads(both.stdout) == json.loads(alone.stdout)

@@ -282,7 +282,7 @@ def translation_use_case(
 ) -> TranslationReport:
     """An encoder–decoder: encode the texts (a padded batch), generate greedily from the
     decoder's start token, and report the three attentions of the blocks chosen."""
-    from attnctl.app.use_cases import preflight
+    from attnctl.app.use_cases import kept_stage_bytes, preflight
 
     decoder = model.decoder
     new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate
@@ -369,6 +369,21 @@ def translation_use_case(
     )  # a step's
     need = encoder_plan.parameter_bytes + peaks + cache_bytes(target_len)
     need += kept * per_weight + logits
+    keep_stages = request.save is not None
+    if keep_stages:  # --save: every encoder block's stages, every decoder block's
+        need += kept_stage_bytes(
+            [
+                plan_for(layer, source_len, rows, model.vocab_size, padded=batch.padded,
+                         model=model, layer_index=n)
+                for n in range(model.layers)
+            ]
+        ) + kept_stage_bytes(
+            [
+                plan_for(layer, target_len, rows, decoder.vocab_size, padded=batch.padded,
+                         context_len=source_len, model=decoder, layer_index=n)
+                for n in range(decoder.layers)
+            ]
+        )  # fmt: skip
     preflight(encoder_plan, need, request.force, hooks, blocks=model.layers + decoder.layers)
     pad = rules.pad_id if rules.pad_id is not None else batch.pad_id
     padded = [[t.id for t in row] + [pad] * (source_len - len(row)) for row in batch.rows]
@@ -383,6 +398,7 @@ def translation_use_case(
             decoder_block,
             all_heads,
             every_block,
+            keep_stages,
         )
     targets = [[rules.start_id, *row] for row in run.generated]
     pieces = decode_pieces(targets, layer.tokenizer)
@@ -487,6 +503,7 @@ def translation_use_case(
     if not request.heads and not every_block and heads_count > len(heads_shown):
         hidden = (len(heads_shown), heads_count - 1)
     return TranslationReport(
+        kept_stages=run.kept_stages,
         texts=texts,
         model=model,
         dtype=layer.dtype,

@@ -63,8 +63,10 @@ def encode(
     padding: torch.Tensor | None,
     shown: Sequence[int],
     heads: list[int],
+    records: Mapping[int, Record] | None = None,
 ) -> Encoded:
-    """The encoder over source ids (B, Ls); ``padding`` (B, Ls) True = a real token."""
+    """The encoder over source ids (B, Ls); ``padding`` (B, Ls) True = a real token.
+    ``records``: block n's stages go to ``records[n]`` (``forward``'s)."""
     rows = list(range(source_ids.shape[1]))
     out = forward(
         model,
@@ -72,6 +74,7 @@ def encode(
         source_ids,
         last=model.layers - 1,
         recorded=None,
+        records=records,
         padding=padding,
         shown=shown,
         window=(heads, rows),
