@@ -382,7 +382,7 @@ def run(
         else:
             document = blocks_json(report) if report.every_block else run_json(report)
         if save_target is not None:
-            save_run(save_target, document, getattr(report, "traces", []))
+            save_run(save_target, document, report)
         if html_target is not None:
             from attnctl.render.html import write_html
 

@@ -20,7 +20,7 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,20 +174,32 @@ def _mode_for(target: Path) -> int:
 
 
 def write_atomically(output: OutputFile, content: bytes | str) -> int:
-    """Write ``content`` (text as UTF-8) to ``output``'s target atomically; its bytes.
-
-    A temporary file in the target's folder is written and renamed over the target; an I/O
-    failure is one line naming the user's path (exit 1), and the temporary file is removed.
-    """
+    """Write ``content`` (text as UTF-8) to ``output``'s target atomically; its bytes."""
     data = content.encode("utf-8") if isinstance(content, str) else content
+
+    def write(temporary: str) -> None:
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_TRUNC), "wb") as stream:
+            stream.write(data)
+
+    write_atomically_with(output, write)
+    return len(data)
+
+
+def write_atomically_with(output: OutputFile, write: Callable[[str], None]) -> None:
+    """Let ``write`` fill a temporary file in the target's folder (given its path), then
+    rename it over ``output``'s target.
+
+    An I/O failure (an ``OSError`` from ``write`` too) is one line naming the user's path
+    (exit 1), and the temporary file is removed.
+    """
     temporary: str | None = None
     try:
         mode = _mode_for(output.target)
         handle, temporary = tempfile.mkstemp(
             prefix=f".{output.target.name}.", dir=output.target.parent
         )
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
+        os.close(handle)
+        write(temporary)
         os.chmod(temporary, mode)  # mkstemp's 0600 otherwise
         os.replace(temporary, output.target)
         temporary = None
@@ -199,4 +211,3 @@ def write_atomically(output: OutputFile, content: bytes | str) -> int:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-    return len(data)

@@ -31,7 +31,7 @@ from attnctl.report import (
     text_windows,
 )
 from attnctl.stats import HeadStats, head_stats
-from attnctl.trace import Token, Trace
+from attnctl.trace import KeptStages, Token, Trace
 
 TOP_KEYS_KEPT = 8  # strongest keys of each step's query row the report keeps
 
@@ -71,6 +71,8 @@ class GenerationRun:
     final_cache_shapes: list[dict[str, tuple[int, ...]]]
     final_measured_bytes: int
     device: str
+    # run --save: the prefill's stages, block by block (prefill.block.N.)
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class GenerationReport:
     kv_groups: list[KVCacheGroup]  # the final cache by kind of block
     window_notes: list[WindowNote]
     heads_not_shown: tuple[int, int] | None = None
+    # run --save: the prefill's stages, block by block (prefill.block.N.)
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
     @property
     def trace(self) -> Trace:
@@ -213,6 +217,7 @@ def generation_report(
         final_cache_shapes=run.final_cache_shapes,
         final_estimated_bytes=final_estimated_bytes,
         final_measured_bytes=run.final_measured_bytes,
+        kept_stages=run.kept_stages,
         kv_groups=kv_groups,
         window_notes=window_notes(windows, steps, final_length),
         heads_not_shown=heads_not_shown,
@@ -268,6 +273,8 @@ class TranslationRun:
     device: str
     # --layer all: "encoder", "decoder", "cross" -> block -> weights as a Trace holds them
     block_windows: dict[str, dict[int, tuple[list, list, object]]] = field(default_factory=dict)
+    # run --save: the encoder's stages and a teacher-forced decoder pass's, block by block
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -304,6 +311,8 @@ class TranslationReport:
     block_stats: dict[str, list[list[HeadStats]]] = field(default_factory=dict)
     # "encoder", "decoder", "cross" -> the statistics of the blocks shown
     shown_stats: dict[str, list[HeadStats]] = field(default_factory=dict)
+    # run --save: the encoder's stages and a teacher-forced decoder pass's, block by block
+    kept_stages: list[KeptStages] = field(default_factory=list)
 
     @property
     def every_block(self) -> bool:

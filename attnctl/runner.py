@@ -15,7 +15,7 @@ from attnctl.describe import ModelDescription, seeded_model
 from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.resources import tune_allocator
 from attnctl.tokenize import Batch, encode_batch
-from attnctl.trace import RowSums, Trace
+from attnctl.trace import KeptStages, RowSums, Trace
 
 TOP_KEYS = 64  # strongest keys kept per query row, for tables too narrow for every key
 
@@ -53,7 +53,8 @@ def run(
     for ``heads`` x ``rows``.
 
     The stages are recorded for the first of ``layers`` only when it is the one layer
-    asked for (``--layer N``); ``--layer all`` shows weights, not stages. ``context``,
+    asked for (``--layer N``); ``--layer all`` shows weights, not stages (with
+    ``keep_stages``, each block's are recorded and kept, not shown). ``context``,
     one row per text, makes the seeded layer cross-attention over those tokens. The
     caller has checked memory first (``resources.preflight``). ``keep_stages`` keeps a
     CPU copy of each recorded stage's tensor (``run --save``).
@@ -90,7 +91,10 @@ def run(
             [[t.id for t in row] for row in context_rows], device=device
         )  # (B, Lc)
     padding = padding_mask(keys, device) if needs_padding_mask(keys, config) else None
-    record = Recorder(keep=keep_stages)
+    record = Recorder(keep=keep_stages)  # --layer N: the block's stages, shown and kept
+    records = {layers[0]: record} if len(layers) == 1 else {}
+    if keep_stages and len(layers) > 1:  # --layer all --save: each block's own, kept
+        records = {n: Recorder(keep=True) for n in layers}
     queries = [len(row) for row in batch.rows]
     with device_errors(device), torch.inference_mode():
         result = forward(
@@ -98,8 +102,7 @@ def run(
             weights.named,
             token_ids,
             last=last,
-            record=record,
-            recorded=layers[0] if len(layers) == 1 else None,
+            records=records,
             padding=padding,
             context_ids=context_ids,
             shown=layers,
@@ -122,10 +125,20 @@ def run(
             context_tokens=context_rows,
             layer=None if model is None else n,
             sums=windows[n][2],
-            stage_tensors=record.tensors if keep_stages else None,
+            kept=kept_stages_of(records[n], "" if model is None else f"block.{n}.")
+            if keep_stages
+            else None,
         )
         for n in layers
     ]
+
+
+def kept_stages_of(record: Any, prefix: str, what: str = "") -> KeptStages:
+    """What a keeping :class:`~attnctl.layer.Recorder` holds, saved under ``prefix``."""
+    if not what:
+        block = prefix.removesuffix(".").rpartition(".")[2]
+        what = f"block {block}'s stages" if prefix else "the layer's stages"
+    return KeptStages(prefix, record.stages, record.tensors, what)
 
 
 def _start(

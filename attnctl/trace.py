@@ -37,6 +37,17 @@ class Stage:
         }
 
 
+@dataclass
+class KeptStages:
+    """``run --save``: the stages one pass through one block recorded, with a CPU copy of
+    each tensor (torch.Tensor), saved as ``prefix + stage name``."""
+
+    prefix: str  # "" (the seeded layer), "block.3.", "prefill.block.3.", "encoder.block.0."
+    stages: list[Stage]  # as recorded, in order
+    tensors: dict  # stage name -> CPU tensor
+    what: str = ""  # one line for people: which pass, which block
+
+
 @dataclass(frozen=True)
 class Token:
     """One token: its id, the text span it covers in the input, and that span's offsets."""
@@ -87,7 +98,7 @@ class Trace:
     context_tokens: list[list[Token]] | None = None  # cross-attention: the keys' tokens
     layer: int | None = None  # a pretrained model's block these weights come from
     sums: RowSums | None = None
-    stage_tensors: dict | None = None  # run --save: stage name -> CPU tensor (torch.Tensor)
+    kept: KeptStages | None = None  # run --save: the stages recorded and their tensors
 
     def attention_lists(self) -> list:
         """The weights as plain nested lists (B, heads, rows, Lk), e.g. for JSON."""

@@ -274,6 +274,18 @@ def test_a_full_disk_is_one_line_naming_the_users_path_and_leaves_nothing(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"/{tmp_path}/.tmp-name")
 
     monkeypatch.setattr(output_files.os, "fdopen", FullDisk)
+    if option == "--save":  # safetensors writes the tensors itself, and says so its own way
+        import safetensors.torch
+        from safetensors import SafetensorError
+
+        def full_disk(tensors, filename, metadata=None) -> None:
+            Path(filename).write_bytes(b"half a file")
+            raise SafetensorError(
+                "Error while serializing: I/O error: No space left on device (os error 28) "
+                f'at path "{tmp_path}/.tmpAb12"'
+            )
+
+        monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     name = OPTIONS[option]
     (tmp_path / name).write_bytes(b"old")
     link = tmp_path / f"link-{name}"

@@ -239,3 +239,247 @@ def test_every_view_saves_its_attention_with_tables_and_with_the_heatmap(
     if "every block" in name and "encoder" in name:  # each kind of each block
         assert {"encoder.block.1.attention", "decoder.block.1.attention",
                 "cross.block.1.attention"} <= set(tensors)  # fmt: skip
+
+
+def _recorded_need(monkeypatch) -> list[int]:
+    """The bytes each run after this asks the pre-flight for, in order."""
+    import attnctl.app.use_cases as use_cases
+
+    asked: list[int] = []
+    real = use_cases.preflight
+
+    def recording(plan, need_bytes, *rest, **kwargs):
+        asked.append(need_bytes)
+        return real(plan, need_bytes, *rest, **kwargs)
+
+    monkeypatch.setattr(use_cases, "preflight", recording)
+    return asked
+
+
+def _block_documents(invoke, gpt2: Path, text: str) -> list[dict]:
+    """``--layer N --json`` for each block of the tiny GPT-2: the stages the plan names."""
+    documents = []
+    for n in range(3):
+        result = invoke("run", text, "--model", str(gpt2), "--layer", str(n), "--device", "cpu",
+                        "--json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        documents.append(json.loads(result.stdout))
+    return documents
+
+
+def _own_stages(document: dict) -> list[dict]:
+    """A block's stages from its input on: the inputs and embeddings are block 0's."""
+    stages = document["stages"]
+    names = [stage["name"] for stage in stages]
+    return stages if document["layer"] == 0 else stages[names.index("hidden") :]
+
+
+def test_model_every_layer_saves_every_blocks_stages(invoke, tmp_path, gpt2):
+    text = "the cat sat on the mat"
+    args = (text, "--model", str(gpt2), "--layer", "all")
+    document, tensors, meta = _run_both(invoke, tmp_path / "stages.safetensors", *args)
+    dims = json.loads(meta["stages"])
+    groups = json.loads(meta["stage_groups"])
+    assert list(groups) == ["block.0.", "block.1.", "block.2."]
+    per_block = _block_documents(invoke, gpt2, text)
+    alone = tmp_path / "alone.safetensors"
+    expected_names = set()
+    for n, block_document in enumerate(per_block):
+        result = invoke("run", *args[:3], "--layer", str(n), "--device", "cpu", "--save",
+                        str(alone))  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        one_block = load_file(str(alone))
+        for stage in _own_stages(block_document):
+            name = f"block.{n}.{stage['name']}"
+            expected_names.add(name)
+            assert list(tensors[name].shape) == stage["shape"], name
+            assert str(tensors[name].dtype).removeprefix("torch.") == stage["dtype"], name
+            assert dims[name] == stage["dims"], name
+            # the same values as the block's own --layer N run (the same pass through it)
+            assert torch.equal(tensors[name], one_block[name]), name
+        # the recorded weights are the attention the JSON shows for that block
+        shown = torch.tensor(document["layers"][n]["attention"], dtype=torch.float32)
+        assert torch.equal(tensors[f"block.{n}.weights"], shown)
+    assert set(dims) == expected_names
+    assert set(tensors) == expected_names | {f"block.{n}.attention" for n in range(3)}
+    # the inputs once, with block 0
+    assert "block.0.token_ids" in tensors and "block.1.token_ids" not in tensors
+
+
+def test_every_layer_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch, gpt2):
+    text = "the cat sat on the mat"
+    per_block = _block_documents(invoke, gpt2, text)
+    asked = _recorded_need(monkeypatch)
+    args = ("run", text, "--model", str(gpt2), "--layer", "all", "--device", "cpu")
+    assert invoke(*args, "--json").exit_code == 0
+    target = tmp_path / "big.safetensors"
+    assert invoke(*args, "--save", str(target)).exit_code == 0
+    kept = sum(stage["bytes"] for document in per_block for stage in _own_stages(document))
+    assert asked[1] - asked[0] == kept > 0
+    # refused, --force-less, when the copies would not fit: nothing written, nothing printed
+    import attnctl.resources as resources
+    from attnctl.resources import Available
+
+    target.unlink()
+    between = Available(asked[0] + kept // 2, "x")
+    monkeypatch.setattr(resources, "available_memory", lambda device: between)
+    assert invoke(*args, "--json").exit_code == 0  # without the copies it fits
+    refused = invoke(*args, "--save", str(target))
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "use --force to try anyway" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert not target.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_generate_saves_the_prefills_stages_of_every_block(invoke, tmp_path, gpt2):
+    text = "the cat sat on the mat"
+    args = (text, "--model", str(gpt2), "--generate", "3")
+    document, tensors, meta = _run_both(invoke, tmp_path / "prefill.safetensors", *args)
+    dims = json.loads(meta["stages"])
+    assert list(json.loads(meta["stage_groups"])) == [f"prefill.block.{n}." for n in range(3)]
+    alone = tmp_path / "alone.safetensors"
+    expected = set()
+    for n, block_document in enumerate(_block_documents(invoke, gpt2, text)):
+        result = invoke("run", text, "--model", str(gpt2), "--layer", str(n), "--device", "cpu",
+                        "--save", str(alone))  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        one_block = load_file(str(alone))
+        for stage in _own_stages(block_document):
+            name = f"prefill.block.{n}.{stage['name']}"
+            expected.add(name)
+            assert list(tensors[name].shape) == stage["shape"], name
+            assert dims[name] == stage["dims"], name
+            # the prefill is a pass over the prompt: the same values as run --layer N's
+            assert torch.equal(tensors[name], one_block[f"block.{n}.{stage['name']}"]), name
+    assert set(dims) == expected and set(tensors) == expected | {"attention"}
+    # the JSON's stages are the prefill's, as planned for the block shown (the last)
+    for stage in _own_stages({**document, "layer": 2}):
+        assert list(tensors[f"prefill.block.2.{stage['name']}"].shape) == stage["shape"]
+    # the prompt's rows of the final sequence's attention are the prefill's weights
+    prompt = len(document["prompt_tokens"][0])
+    shown = torch.tensor(document["attention"], dtype=torch.float32)[:, :, :prompt, :prompt]
+    assert torch.equal(tensors["prefill.block.2.weights"], shown)
+
+
+def test_generate_with_save_generates_the_same(invoke, tmp_path, gpt2):
+    args = ("run", "the cat", "--model", str(gpt2), "--generate", "4", "--device", "cpu")
+    alone = invoke(*args, "--json")
+    both = invoke(*args, "--json", "--save", str(tmp_path / "same.safetensors"))
+    assert alone.exit_code == 0 and both.exit_code == 0, both.stderr
+    assert json.loads(both.stdout) == json.loads(alone.stdout)
+
+
+def test_generate_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch, gpt2):
+    text = "the cat sat on the mat"
+    kept = sum(
+        stage["bytes"]
+        for document in _block_documents(invoke, gpt2, text)
+        for stage in _own_stages(document)
+    )
+    asked = _recorded_need(monkeypatch)
+    args = ("run", text, "--model", str(gpt2), "--generate", "2", "--device", "cpu")
+    assert invoke(*args, "--json").exit_code == 0
+    assert invoke(*args, "--json", "--save", str(tmp_path / "g.safetensors")).exit_code == 0
+    assert asked[1] - asked[0] == kept > 0
+
+
+def _seq2seq_block_documents(invoke, marian: Path, texts: tuple[str, ...]) -> list[dict]:
+    """``--layer N --json`` for each block N of the tiny Marian: encoder block N's and
+    decoder block N's planned stages, and their attentions."""
+    documents = []
+    for n in range(2):
+        result = invoke("run", *texts, "--model", str(marian), "--generate", "3", "--layer",
+                        str(n), "--device", "cpu", "--json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        documents.append(json.loads(result.stdout))
+    return documents
+
+
+def _own(stages: list[dict], block: int) -> list[dict]:
+    names = [stage["name"] for stage in stages]
+    return stages if block == 0 else stages[names.index("hidden") :]
+
+
+@pytest.mark.parametrize("texts", [("the cat",), ("the cat", "a dog eats fish")])
+def test_encoder_decoder_saves_every_blocks_stages(invoke, tmp_path, marian, texts):
+    args = (*texts, "--model", str(marian), "--generate", "3")
+    document, tensors, meta = _run_both(invoke, tmp_path / "seq2seq.safetensors", *args)
+    dims = json.loads(meta["stages"])
+    assert list(json.loads(meta["stage_groups"])) == [
+        "encoder.block.0.", "encoder.block.1.", "decoder.block.0.", "decoder.block.1."
+    ]  # fmt: skip
+    target_len = len(document["target_tokens"][0])
+    expected = set()
+    for n, block_document in enumerate(_seq2seq_block_documents(invoke, marian, texts)):
+        assert block_document["target_tokens"] == document["target_tokens"]
+        for kind in ("encoder", "decoder"):
+            for stage in _own(block_document[f"{kind}_stages"], n):
+                name = f"{kind}.block.{n}.{stage['name']}"
+                expected.add(name)
+                assert dims[name] == stage["dims"], name
+                # planned for the whole target the steps may fill (L = N + 1)
+                sizes = zip(stage["dims"], stage["shape"], strict=True)
+                shape = [target_len if kind == "decoder" and d == "L" else s for d, s in sizes]
+                assert list(tensors[name].shape) == shape, name
+        # the encoder's weights are the JSON's; the teacher-forced decoder pass's are the
+        # steps' (each row computed in its own step), to float error
+        encoder = torch.tensor(block_document["encoder_attention"], dtype=torch.float32)
+        assert torch.equal(tensors[f"encoder.block.{n}.weights"], encoder)
+        for stage, key in (("weights", "decoder_attention"), ("cross_weights", "cross_attention")):
+            steps = torch.tensor(block_document[key], dtype=torch.float32)
+            recorded = tensors[f"decoder.block.{n}.{stage}"]
+            assert recorded.shape == steps.shape
+            assert torch.allclose(recorded, steps, atol=1e-5, rtol=0), stage
+    assert set(dims) == expected
+    assert set(tensors) == expected | {k for k in ATTENTION_KEYS if document.get(k) is not None}
+    if len(texts) > 1:  # a padded source: its mask among the encoder's and decoder's inputs
+        assert {"encoder.block.0.padding_mask", "decoder.block.0.padding_mask"} <= expected
+
+
+def test_encoder_decoder_kept_stages_count_in_the_memory_check(
+    invoke, tmp_path, monkeypatch, marian
+):
+    texts = ("the cat", "a dog eats fish")
+
+    def planned_bytes(stage: dict, kind: str, target_len: int) -> int:
+        """The JSON plans the decoder for the target made; the pre-flight, for the longest
+        (the start token and all 3 tokens): L = 4."""
+        scale = 1
+        for dim, size in zip(stage["dims"], stage["shape"], strict=True):
+            if kind == "decoder" and dim == "L":
+                assert size == target_len
+                scale *= 4
+                stage = {**stage, "bytes": stage["bytes"] // size}
+        return stage["bytes"] * scale
+
+    kept = sum(
+        planned_bytes(stage, kind, len(document["target_tokens"][0]))
+        for n, document in enumerate(_seq2seq_block_documents(invoke, marian, texts))
+        for kind in ("encoder", "decoder")
+        for stage in _own(document[f"{kind}_stages"], n)
+    )
+    asked = _recorded_need(monkeypatch)
+    args = ("run", *texts, "--model", str(marian), "--generate", "3", "--device", "cpu")
+    assert invoke(*args, "--json").exit_code == 0
+    target = tmp_path / "t.safetensors"
+    assert invoke(*args, "--json", "--save", str(target)).exit_code == 0
+    assert asked[1] - asked[0] == kept > 0
+    import attnctl.resources as resources
+    from attnctl.resources import Available
+
+    target.unlink()
+    between = Available(asked[0] + kept // 2, "x")
+    monkeypatch.setattr(resources, "available_memory", lambda device: between)
+    refused = invoke(*args, "--save", str(target))
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "use --force to try anyway" in refused.stderr
+    assert not target.exists()
+
+
+def test_encoder_decoder_with_save_translates_the_same(invoke, tmp_path, marian):
+    args = ("run", "the cat", "a dog", "--model", str(marian), "--generate", "3", "--device",
+            "cpu", "--layer", "all", "--json")  # fmt: skip
+    alone = invoke(*args)
+    both = invoke(*args, "--save", str(tmp_path / "same.safetensors"))
+    assert alone.exit_code == 0 and both.exit_code == 0, both.stderr
+    assert json.loads(both.stdout) == json.loads(alone.stdout)

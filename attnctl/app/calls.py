@@ -177,28 +177,34 @@ def generate_tokens(
     heads: list[int],
     cache_block: int,
     averaged_heads: list[int],
+    keep_stages: bool = False,
 ) -> GenerationRun:
     """Greedy decoding of up to ``new_tokens`` after ``prompt_ids`` (B, L), of equal
     length, keeping ``heads``' weights in ``blocks``; each step's query row of
     ``cache_block`` averaged over ``averaged_heads`` (a subset of ``heads``) gives its
-    strongest keys. Plain data back: lists and compact float32 rows."""
+    strongest keys. Plain data back: lists and compact float32 rows. ``keep_stages``
+    (``run --save``): a CPU copy of every block's stages in the prefill."""
     import torch
 
-    from attnctl.layer import resolve_device
+    from attnctl.layer import Recorder, resolve_device
     from attnctl.nn.generate import greedy
     from attnctl.nn.weights import model_weights
     from attnctl.report_generation import TOP_KEYS_KEPT, GenerationRun, GenerationStep
     from attnctl.resources import tune_allocator
-    from attnctl.runner import shown_weights
+    from attnctl.runner import kept_stages_of, shown_weights
 
     device = resolve_device(layer.device)
     tune_allocator()
     run = model.with_run(layer)
     prompt_len = len(prompt_ids[0])
+    records = {n: Recorder(keep=True) for n in range(run.layers)} if keep_stages else None
     with device_errors_of(layer.device), torch.inference_mode():
         weights = model_weights(run, layer, device, blocks=run.layers, head=True)
         ids = torch.tensor(prompt_ids, device=device)  # (B, L)
-        decoded = greedy(run, weights.named, ids, new_tokens, shown=blocks, heads=heads)
+        decoded = greedy(
+            run, weights.named, ids, new_tokens, shown=blocks, heads=heads,
+            prefill_records=records,
+        )  # fmt: skip
         del weights
         shown = decoded.attention[(cache_block, "attention")]  # (B, h, T, T)
         picked = [heads.index(h) for h in averaged_heads]
@@ -251,6 +257,10 @@ def generate_tokens(
         final_cache_shapes=decoded.final_cache,
         final_measured_bytes=decoded.final_cache_bytes,
         device=str(device),
+        kept_stages=[
+            kept_stages_of(record, f"prefill.block.{n}.", f"block {n}'s stages in the prefill")
+            for n, record in (records or {}).items()
+        ],
     )
 
 
@@ -284,26 +294,33 @@ def translate_tokens(
     decoder_block: int,
     heads: list[int],
     every_block: bool = False,
+    keep_stages: bool = False,
 ) -> TranslationRun:
     """An encoder–decoder: encode the right-padded ``source_ids`` (B, Ls), then decode
     greedily from the start token up to ``new_tokens``, keeping ``heads``' weights of the
     encoder's ``encoder_block`` and the decoder's ``decoder_block``. Each step's strongest
     keys: its cross-attention row (the source tokens) averaged over ``heads``.
-    ``every_block``: also every block's weights of each kind, as Traces hold them."""
+    ``every_block``: also every block's weights of each kind, as Traces hold them.
+    ``keep_stages`` (``run --save``): a CPU copy of every encoder block's stages, and of
+    every decoder block's in one more pass of the decoder over the whole target at once
+    (teacher-forced: the tokens it chose; its weights are the steps', to float error)."""
     import torch
 
-    from attnctl.layer import resolve_device
+    from attnctl.layer import Recorder, resolve_device
     from attnctl.nn.generate import decoder_weights, encode, greedy
+    from attnctl.nn.model import forward
     from attnctl.nn.weights import model_weights
     from attnctl.report_generation import TOP_KEYS_KEPT, GenerationStep, TranslationRun
     from attnctl.resources import tune_allocator
-    from attnctl.runner import shown_weights
+    from attnctl.runner import kept_stages_of, shown_weights
 
     device = resolve_device(layer.device)
     tune_allocator()
     run = model.with_run(layer)
     decoder = run.decoder
     rules = decoder.generation
+    encoder_records = {n: Recorder(keep=True) for n in range(run.layers)} if keep_stages else {}
+    decoder_records = {n: Recorder(keep=True) for n in range(decoder.layers)} if keep_stages else {}
     with device_errors_of(layer.device), torch.inference_mode():
         weights = model_weights(run, layer, device, blocks=None, head=True)
         ids = torch.tensor(source_ids, device=device)  # (B, Ls)
@@ -311,7 +328,12 @@ def translate_tokens(
         padding = torch.arange(ids.shape[1], device=device) < lengths[:, None]  # (B, Ls)
         encoder_shown = list(range(run.layers)) if every_block else [encoder_block]
         decoder_shown = list(range(decoder.layers)) if every_block else [decoder_block]
-        encoded = encode(run, weights.named, ids, padding, shown=encoder_shown, heads=heads)
+        # None where no source is padded: the same weights, and no mask among the stages
+        key_padding = None if bool(padding.all()) else padding
+        encoded = encode(
+            run, weights.named, ids, key_padding, shown=encoder_shown, heads=heads,
+            records=encoder_records or None,
+        )  # fmt: skip
         start = torch.full((len(source_ids), 1), rules.start_id, device=device)  # (B, 1)
         decoded = greedy(
             decoder,
@@ -323,6 +345,17 @@ def translate_tokens(
             encoder_output=encoded.output,
             encoder_padding=padding,
         )
+        if keep_stages:  # the target as the steps fed it: the start token, then each chosen
+            target = torch.tensor([[rules.start_id, *row] for row in decoded.generated])
+            forward(
+                decoder,
+                decoder_weights(weights.named),
+                target.to(device),  # (B, Lt)
+                last=decoder.layers - 1,
+                records=decoder_records,
+                context=encoded.output,
+                context_padding=key_padding,
+            )
         del weights
         cross = decoded.attention[(decoder_block, "cross_attention")]  # (B, h, Lt, Ls)
         rows = cross[:, :, : len(decoded.steps)].mean(dim=1)  # (B, S, Ls): rows that chose
@@ -386,4 +419,16 @@ def translate_tokens(
         final_cache_shapes=decoded.final_cache,
         final_measured_bytes=decoded.final_cache_bytes,
         device=str(device),
+        kept_stages=[
+            kept_stages_of(record, f"encoder.block.{n}.", f"encoder block {n}'s stages")
+            for n, record in encoder_records.items()
+        ]
+        + [
+            kept_stages_of(
+                record,
+                f"decoder.block.{n}.",
+                f"decoder block {n}'s stages, over the whole target at once (teacher-forced)",
+            )
+            for n, record in decoder_records.items()
+        ],
     )

@@ -130,7 +130,7 @@ def generation_use_case(
     hooks: Hooks,
 ) -> GenerationReport:
     """Check, tokenize, pre-flight, decode, report."""
-    from attnctl.app.use_cases import preflight
+    from attnctl.app.use_cases import kept_stage_bytes, preflight
 
     new_tokens = request.generate if request.generate is not None else 0
     model = check_generation_request(request, model, new_tokens)
@@ -186,12 +186,21 @@ def generation_use_case(
         + kept * (4 + per_weight)  # the rows as computed, then the report's copy
         + logits
     )
+    keep_stages = request.save is not None
+    if keep_stages:  # --save: a copy of every block's stages in the prefill stays alive
+        need += kept_stage_bytes(
+            [
+                plan_for(layer, prompt_len, rows, model.vocab_size, model=model, layer_index=n)
+                for n in range(model.layers)
+            ]
+        )
     preflight(plan, need, request.force, hooks, blocks=model.layers)
     prompt_ids = [[t.id for t in row] for row in batch.rows]
     with hooks.progress(f"generating {new_tokens} tokens with {model.name}"):
         run = generate_tokens(
-            model, layer, prompt_ids, new_tokens, blocks, all_heads, cache_block, all_heads
-        )
+            model, layer, prompt_ids, new_tokens, blocks, all_heads, cache_block, all_heads,
+            keep_stages,
+        )  # fmt: skip
     pieces = decode_pieces(run.generated, layer.tokenizer, prompt_ids)
     generated_tokens = [
         _generated_tokens(ids, row) for ids, row in zip(run.generated, pieces, strict=True)
@@ -274,7 +283,7 @@ def translation_use_case(
 ) -> TranslationReport:
     """An encoder–decoder: encode the texts (a padded batch), generate greedily from the
     decoder's start token, and report the three attentions of the blocks chosen."""
-    from attnctl.app.use_cases import preflight
+    from attnctl.app.use_cases import kept_stage_bytes, preflight
 
     decoder = model.decoder
     new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate
@@ -361,6 +370,21 @@ def translation_use_case(
     )  # a step's
     need = encoder_plan.parameter_bytes + peaks + cache_bytes(target_len)
     need += kept * per_weight + logits
+    keep_stages = request.save is not None
+    if keep_stages:  # --save: every encoder block's stages, every decoder block's
+        need += kept_stage_bytes(
+            [
+                plan_for(layer, source_len, rows, model.vocab_size, padded=batch.padded,
+                         model=model, layer_index=n)
+                for n in range(model.layers)
+            ]
+        ) + kept_stage_bytes(
+            [
+                plan_for(layer, target_len, rows, decoder.vocab_size, padded=batch.padded,
+                         context_len=source_len, model=decoder, layer_index=n)
+                for n in range(decoder.layers)
+            ]
+        )  # fmt: skip
     preflight(encoder_plan, need, request.force, hooks, blocks=model.layers + decoder.layers)
     pad = rules.pad_id if rules.pad_id is not None else batch.pad_id
     padded = [[t.id for t in row] + [pad] * (source_len - len(row)) for row in batch.rows]
@@ -375,6 +399,7 @@ def translation_use_case(
             decoder_block,
             all_heads,
             every_block,
+            keep_stages,
         )
     targets = [[rules.start_id, *row] for row in run.generated]
     pieces = decode_pieces(targets, layer.tokenizer)
@@ -484,6 +509,7 @@ def translation_use_case(
     )[1]
     memory = _seq2seq_memory(model, layer, source_len, fed, rows, batch.padded)
     return TranslationReport(
+        kept_stages=run.kept_stages,
         texts=texts,
         model=model,
         dtype=layer.dtype,

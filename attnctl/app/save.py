@@ -8,10 +8,12 @@ when a file is written.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from attnctl.errors import RUNTIME, AttnctlError
-from attnctl.output_files import OutputFile, checked_output, write_atomically
+from attnctl.output_files import OutputFile, checked_output, write_atomically_with
+from attnctl.trace import KeptStages
 
 SUFFIX = ".safetensors"
 # the document's keys that hold attention weights, saved under their own names
@@ -77,15 +79,31 @@ def _float32(nested: list, name: str) -> Any:
         ) from error
 
 
-def stage_tensors(traces: list) -> dict[str, Any]:
+def kept_stage_groups(report: Any) -> list[KeptStages]:
+    """The stages a run's report kept (``run --save``): each trace's (the seeded layer,
+    a model's block N), then the report's own groups (a generation's prefill, an
+    encoder–decoder's encoder and decoder)."""
+    groups = [trace.kept for trace in getattr(report, "traces", []) if trace.kept is not None]
+    return groups + list(getattr(report, "kept_stages", []))
+
+
+def stage_tensors(groups: list[KeptStages]) -> dict[str, Any]:
     """Each recorded stage's tensor: by its name for the seeded layer, ``block.N.NAME`` for
-    a model's block N."""
-    named: dict[str, Any] = {}
-    for trace in traces:
-        prefix = "" if trace.layer is None else f"block.{trace.layer}."
-        for stage, tensor in (trace.stage_tensors or {}).items():
-            named[prefix + stage] = tensor
-    return named
+    a model's block N (``prefill.block.N.NAME``, ``encoder.block.N.NAME``, …)."""
+    return {group.prefix + name: t for group in groups for name, t in group.tensors.items()}
+
+
+def stage_metadata(groups: list[KeptStages]) -> dict[str, str]:
+    """What the stage tensors are: ``stages`` maps each one's saved name to its named dims
+    (as the JSON's ``stages`` give them), ``stage_groups`` each prefix to its pass."""
+    if not groups:
+        return {}
+    dims = {group.prefix + s.name: list(s.dims) for group in groups for s in group.stages}
+    what = {group.prefix: group.what for group in groups}
+    return {
+        "stages": json.dumps(dims, ensure_ascii=False),
+        "stage_groups": json.dumps(what, ensure_ascii=False),
+    }
 
 
 def metadata(document: dict[str, Any]) -> dict[str, str]:
@@ -94,16 +112,37 @@ def metadata(document: dict[str, Any]) -> dict[str, str]:
     return {key: json.dumps(value, ensure_ascii=False) for key, value in found.items()}
 
 
-def save_run(output: OutputFile, document: dict[str, Any], traces: list) -> int:
-    """Write the stages and attention of a run to ``output`` atomically (a temporary file
-    in the target's folder, then renamed); the tensors written.
+def _os_error(message: str) -> OSError:
+    """safetensors' 'Error while serializing: I/O error: No space left on device (os error
+    28) at path "/x/.tmpAb12"' as the OSError it stands for, without its temporary name."""
+    found = re.search(r"I/O error: (.+?) \(os error (\d+)\)", message)
+    if found is None:
+        return OSError(message)
+    return OSError(int(found.group(2)), found.group(1))
 
-    The file's bytes are built in memory first (``safetensors.torch.save``): its
-    ``save_file`` renames a temporary file of its own over the name it is given, which
-    would replace a device or a symlink and name its temporary file in an error.
+
+def save_run(output: OutputFile, document: dict[str, Any], report: Any) -> int:
+    """Write the stages and attention of a run (``report``, ``document`` its JSON) to
+    ``output`` atomically (a temporary file in the target's folder, then renamed); the
+    tensors written.
+
+    ``save_file`` writes the tensors from their own memory (``save`` would build the whole
+    file in memory first) into our temporary file, never the user's path: it renames a
+    temporary file of its own over the name it is given, which would replace a device or
+    a symlink.
     """
-    from safetensors.torch import save
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
 
-    tensors = {**stage_tensors(traces), **attention_tensors(document)}
-    write_atomically(output, save(tensors, metadata=metadata(document)))
+    groups = kept_stage_groups(report)
+    tensors = {**stage_tensors(groups), **attention_tensors(document)}
+    file_metadata = metadata(document) | stage_metadata(groups)
+
+    def write(temporary: str) -> None:
+        try:
+            save_file(tensors, temporary, metadata=file_metadata)
+        except SafetensorError as error:  # its I/O errors are not OSError, and name its file
+            raise _os_error(str(error)) from error
+
+    write_atomically_with(output, write)
     return len(tensors)

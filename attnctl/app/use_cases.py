@@ -143,9 +143,16 @@ def run_use_case(
     if model is not None:
         weights = model_weight_bytes(model, max(blocks) + 1, layer.dtype)
     need = weights + memory.peak_activation_bytes + shown_bytes
-    keep_stages = request.save is not None and (blocks is None or len(blocks) == 1)
+    keep_stages = request.save is not None
     if keep_stages:  # --save: a copy of every recorded stage (views too) stays alive
-        need += sum(stage.bytes for stage in plan.stages)
+        if every_block:  # each block's stages (the inputs and embeddings once)
+            block_plan = functools.partial(
+                plan_for, layer, seq_len, len(texts), vocab, model=model,
+                padded=padding_mask_needed(cross or batch, layer), context_len=context_len,
+            )  # fmt: skip
+            need += kept_stage_bytes([block_plan(layer_index=n) for n in blocks])
+        else:
+            need += kept_stage_bytes([plan])
     preflight(plan, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
     what = "the layer" if model is None else model.name
     with hooks.progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
@@ -156,6 +163,21 @@ def run_use_case(
     return run_report(
         texts, contexts, plan, memory, traces, heads, request.digits, every_block, hidden
     )
+
+
+def kept_stage_bytes(block_plans: list[Plan]) -> int:
+    """The bytes of the CPU copies ``run --save`` keeps of the stages recorded by one pass
+    through these consecutive blocks' plans: each whole for the first; the inputs and
+    embeddings, recorded with the first block only, left out of the others (their stages
+    start at ``hidden``, the block's input)."""
+    total = 0
+    for index, block_plan in enumerate(block_plans):
+        stages = block_plan.stages
+        if index > 0:
+            names = [stage.name for stage in stages]
+            stages = stages[names.index("hidden") :]
+        total += sum(stage.bytes for stage in stages)
+    return total
 
 
 def shapes_use_case(request: ShapesRequest) -> Plan | Seq2SeqShapes:

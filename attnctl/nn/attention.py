@@ -215,7 +215,7 @@ def attention(
         _keep(past, sublayer.window, k, v)
         return _attend(
             sublayer, weights, x, q, k, v, padding, record, keep_weights, window, offset,
-            position_bias, past, key_start,
+            position_bias, past, key_start, (key_len_dim, q_width),
         )  # fmt: skip
     if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
         k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
@@ -472,34 +472,47 @@ def _attend(
     position_bias: list[torch.Tensor] | None,
     past: KVCache,
     key_start: int,
+    dims: tuple[str, str] = ("L", "D"),
 ) -> AttentionResult:
     """A decoding step's attention (the math path): Q heads (B, H, L, d_k) of the new
-    tokens at ``offset``… over K, V heads (B, Hkv, Lk, d_k) of positions ``key_start``…"""
+    tokens at ``offset``… over K, V heads (B, Hkv, Lk, d_k) of positions ``key_start``…
+
+    Its stages go to ``record`` under the whole sequence's names, ``dims`` naming the
+    keys' and the heads' width (the first step over an empty cache records what the
+    plan of the whole sequence names)."""
     config = sublayer.config
     seq_len = x.shape[1]
     key_len = k.shape[2]
+    key_len_dim, q_width = dims
     if config.kv_heads != config.heads:  # each K/V head serves `groups` query heads
         k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+        record("k_repeated", k, f"B H {key_len_dim} d_k")
         v = v.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+        record("v_repeated", v, f"B H {key_len_dim} d_k")
     scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L, Lk)
     del q, k
     if config.softcap:
+        record("scores", scores, f"B H L {key_len_dim}")
         scores = soft_cap(scores, config.softcap)
     if padding is not None:  # padded keys (the source's, in cross-attention): -inf
         scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+    record("softcap" if config.softcap else "scores", scores, f"B H L {key_len_dim}")
     if config.pos == "relative":
         scores += _relative_bias(
             sublayer, weights, position_bias, seq_len, key_len, offset, key_start
         )
+        record("position_bias", position_bias[0], f"H L {key_len_dim}")
     if config.pos == "alibi":
         raise AttnctlError("attnctl decodes no ALiBi model step by step")
     if config.mask == "causal":
         queries = torch.arange(offset, offset + seq_len, device=scores.device)  # (L,)
         keys = torch.arange(key_start, key_start + key_len, device=scores.device)  # (Lk,)
         allowed = positions.visible(queries, keys, config.window)  # (L, Lk)
+        record("mask", allowed, f"L {key_len_dim}")
         scores.masked_fill_(allowed.logical_not(), float("-inf"))
     probabilities = torch.softmax(scores, dim=-1)  # (B, H, L, Lk)
     del scores
+    record("weights", probabilities, f"B H L {key_len_dim}")
     shown = None
     if window is not None:
         window_heads, window_rows = window
@@ -507,9 +520,10 @@ def _attend(
     attended = torch.matmul(probabilities, v)  # (B, H, L, d_k)
     kept = probabilities if keep_weights else None
     del probabilities, v
+    record("weighted_values", attended, "B H L d_k")
     held = [attended]
     del attended
     residual = [x] if sublayer.residual else []
     del x
-    output, attention_output = _output(sublayer, weights, held, residual, no_record, "")
+    output, attention_output = _output(sublayer, weights, held, residual, record, q_width)
     return AttentionResult(output, attention_output, kept, shown, key_start)

@@ -14,12 +14,13 @@ False, num_beams=1)`` applies them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from attnctl.describe import Generation, ModelDescription
+from attnctl.nn import Record
 from attnctl.nn.attention import KVCache
 from attnctl.nn.model import final_norm, forward, logits, sublayer_weights
 
@@ -62,8 +63,10 @@ def encode(
     padding: torch.Tensor | None,
     shown: Sequence[int],
     heads: list[int],
+    records: Mapping[int, Record] | None = None,
 ) -> Encoded:
-    """The encoder over source ids (B, Ls); ``padding`` (B, Ls) True = a real token."""
+    """The encoder over source ids (B, Ls); ``padding`` (B, Ls) True = a real token.
+    ``records``: block n's stages go to ``records[n]`` (``forward``'s)."""
     rows = list(range(source_ids.shape[1]))
     out = forward(
         model,
@@ -71,6 +74,7 @@ def encode(
         source_ids,
         last=model.layers - 1,
         recorded=None,
+        records=records,
         padding=padding,
         shown=shown,
         window=(heads, rows),
@@ -88,11 +92,14 @@ def greedy(
     heads: list[int],
     encoder_output: torch.Tensor | None = None,
     encoder_padding: torch.Tensor | None = None,
+    prefill_records: Mapping[int, Record] | None = None,
 ) -> Decoded:
     """Generate up to ``new_tokens`` tokens after ``prompt_ids`` (B, L), greedily.
 
     ``model``: a decoder-only model, or an encoder–decoder's decoder (``weights`` its own,
     without the ``decoder.`` prefix) with the ``encoder_output`` (B, Ls, D) it attends to.
+    ``prefill_records``: block n's stages of the first pass (the prompt's) go to
+    ``prefill_records[n]`` (``forward``'s ``records``); the later steps record nothing.
     """
     rules = model.generation or Generation()
     batch, prompt_len = prompt_ids.shape
@@ -113,6 +120,7 @@ def greedy(
             fed,
             last=model.layers - 1,
             recorded=None,
+            records=prefill_records if not steps and offset == 0 else None,
             shown=shown,
             window=(heads, list(range(fed.shape[1]))),
             context=encoder_output,

@@ -7,7 +7,7 @@ the sublayer is done with: the run holds what the plan (``plan.py``) says it hol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -58,6 +58,7 @@ def forward(
     last: int = 0,
     record: Record = no_record,
     recorded: int | None = 0,
+    records: Mapping[int, Record] | None = None,
     embeddings: torch.Tensor | None = None,
     padding: torch.Tensor | None = None,
     context_ids: torch.Tensor | None = None,
@@ -75,8 +76,11 @@ def forward(
     instead of the lookup (positions are still added).
 
     ``recorded``: the block whose stages go to ``record`` (the inputs and embeddings are
-    recorded with it; None records nothing). ``shown``: the blocks whose attention weights
-    for ``window`` (heads, rows) are returned. ``padding`` (B, Lk) bool, True = a real key.
+    recorded with it; None records nothing). ``records``, instead of those two: each
+    block's own record (``run --save`` of several blocks), block n's stages to
+    ``records[n]``, the inputs and embeddings to the first one's. ``shown``: the blocks
+    whose attention weights for ``window`` (heads, rows) are returned. ``padding`` (B, Lk)
+    bool, True = a real key.
     ``context_ids`` (B, Lc): the keys and values of cross-attention sublayers.
     ``cache``: every block's K and V heads are appended, as a decoder's KV cache keeps them.
 
@@ -85,7 +89,9 @@ def forward(
     ``caches`` holds each block's KV caches by sublayer name, which this step reads and
     extends; ``offset`` is the position of the first token of ``token_ids``.
     """
-    recording = record if recorded is not None else no_record
+    if records is None:
+        records = {} if recorded is None else {recorded: record}
+    recording = records[min(records)] if records else no_record
     if token_ids is not None:
         recording("token_ids", token_ids, "B L")
     if context_ids is not None:
@@ -115,7 +121,7 @@ def forward(
     windows: dict[int, torch.Tensor] = {}
     shown_weights: dict[tuple[int, str], tuple[torch.Tensor, int]] = {}
     for n in range(last + 1):
-        block_record = record if n == recorded else no_record
+        block_record = records.get(n, no_record)
         if n > 0:
             block_record("hidden", hidden, "B L D")
         for sublayer in model.blocks[n].sublayers:
