@@ -301,6 +301,7 @@ def test_a_heatmap_keeps_its_colours_in_the_svg(gpt2, marian, name, tmp_path, mo
     assert upper <= foreground and lower <= background
 
 
+@pytest.mark.usefixtures("fewer_colours")
 @pytest.mark.parametrize("terminal", ["truecolor", "256", "standard", "no-color", "piped"])
 def test_a_heatmaps_svg_is_the_same_file_whatever_stdout_is(terminal, tmp_path):
     """Coloured half blocks in the picture from a pipe, NO_COLOR, 16 colours or a colour

@@ -422,8 +422,20 @@ def tiles(
     return parts
 
 
-def legend(color: bool, width: int) -> Text:
-    """Colour (or shade character) → weight."""
+def _scale_text(key_counts: Sequence[int]) -> str:
+    """What the legend's shades measure, by the key counts of the maps drawn."""
+    relative = [count > FIXED_SCALE_KEYS for count in key_counts]
+    if relative and all(relative):
+        return "weight ÷ the row's largest, each row on its own scale"
+    if any(relative):
+        return f"weight; in maps of more than {FIXED_SCALE_KEYS} keys, weight ÷ the row's largest"
+    return "weight"
+
+
+def legend(color: bool, width: int, key_counts: Sequence[int] = ()) -> Text:
+    """Colour (or shade character) → weight; on maps of more than :data:`FIXED_SCALE_KEYS`
+    keys (``key_counts``: of the maps drawn), → weight ÷ its row's largest."""
+    scale = _scale_text(key_counts)
     if not color:
         bounds = _shade_bounds()
         parts = [f"'{SHADE_CHARS[0]}' 0", f"{SHADE_CHARS[1]} <{bounds[0]:.2f}"]
@@ -432,13 +444,18 @@ def legend(color: bool, width: int) -> Text:
             low = f"{bounds[level - 2]:.2f}"
             span = f"{low}–{upper:.2f}" if upper is not None else f"≥{low}"
             parts.append(f"{SHADE_CHARS[level]} {span}")
-        return Text("legend: " + " · ".join(parts) + " (weight; one line a query row)")
+        return Text("legend: " + " · ".join(parts) + f" ({scale}; one line a query row)")
     text = Text("legend: ")
     for weight in LEGEND_WEIGHTS:
         text.append("██", style=Style(color=weight_color(weight)))
         text.append(f" {weight:g}  ")
-    text.append("(weight, square-root scale; ▀: upper half the upper row, lower half the next)")
+    text.append(f"({scale}, square-root scale; ▀: upper half the upper row, lower half the next)")
     return text
+
+
+def trace_key_counts(traces: Sequence[Trace]) -> list[int]:
+    """The keys of each map drawn from ``traces`` (one per text with rows computed)."""
+    return [window.keys for trace in traces for window in text_windows(trace) if window.computed]
 
 
 # ---------------------------------------------------------------- the views
@@ -537,7 +554,8 @@ def heatmap_view(report: RunReport, width: int, color: bool) -> Group:
         parts.append(Text(f"attention heatmaps: rows = queries, columns = {columns}", style="bold"))
         drawn, notes = trace_heatmaps(trace, report.heads, width, color)
     parts.extend(drawn)
-    parts.append(legend(color, width))
+    traces = report.traces if report.every_block else [trace]
+    parts.append(legend(color, width, trace_key_counts(traces)))
     parts.extend(Text(note, style="dim") for note in notes)
     if report.every_block:
         hint = f"one block's heads at full size: --layer N (0–{len(report.traces) - 1})"
