@@ -13,12 +13,12 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from typer.core import TyperGroup
 
 from attnctl import __version__
@@ -392,15 +392,20 @@ def run(
             return
     if isinstance(report, GenerationReport | TranslationReport):
         console = _console()
-        draw = generation_view if isinstance(report, GenerationReport) else translation_view
-        coloured = heatmap and _coloured(console)
-        console.print(draw(report, console.width, heatmap, coloured))  # type: ignore[arg-type]
+        view = generation_view if isinstance(report, GenerationReport) else translation_view
+        if heatmap:
+            _print_heatmap(console, lambda width, colour: view(report, width, True, colour))  # type: ignore[arg-type]
+        else:
+            console.print(view(report, console.width))  # type: ignore[arg-type]
         return
     console = _console()
+    shown_on = [console]
     if heatmap:
         from attnctl.render.terminal_heatmap import heatmap_view
 
-        console.print(heatmap_view(report, console.width, _coloured(console)))
+        shown_on = _print_heatmap(
+            console, lambda width, colour: heatmap_view(report, width, colour)
+        )
     elif report.every_block:
         console.print(blocks_view(report, console.width))
         return
@@ -408,12 +413,29 @@ def run(
         console.print(run_view(report, console.width))
     if report.heads_not_shown is not None:
         first, last = report.heads_not_shown
-        console.print(f"heads {first}–{last} not shown; pick them with --head N", style="dim")
+        for shown in shown_on:
+            shown.print(f"heads {first}–{last} not shown; pick them with --head N", style="dim")
 
 
 def _coloured(console: Console) -> bool:
-    """Whether ``console`` shows colour: the heatmap's half blocks, else shade characters."""
-    return console.color_system is not None and not console.no_color
+    """Whether the heatmap draws coloured half blocks on ``console``: with 256 colours or
+    more; with 16 (whose few blues cannot tell weights apart), none or ``NO_COLOR``, its
+    shade characters."""
+    return console.color_system in ("256", "truecolor") and not console.no_color
+
+
+def _print_heatmap(console: Console, view: Callable[[int, bool], RenderableType]) -> list[Console]:
+    """Print ``view(width, colour)`` on ``console`` as it can show it; with --svg, draw it
+    again in colour into the recording (the picture's colours do not depend on stdout).
+    The consoles printed on, for what follows the view."""
+    from attnctl.render.svg import colour_recording
+
+    console.print(view(console.width, _coloured(console)))
+    picture = colour_recording(console)
+    if picture is None:
+        return [console]
+    picture.print(view(console.width, True))
+    return [console, picture]
 
 
 SrcLenOption = Annotated[

@@ -83,3 +83,16 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"json contract: {spent['documents']} documents checked against docs/schema "
             f"in {spent['seconds']:.2f} s"
         )
+
+
+@pytest.fixture
+def fewer_colours():
+    """rich keeps a style's ANSI codes from the first colour system that printed it, and
+    shares combined styles through its caches: after a test printing at 16 or 256 colours
+    (one terminal a process in real use), empty them so later tests get truecolor codes."""
+    yield
+    from rich.style import Style
+
+    for member in vars(Style).values():
+        if hasattr(member, "cache_clear"):
+            member.cache_clear()

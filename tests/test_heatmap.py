@@ -21,13 +21,19 @@ from attnctl.app.requests import RunRequest
 from attnctl.app.use_cases import run_use_case
 from attnctl.render.terminal_generation import generation_view, translation_view
 from attnctl.render.terminal_heatmap import (
+    FIXED_SCALE_KEYS,
+    KEY_LABEL_CELLS,
+    MAX_CELL_WIDTH,
     SHADE_CHARS,
     UPPER_HALF,
     Panel,
+    cell_label,
     heatmap_view,
     key_buckets,
+    legend,
     panel_lines,
     shade_char,
+    shortened,
     weight_color,
 )
 from attnctl.report_generation import GenerationReport, TranslationReport
@@ -381,7 +387,7 @@ def test_an_encoder_decoder_draws_its_three_attentions_with_their_tokens(invoke,
         for row, line in enumerate(rows):
             label = line.split("│")[0].split()
             assert label[0] == str(row)
-            assert label[1] == (queries[row].text.strip() or "␣")[:8]
+            assert label[1] == queries[row].text.replace(" ", "␣")[:8]  # " you": "␣you"
             weights = matrix[row][: len(keys)]
             assert line.split("│", 1)[1] == "".join(shade_char(w) * cell for w in weights).rstrip()
             strongest = argmax(weights)
@@ -526,7 +532,9 @@ def panels(draw) -> Panel:
     """A head's rows of weights over 1–200 keys, some rows left out, a prompt split maybe."""
     keys = draw(st.integers(1, 200))
     queries = draw(st.integers(1, 24))
-    texts = st.sampled_from(["a", "the", " cat", "猫", "吃鱼", "<pad>", "\t", "longer-token"])
+    texts = st.sampled_from(
+        ["a", "the", " cat", "猫", "吃鱼", "<pad>", "\t", "longer-token", " ", " 鱼 ", "dog "]
+    )
     tokens = [Token(n, draw(texts), n, n + 1) for n in range(max(keys, queries))]
     positions = sorted(draw(st.sets(st.integers(0, queries - 1), min_size=1)))
     weight = st.one_of(st.just(0.0), st.floats(0, 1, allow_subnormal=False))
@@ -559,5 +567,197 @@ def test_any_panel_fits_its_width_and_draws_each_columns_strongest_key(panel, wi
         assert len(buckets) == min(panel.key_count, columns)  # every key, pooled if need be
         cell = max(1, min(3, columns // len(buckets)))
         row = panel.rows[index]
-        expected = "".join(shade_char(max(row[start:end])) * cell for start, end in buckets)
+        largest = max(row[: panel.key_count])
+        scale = 1.0 / largest if panel.key_count > FIXED_SCALE_KEYS and largest > 0 else 1.0
+        expected = "".join(shade_char(max(row[start:end]) * scale) * cell for start, end in buckets)
         assert line.split("│", 1)[1].rstrip() == expected.rstrip()
+
+
+# ---------------------------------------------------------------- issue 13: scale, colours, labels
+
+
+def plain_lines(renderables, width: int, color: bool) -> list[str]:
+    """What a console of ``width`` shows of ``renderables``, without the ANSI codes."""
+    console = Console(file=io.StringIO(), width=width, color_system="truecolor" if color else None,
+                      force_terminal=color, highlight=False, emoji=False)  # fmt: skip
+    with console.capture() as capture:
+        console.print(Group(*renderables))
+    out = capture.get()
+    return (Text.from_ansi(out).plain if color else out).splitlines()
+
+
+def words_at(line: str) -> list[tuple[int, str]]:
+    """The space-separated words of ``line``, each with the terminal column it starts at."""
+    words: list[tuple[int, str]] = []
+    column, start, word = 0, 0, ""
+    for char in line:
+        if char == " ":
+            if word:
+                words.append((start, word))
+            word = ""
+        else:
+            start = column if not word else start
+            word += char
+        column += cell_len(char)
+    return [*words, (start, word)] if word else words
+
+
+@settings(max_examples=60, deadline=None)
+@given(panel=panels(), width=st.one_of(st.sampled_from([20, 40, 80, 120]), st.integers(20, 200)),
+       color=st.booleans())  # fmt: skip
+def test_each_key_label_starts_over_its_keys_cells_and_tokens_under_their_positions(
+    panel, width, color
+):
+    lines = plain_lines(panel_lines(panel, width, color), width, color)
+    assert all(cell_len(line) <= width for line in lines)
+    label_cells = cell_len(matrix_lines("\n".join(lines))[0].split("│")[0])
+    columns = max(1, width - label_cells - 2)
+    buckets = key_buckets(panel.key_count, columns)
+    cell = max(1, min(MAX_CELL_WIDTH, columns // len(buckets)))
+    cell_column = {start: label_cells + 1 + c * cell for c, (start, _) in enumerate(buckets)}
+    corner, *positions = words_at(lines[1])
+    assert corner[1] == shortened(panel.corner, label_cells)
+    assert positions and positions[0] == (label_cells + 1, "0")  # key 0 is always labelled
+    assert all(cell_column[int(word)] == column for column, word in positions)
+    key_at = {column: int(word) for column, word in positions}
+    names = words_at(lines[2])
+    assert names  # the first key's token at least
+    for column, name in names:
+        key = key_at[column]  # a token stands under its position, both over the key's cells
+        assert name == shortened(cell_label(panel.keys[key]), KEY_LABEL_CELLS)
+
+
+def test_a_space_at_either_end_of_a_token_shows_as_the_tables_blank_mark():
+    def label(text: str) -> str:
+        return cell_label(Token(0, text, 0, 1))
+
+    assert [label(t) for t in (" you", "you ", " 鱼 ", " ", "  ", "a b", "\t")] == [
+        "␣you", "you␣", "␣鱼␣", "␣", "␣␣", "a b", "\\t"
+    ]  # fmt: skip
+
+
+def test_a_leading_space_token_is_marked_and_labelled_over_its_cells(invoke, marian):
+    for width in (20, 40, 80, 120):
+        result = invoke("run", "Are you OK?", "--model", str(marian), "--view", "heatmap",
+                        "--head", "0", *CPU, columns=width)  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert all(cell_len(line) <= width for line in result.stdout.splitlines())
+        lines = result.stdout.splitlines()
+        header = lines.index("head 0")  # the first map: the encoder's self-attention
+        encoder = lines[header : lines.index("", header)]
+        rows = matrix_lines("\n".join(encoder))
+        assert any(row.split("│")[0].split()[-1] == "␣you" for row in rows)
+        assert not any("  you" in line for line in encoder)
+        if width == 40:  # the tokens fit: "␣you" starts where key 2's position and cells do
+            positions, names = dict(words_at(encoder[1])), words_at(encoder[2])
+            column = next(c for c, name in names if name == "␣you")
+            assert positions[column] == "2"
+            cells_start = rows[0].index("│") + 1
+            assert column == cells_start + 2 * 3  # three cells a key
+
+
+def long_panel(keys: int, peaks: list[int], seed: int) -> Panel:
+    """Rows of weights about 1/keys (each row a softmax-like spread with one key stronger)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for peak in peaks:
+        raw = [rng.random() + 0.5 for _ in range(keys)]
+        raw[peak % keys] = 4.0
+        total = sum(raw)
+        rows.append([w / total for w in raw])
+    tokens = [Token(n, "tok", n, n + 1) for n in range(keys)]
+    return Panel("head 0", tokens, tokens, keys, rows, [(i, i) for i in range(len(rows))])
+
+
+@settings(max_examples=25, deadline=None)
+@given(keys=st.integers(FIXED_SCALE_KEYS + 1, 5000),
+       peaks=st.lists(st.integers(0, 10**6), min_size=1, max_size=4),
+       seed=st.integers(0, 2**16), width=st.sampled_from([20, 40, 80, 120]))  # fmt: skip
+def test_many_keys_shade_each_row_by_its_own_largest_weight_and_say_so(keys, peaks, seed, width):
+    panel = long_panel(keys, peaks, seed)
+    lines = plain_lines(panel_lines(panel, width, False), width, False)
+    assert all(cell_len(line) <= width for line in lines)
+    text = " ".join("\n".join(lines).split())
+    assert "each row on its own scale, shade = weight ÷ the row's largest" in text
+    rows = matrix_lines("\n".join(lines))
+    label_cells = cell_len(rows[0].split("│")[0])
+    buckets = key_buckets(keys, max(1, width - label_cells - 2))
+    for line, weights in zip(rows, panel.rows, strict=True):
+        cells = line.split("│", 1)[1]
+        largest = max(weights)
+        assert cells == "".join(shade_char(max(weights[a:b]) * (1 / largest)) for a, b in buckets)
+        assert "█" in cells  # the row's strongest key stands out, though its weight is small
+        assert shade_char(largest) == "░"  # on the fixed 0–1 scale, every key would be ░
+    legend_text = " ".join(legend(False, width, [keys]).plain.split())
+    assert "weight ÷ the row's largest, each row on its own scale" in legend_text
+
+
+def test_up_to_128_keys_keep_the_fixed_scale_and_its_legend():
+    panel = long_panel(FIXED_SCALE_KEYS, [3], seed=1)
+    text = "\n".join(plain_lines(panel_lines(panel, 200, False), 200, False))
+    assert "own scale" not in text
+    assert set(matrix_lines(text)[0].split("│", 1)[1]) == {"░"}  # 0–1: small weights are ░
+    assert legend(False, 80, [FIXED_SCALE_KEYS]).plain == legend(False, 80).plain
+    assert legend(False, 80).plain.endswith("(weight; one line a query row)")
+    mixed = legend(True, 80, [8, FIXED_SCALE_KEYS + 1]).plain
+    assert f"in maps of more than {FIXED_SCALE_KEYS} keys, weight ÷ the row's largest" in mixed
+
+
+def test_a_long_input_shows_each_rows_strongest_keys(invoke):
+    result = invoke("run", "--file", str(CORPUS), "--head", "0", "--view", "heatmap", *CPU,
+                    columns=80)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = matrix_lines(result.stdout)
+    assert len(rows) == 32
+    assert all("█" in row.split("│", 1)[1] for row in rows)  # each row's largest
+    assert len({char for row in rows for char in row.split("│", 1)[1]}) >= 3  # not one shade
+    text = " ".join(result.stdout.split())
+    assert "keys: each row on its own scale, shade = weight ÷ the row's largest" in text
+    assert "(weight ÷ the row's largest, each row on its own scale; one line a query row)" in text
+    # the tokens under the positions: each starts at its position's column
+    lines = result.stdout.splitlines()
+    header = next(n for n, line in enumerate(lines) if line.lstrip().startswith("key 0"))
+    positions = dict(words_at(lines[header]))
+    assert all(column in positions for column, _ in words_at(lines[header + 1]))
+
+
+@pytest.mark.usefixtures("fewer_colours")
+@pytest.mark.parametrize("color_system", ["standard", "256", "truecolor"])
+def test_half_blocks_need_256_colours_sixteen_get_shade_characters(monkeypatch, color_system):
+    from typer.testing import CliRunner
+
+    from attnctl import cli
+
+    def terminal() -> Console:  # a terminal of color_system, as rich detects one
+        return Console(force_terminal=True, color_system=color_system, width=80)
+
+    monkeypatch.setattr(cli, "_console", terminal)
+    args = ["run", "the cat eats the fish", "--head", "0", "--view", "heatmap", *CPU]
+    result = CliRunner().invoke(cli.app, args, env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    cells = "".join(line.split("│", 1)[1] for line in matrix_lines(Text.from_ansi(
+        result.stdout).plain))  # fmt: skip
+    if color_system == "standard":  # 16 colours: black, grey and blue only; shades instead
+        assert UPPER_HALF not in cells and set(cells) & SHADES - {"█"}
+        legend_text = " ".join(Text.from_ansi(result.stdout).plain.split())
+        assert "(weight; one line a query row)" in legend_text
+    else:
+        assert set(cells) == {UPPER_HALF}
+
+
+@pytest.mark.usefixtures("fewer_colours")
+@pytest.mark.parametrize(("term", "half_blocks"), [("xterm", False), ("xterm-256color", True)])
+def test_a_forced_colour_terminal_is_drawn_by_its_colours(term, half_blocks):
+    from typer.testing import CliRunner
+
+    from attnctl.cli import app
+
+    env = {"COLUMNS": "80", "FORCE_COLOR": "1", "TERM": term, "COLORTERM": None, "NO_COLOR": None}
+    args = ["run", "the cat eats the fish", "--head", "0", "--view", "heatmap", *CPU]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert "\x1b[" in result.stdout  # rich sees a colour terminal
+    assert (UPPER_HALF in result.stdout) == half_blocks
+    assert bool(set(result.stdout) & SHADES - {"█"}) == (not half_blocks)

@@ -227,9 +227,34 @@ def test_every_model_view_of_run_is_saved(gpt2, marian, name, view, tmp_path):
     assert printed == plain.stdout
     assert_self_contained(document)
     drawn = svg_texts(document)
+    if view:  # a heatmap's picture is its colour view, what a colour terminal shows
+        assert UPPER_HALF not in printed and UPPER_HALF in drawn
+        from rich.text import Text
+
+        printed = Text.from_ansi(colour_run(args, tmp_path / "colour.svg").stdout).plain
+        assert (tmp_path / "colour.svg").read_text(encoding="utf-8") == document
     assert [
         word for line in printed.splitlines() for word in line.split() if word not in drawn
     ] == []
+
+
+def colour_run(args, path: Path, color_system: str = "truecolor", no_color: bool = False):
+    """``args --svg path`` on a terminal of ``color_system`` (COLUMNS 100), as rich sees one."""
+    from unittest import mock
+
+    from rich.console import Console
+
+    from attnctl import cli
+    from attnctl.render.svg import recorded
+
+    def colour_console() -> Console:
+        return recorded(Console(force_terminal=True, color_system=color_system, width=100,
+                                no_color=no_color, highlight=False, emoji=False))  # fmt: skip
+
+    with mock.patch.object(cli, "_console", colour_console):
+        result = RUNNER.invoke(app, [*args, "--svg", str(path)], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    return result
 
 
 def cell_colours(printed: str) -> tuple[set[str], set[str]]:
@@ -274,3 +299,25 @@ def test_a_heatmap_keeps_its_colours_in_the_svg(gpt2, marian, name, tmp_path, mo
     foreground = set(re.findall(r"fill: (#[0-9a-f]{6})", document))
     background = set(re.findall(r'<rect fill="(#[0-9a-f]{6})"', document))
     assert upper <= foreground and lower <= background
+
+
+@pytest.mark.usefixtures("fewer_colours")
+@pytest.mark.parametrize("terminal", ["truecolor", "256", "standard", "no-color", "piped"])
+def test_a_heatmaps_svg_is_the_same_file_whatever_stdout_is(terminal, tmp_path):
+    """Coloured half blocks in the picture from a pipe, NO_COLOR, 16 colours or a colour
+    terminal alike: the same bytes; the terminal itself gets what it can show."""
+    args = ("run", "a <b> & c", *SMALL, *HEATMAP)
+    reference = colour_run(args, tmp_path / "reference.svg")
+    expected = (tmp_path / "reference.svg").read_text(encoding="utf-8")
+    path = tmp_path / "heatmap.svg"
+    if terminal == "piped":
+        printed = svg_of(args, path, columns=100)[0]
+    elif terminal == "no-color":
+        printed = colour_run(args, path, no_color=True).stdout
+    else:
+        printed = colour_run(args, path, color_system=terminal).stdout
+    document = path.read_text(encoding="utf-8")
+    assert document == expected
+    assert svg_texts(document).count(UPPER_HALF) == reference.stdout.count(UPPER_HALF) > 0
+    assert (UPPER_HALF in printed) == (terminal in ("truecolor", "256"))
+    assert len(set(re.findall(r"fill: (#[0-9a-f]{6})", document))) > 4  # the blues

@@ -21,6 +21,7 @@ from attnctl.output_files import OutputFile, checked_output, write_atomically
 if TYPE_CHECKING:
     from rich.console import Console
 
+PICTURE_HEIGHT = 25  # lines of the colour recording's page: nothing we print reads it
 ID_PREFIX = "attnctl"  # fixed: rich's default is a hash; one name keeps the file predictable
 
 # rich's placeholders; no @font-face, no {lines} (rich's per-line clip paths) and no outer
@@ -80,6 +81,37 @@ def recorded(console: Console) -> Console:
         console.record = True
         consoles.append(console)
     return console
+
+
+def colour_recording(console: Console) -> Console | None:
+    """When --svg is given: a console that prints nowhere and records in full colour at
+    ``console``'s width, in ``console``'s place in the recording (``console`` prints on
+    without recording); else None. A heatmap is drawn into it in colour, so its picture has
+    its colours whether stdout is a terminal, a pipe or ``NO_COLOR``, and the same input
+    gives the same file."""
+    consoles = _recording.get()
+    if consoles is None:
+        return None
+    import io
+
+    from rich.console import Console
+
+    if console in consoles:
+        consoles.remove(console)
+        console.record = False
+    picture = Console(
+        file=io.StringIO(),
+        width=console.width,
+        height=PICTURE_HEIGHT,  # with the width: no terminal size read (TERM=dumb: 80 wide)
+        color_system="truecolor",
+        force_terminal=True,
+        no_color=False,
+        highlight=False,
+        emoji=False,
+        record=True,
+    )
+    consoles.append(picture)
+    return picture
 
 
 def svg_text(console: Console, title: str) -> str:

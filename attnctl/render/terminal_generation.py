@@ -16,6 +16,7 @@ from attnctl.render.terminal_heatmap import (
     matrix_panels,
     panel_lines,
     trace_heatmaps,
+    trace_key_counts,
 )
 from attnctl.render.terminal_run import _shade, token_table, weight_tables
 from attnctl.render.text import (
@@ -269,7 +270,8 @@ def generation_heatmaps(report: GenerationReport, width: int, color: bool) -> li
         drawn, notes = trace_heatmaps(
             report.trace, report.heads, width, color, generated_from=starts
         )
-    parts += [*drawn, legend(color, width), *(Text(note, style="dim") for note in notes)]
+    key_counts = trace_key_counts(report.traces if report.every_block else [report.trace])
+    parts += [*drawn, legend(color, width, key_counts), *(Text(n, style="dim") for n in notes)]
     if report.heads_not_shown is not None:
         first, last = report.heads_not_shown
         parts.append(Text(f"heads {first}–{last} not shown; pick them with --head N", "dim"))
@@ -506,6 +508,7 @@ def translation_heatmaps(
     view = report.view
     parts: list[RenderableType] = []
     notes: list[str] = []
+    key_counts: list[int] = []  # of the maps drawn, for the legend's scale
     matrices = {
         "encoder": (view.source_tokens, view.source_tokens, view.encoder_attention),
         "decoder": (view.target_tokens, view.target_tokens, view.decoder_attention),
@@ -525,6 +528,7 @@ def translation_heatmaps(
             )
             parts += drawn
             notes += [note for note in more if note not in notes]
+            key_counts += trace_key_counts(report.block_traces[kind])
             continue
         block = view.encoder_block if kind == "encoder" else view.decoder_block
         stack = "encoder" if kind == "encoder" else "decoder"
@@ -532,7 +536,8 @@ def translation_heatmaps(
         queries, keys, attention = matrices[kind]
         for panel in matrix_panels(queries, keys, attention, view.heads, report.heads, corner):
             parts += panel_lines(panel, width, color)
-    parts.append(legend(color, width))
+            key_counts.append(panel.key_count)
+    parts.append(legend(color, width, key_counts))
     parts += [Text(note, style="dim") for note in notes]
     if report.heads_not_shown is not None:
         first, last = report.heads_not_shown

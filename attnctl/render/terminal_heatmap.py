@@ -2,10 +2,16 @@
 
 In colour, a line holds two query rows: ``▀`` with the upper row's colour as foreground and
 the lower row's as background. Without colour (``NO_COLOR``, piped output) each cell is one
-shade character of :data:`SHADE_CHARS`, one line per query row. A key takes one to
+shade character of :data:`SHADE_CHARS`, one line per query row; so is a terminal of 16
+colours, whose blues are too few to tell weights apart. A key takes one to
 :data:`MAX_CELL_WIDTH` cells (few keys: wider). Columns are keys; when the
 keys outnumber the columns, each column is the maximum of a bucket of keys (and the view
 says so). Only the rows computed are drawn (long inputs compute some rows only).
+
+The shade is the weight on a fixed scale, 0 to 1, while a map has at most
+:data:`FIXED_SCALE_KEYS` keys (the HTML report's limit too). Above it the weights are about
+1/L and would all look alike: each row is then shaded on its own scale, the weight ÷ the
+row's largest, and the map says so under it.
 
 What is drawn is a :class:`Panel`: one head's matrix for one text, whatever computed it
 (one block of ``run``, the final sequence of ``--generate``, an encoder–decoder's three
@@ -38,6 +44,8 @@ _LOW, _HIGH = (24, 24, 32), (40, 110, 235)  # the weight tables' shades: dark 0,
 _STEPS = 32
 LEGEND_WEIGHTS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
 PROMPT_MARK, GENERATED_MARK = "└prompt", "└generated"  # over the keys of --generate
+FIXED_SCALE_KEYS = 128  # more keys than this: each row shaded relative to its largest weight
+VISIBLE_SPACE = "␣"
 
 
 def weight_color(weight: float) -> Color:
@@ -74,6 +82,18 @@ def shortened(text: str, cells: int) -> str:
     return out + "…"
 
 
+def cell_label(token: Token) -> str:
+    """A token's label in the heatmap: as the tables show it, and a space at either end
+    shown as ␣ (a leading space would read as a gap, and shift the label off its column)."""
+    label = token_label(token)
+    core = label.strip(" ")
+    if not core:
+        return label
+    start = label.index(core)
+    end = start + len(core)
+    return VISIBLE_SPACE * start + core + VISIBLE_SPACE * (len(label) - end)
+
+
 def key_buckets(keys: int, columns: int) -> list[tuple[int, int]]:
     """Split keys 0..keys-1 into at most ``columns`` contiguous buckets [start, end)."""
     count = min(keys, max(1, columns))
@@ -82,8 +102,13 @@ def key_buckets(keys: int, columns: int) -> list[tuple[int, int]]:
 
 def _placed(labels: list[tuple[int, str]], offset: int, width: int) -> str:
     """Labels at their columns from the left, each where it fits after the previous and a gap."""
-    line, position = "", 0
-    for column, label in labels:
+    return _placed_where(labels, offset, width)[0]
+
+
+def _placed_where(labels: list[tuple[int, str]], offset: int, width: int) -> tuple[str, list[int]]:
+    """:func:`_placed`'s line, and the indices in ``labels`` of the labels it holds."""
+    line, position, placed = "", 0, []
+    for n, (column, label) in enumerate(labels):
         start = offset + column
         if line and start < position + 1:
             continue
@@ -91,7 +116,18 @@ def _placed(labels: list[tuple[int, str]], offset: int, width: int) -> str:
             continue
         line += " " * (start - position) + label
         position = start + cell_len(label)
-    return line
+        placed.append(n)
+    return line, placed
+
+
+def _key_label_lines(
+    columns: list[int], positions: list[str], names: list[str], width: int
+) -> tuple[str, str]:
+    """The key positions over the cells, then their tokens: a token is shown only under a
+    position shown (where it fits), each label's first character over its key's column."""
+    position_line, shown = _placed_where(list(zip(columns, positions, strict=True)), 0, width)
+    name_line = _placed([(columns[n], names[n]) for n in shown], 0, width)
+    return position_line, name_line
 
 
 def _ranges_text(ranges: list[tuple[int, int]]) -> str:
@@ -192,7 +228,7 @@ def _line_rows(panel: Panel, color: bool) -> list[list[int]]:
 def _query_label(panel: Panel, rows: list[int]) -> str:
     positions = "/".join(str(r) for r in rows)
     names = "/".join(
-        shortened(token_label(panel.queries[r]), QUERY_LABEL_CELLS // len(rows)) for r in rows
+        shortened(cell_label(panel.queries[r]), QUERY_LABEL_CELLS // len(rows)) for r in rows
     )
     return f"{positions} {names}"
 
@@ -219,6 +255,20 @@ def _between(panel: Panel, previous: list[int], rows: list[int], width: int) -> 
     return None
 
 
+def relative_scale(panel: Panel) -> bool:
+    """Whether ``panel`` shades each row relative to its largest weight (many keys)."""
+    return panel.key_count > FIXED_SCALE_KEYS
+
+
+def _row_scales(panel: Panel, index_of: dict[int, int], rows: list[int]) -> list[float]:
+    """What each row's weights are multiplied by before shading: 1, or 1 ÷ the row's largest
+    weight over its keys (on many keys; a row of zeros stays zeros)."""
+    if not relative_scale(panel):
+        return [1.0] * len(rows)
+    largest = [max(panel.rows[index_of[row]][: panel.key_count]) for row in rows]
+    return [1.0 / value if value > 0 else 1.0 for value in largest]
+
+
 def _cells(
     panel: Panel,
     index_of: dict[int, int],
@@ -227,24 +277,34 @@ def _cells(
     cell: int,
     color: bool,
 ) -> Text:
-    """One line of cells: a bucket's maximum weight per column, ``cell`` characters each."""
+    """One line of cells: a bucket's maximum weight per column, ``cell`` characters each
+    (on many keys, relative to its row's largest weight)."""
+    scales = _row_scales(panel, index_of, rows)
 
-    def weight(row: int, bucket: tuple[int, int]) -> float:
+    def weight(n: int, bucket: tuple[int, int]) -> float:
         start, end = bucket
-        return max(panel.rows[index_of[row]][start:end])  # a slice: C speed for 8k keys
+        weights = panel.rows[index_of[rows[n]]]
+        return max(weights[start:end]) * scales[n]  # a slice: C speed for 8k keys
 
     line = Text(no_wrap=True)
     for bucket in buckets:
-        upper = weight(rows[0], bucket)
+        upper = weight(0, bucket)
         if not color:
             line.append(shade_char(upper) * cell)
             continue
-        lower = weight(rows[1], bucket) if len(rows) > 1 else None
+        lower = weight(1, bucket) if len(rows) > 1 else None
         style = Style(
             color=weight_color(upper), bgcolor=None if lower is None else weight_color(lower)
         )
         line.append(UPPER_HALF * cell, style=style)
     return line
+
+
+def _scale_note(key_count: int) -> Text:
+    return Text(
+        f"{key_count} keys: each row on its own scale, shade = weight ÷ the row's largest",
+        style="dim",
+    )
 
 
 def _pooled_note(key_count: int, buckets: list[tuple[int, int]]) -> Text:
@@ -284,15 +344,16 @@ def panel_lines(panel: Panel, width: int, color: bool) -> list[RenderableType]:
     offset = label_cells + 1
     room = width - offset
 
-    key_positions = [(c * cell, str(start)) for c, (start, _) in enumerate(buckets)]
-    key_names = [
-        (c * cell, shortened(token_label(panel.keys[start]), KEY_LABEL_CELLS))
-        for c, (start, _) in enumerate(buckets)
-    ]
+    positions, names = _key_label_lines(
+        [c * cell for c in range(len(buckets))],
+        [str(start) for start, _ in buckets],
+        [shortened(cell_label(panel.keys[start]), KEY_LABEL_CELLS) for start, _ in buckets],
+        room,
+    )
     corner_label = shortened(panel.corner, label_cells).rjust(label_cells) + " "
     head_lines = [
-        Text(corner_label + _placed(key_positions, 0, room), style="dim"),
-        Text(" " * offset + _placed(key_names, 0, room)),
+        Text(corner_label + positions, style="dim"),
+        Text(" " * offset + names),
     ]
     marks = _generated_marks(panel, buckets, cell, room)
     if marks is not None:
@@ -309,6 +370,8 @@ def panel_lines(panel: Panel, width: int, color: bool) -> list[RenderableType]:
         line.append_text(_cells(panel, index_of, rows, buckets, cell, color))
         body.append(line)
     notes = [_pooled_note(panel.key_count, buckets)] if len(buckets) < panel.key_count else []
+    if relative_scale(panel):
+        notes.append(_scale_note(panel.key_count))
     return [Text(panel.title, style="bold"), *head_lines, *body, *notes, Text("")]
 
 
@@ -353,12 +416,26 @@ def tiles(
             parts.append(line)
     if len(buckets) < first.key_count:
         parts.append(_pooled_note(first.key_count, buckets))
+    if relative_scale(first):
+        parts.append(_scale_note(first.key_count))
     parts.append(Text(""))
     return parts
 
 
-def legend(color: bool, width: int) -> Text:
-    """Colour (or shade character) → weight."""
+def _scale_text(key_counts: Sequence[int]) -> str:
+    """What the legend's shades measure, by the key counts of the maps drawn."""
+    relative = [count > FIXED_SCALE_KEYS for count in key_counts]
+    if relative and all(relative):
+        return "weight ÷ the row's largest, each row on its own scale"
+    if any(relative):
+        return f"weight; in maps of more than {FIXED_SCALE_KEYS} keys, weight ÷ the row's largest"
+    return "weight"
+
+
+def legend(color: bool, width: int, key_counts: Sequence[int] = ()) -> Text:
+    """Colour (or shade character) → weight; on maps of more than :data:`FIXED_SCALE_KEYS`
+    keys (``key_counts``: of the maps drawn), → weight ÷ its row's largest."""
+    scale = _scale_text(key_counts)
     if not color:
         bounds = _shade_bounds()
         parts = [f"'{SHADE_CHARS[0]}' 0", f"{SHADE_CHARS[1]} <{bounds[0]:.2f}"]
@@ -367,13 +444,18 @@ def legend(color: bool, width: int) -> Text:
             low = f"{bounds[level - 2]:.2f}"
             span = f"{low}–{upper:.2f}" if upper is not None else f"≥{low}"
             parts.append(f"{SHADE_CHARS[level]} {span}")
-        return Text("legend: " + " · ".join(parts) + " (weight; one line a query row)")
+        return Text("legend: " + " · ".join(parts) + f" ({scale}; one line a query row)")
     text = Text("legend: ")
     for weight in LEGEND_WEIGHTS:
         text.append("██", style=Style(color=weight_color(weight)))
         text.append(f" {weight:g}  ")
-    text.append("(weight, square-root scale; ▀: upper half the upper row, lower half the next)")
+    text.append(f"({scale}, square-root scale; ▀: upper half the upper row, lower half the next)")
     return text
+
+
+def trace_key_counts(traces: Sequence[Trace]) -> list[int]:
+    """The keys of each map drawn from ``traces`` (one per text with rows computed)."""
+    return [window.keys for trace in traces for window in text_windows(trace) if window.computed]
 
 
 # ---------------------------------------------------------------- the views
@@ -472,7 +554,8 @@ def heatmap_view(report: RunReport, width: int, color: bool) -> Group:
         parts.append(Text(f"attention heatmaps: rows = queries, columns = {columns}", style="bold"))
         drawn, notes = trace_heatmaps(trace, report.heads, width, color)
     parts.extend(drawn)
-    parts.append(legend(color, width))
+    traces = report.traces if report.every_block else [trace]
+    parts.append(legend(color, width, trace_key_counts(traces)))
     parts.extend(Text(note, style="dim") for note in notes)
     if report.every_block:
         hint = f"one block's heads at full size: --layer N (0–{len(report.traces) - 1})"
