@@ -438,40 +438,34 @@ def translation_use_case(
         alignment=alignment,
     )
     fed = len(targets[0])
-    cross_trace = Trace(
-        tokens=target_tokens,
-        stages=[],
-        attention=run.cross_window[0],
-        attention_heads=all_heads,
-        attention_rows=list(range(fed)),
-        top_keys=run.cross_window[1],
-        device=run.device,
-        tokenizer=batch.name,
-        vocab_size=batch.vocab_size,
-        impl="math",
-        context_tokens=source_tokens,
-        layer=decoder_block,
-        sums=run.cross_window[2],
-    )
+
+    def weights_trace(queries, weights, block, context=None, top=(), sums=None) -> Trace:
+        """One attention's weights (every row, every head) as a Trace: what the tables,
+        heatmaps and statistics read."""
+        return Trace(
+            tokens=queries,
+            stages=[],
+            attention=weights,
+            attention_heads=all_heads,
+            attention_rows=list(range(len(queries[0]))),
+            top_keys=list(top),
+            device=run.device,
+            tokenizer=batch.name,
+            vocab_size=batch.vocab_size,
+            impl="math",
+            context_tokens=context,
+            layer=block,
+            sums=sums,
+        )
+
+    weights, top, sums = run.cross_window
+    cross_trace = weights_trace(target_tokens, weights, decoder_block, source_tokens, top, sums)
     block_traces: dict[str, list[Trace]] = {}
     for kind, windows in run.block_windows.items():
         queries = source_tokens if kind == "encoder" else target_tokens
+        context = source_tokens if kind == "cross" else None
         block_traces[kind] = [
-            Trace(
-                tokens=queries,
-                stages=[],
-                attention=weights,
-                attention_heads=all_heads,
-                attention_rows=list(range(len(queries[0]))),
-                top_keys=top,
-                device=run.device,
-                tokenizer=batch.name,
-                vocab_size=batch.vocab_size,
-                impl="math",
-                context_tokens=source_tokens if kind == "cross" else None,
-                layer=block,
-                sums=sums,
-            )
+            weights_trace(queries, weights, block, context, top, sums)
             for block, (weights, top, sums) in sorted(windows.items())
         ]
     block_stats = {
@@ -479,27 +473,10 @@ def translation_use_case(
     }
     # the statistics of the three attentions of the blocks shown, over the whole target
     shown_stats = {
-        kind: head_stats(
-            Trace(
-                tokens=queries,
-                stages=[],
-                attention=weights,
-                attention_heads=all_heads,
-                attention_rows=list(range(len(queries[0]))),
-                top_keys=[],  # the statistics read the weights only
-                device=run.device,
-                tokenizer=batch.name,
-                vocab_size=batch.vocab_size,
-                impl="math",
-                layer=encoder_block if kind == "encoder" else decoder_block,
-            )
-        )
-        for kind, queries, weights in (
-            ("encoder", source_tokens, run.encoder_attention),
-            ("decoder", target_tokens, run.decoder_attention),
-        )
+        "encoder": head_stats(weights_trace(source_tokens, run.encoder_attention, encoder_block)),
+        "decoder": head_stats(weights_trace(target_tokens, run.decoder_attention, decoder_block)),
+        "cross": head_stats(cross_trace),
     }
-    shown_stats["cross"] = head_stats(cross_trace)
     hidden = None
     if not request.heads and not every_block and heads_count > len(heads_shown):
         hidden = (len(heads_shown), heads_count - 1)
