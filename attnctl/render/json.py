@@ -347,6 +347,17 @@ def check_json(result: CheckResult, plan: Plan) -> dict[str, Any]:
     )
 
 
+def _step_fields(step: Any) -> dict[str, Any]:
+    """What every decoding step's entry starts with, decoder-only or encoder–decoder."""
+    return {
+        "step": step.step,
+        "token": step.tokens,
+        "text": step.texts,
+        "position": step.position,
+        "finished": step.finished,
+    }
+
+
 def generation_json(report: GenerationReport) -> dict[str, Any]:
     """``run --generate``: the run document's keys for the final sequence (prompt +
     generated), and the steps. ``attention`` (B, heads, rows, Lk) holds every row of the
@@ -379,11 +390,7 @@ def generation_json(report: GenerationReport) -> dict[str, Any]:
             "kv_cache_layer": report.cache_block,
             "steps": [
                 {
-                    "step": step.step,
-                    "token": step.tokens,
-                    "text": step.texts,
-                    "position": step.position,
-                    "finished": step.finished,
+                    **_step_fields(step),
                     "kv_cache_shape": list(step.cache_shapes[report.cache_block]["attention"]),
                     "kv_cache_shapes": [list(s["attention"]) for s in step.cache_shapes],
                     "kv_cache_bytes": step.estimated_bytes,
@@ -467,11 +474,7 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         "stop": report.stop,
         "steps": [
             {
-                "step": step.step,
-                "token": step.tokens,
-                "text": step.texts,
-                "position": step.position,
-                "finished": step.finished,
+                **_step_fields(step),
                 "kv_cache_shape": list(step.cache_shapes[report.view.decoder_block]["attention"]),
                 "cross_kv_cache_shape": list(
                     step.cache_shapes[report.view.decoder_block]["cross_attention"]
