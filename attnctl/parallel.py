@@ -1,0 +1,245 @@
+"""How a model is split over devices, as data: the layout, its checks, each rank's share.
+
+No torch here. ``memory --tp/--sp/--cp/--pp/--dp/--zero`` reads a :class:`Layout`; every
+check that can refuse it runs before anything is planned or any process starts, and
+says which number does not divide which. The names follow Megatron-LM:
+
+- tensor parallel (``tp`` = T): each attention's heads and each feed-forward's inner
+  columns are split over T ranks (W_q, W_k, W_v and W_up/W_gate by rows, "column
+  parallel"; W_o and W_down by columns, "row parallel", whose partial outputs are
+  summed by an all-reduce). The token embedding and an LM head are split by vocabulary
+  rows. With fewer kv-heads than ranks each kv-head is replicated T / Hkv times.
+- sequence parallel (``sp``, with T > 1): the norms, residuals and dropouts between the
+  sublayers hold L / T tokens; an all-gather before each sublayer and a reduce-scatter
+  after it replace the all-reduce.
+- context parallel (``cp`` = C): every rank holds L / C tokens throughout, and attention
+  passes the K and V blocks around a ring.
+- pipeline parallel (``pp`` = P): the blocks are cut into P consecutive stages.
+- data parallel (``dp`` = D) with ZeRO stage 0-3: copies of the model on different
+  batches, sharding the optimizer state (1), the gradients too (2), the weights too (3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attnctl.errors import AttnctlError
+
+RECOMPUTE = ("none", "selective", "full")
+# a split no cluster reaches: every count is checked against it before any arithmetic
+LARGEST_SPLIT = 1 << 20
+# ranks ``memory --measure`` / ``run --tp`` start on this machine at most
+MOST_PROCESSES = 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One parallel layout. ``micro_batch`` None: the whole ``--batch`` is one micro-batch."""
+
+    tp: int = 1
+    sp: bool = False
+    cp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+    micro_batch: int | None = None
+    recompute: str = "none"
+
+    @property
+    def is_split(self) -> bool:
+        """Anything other than one device running the whole model."""
+        return self != Layout()
+
+    @property
+    def ranks(self) -> int:
+        """Devices in all: T · C · P · D."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def model_ranks(self) -> int:
+        """Processes one copy of one pipeline stage runs on: T · C."""
+        return self.tp * self.cp
+
+    def summary(self) -> str:
+        """'TP 2 + SP · CP 2 · PP 4 · DP 8 (ZeRO 1)': only what is split."""
+        parts = []
+        if self.tp > 1:
+            parts.append(f"TP {self.tp}" + (" + SP" if self.sp else ""))
+        if self.cp > 1:
+            parts.append(f"CP {self.cp}")
+        if self.pp > 1:
+            parts.append(f"PP {self.pp}")
+        if self.dp > 1:
+            parts.append(f"DP {self.dp}" + (f" (ZeRO {self.zero})" if self.zero else ""))
+        return " · ".join(parts) or "one device"
+
+
+def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
+    """The checks of the options alone (no model): each refusal names its option."""
+    for option, value in (
+        ("--tp", layout.tp),
+        ("--cp", layout.cp),
+        ("--pp", layout.pp),
+        ("--dp", layout.dp),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise AttnctlError(f"{option} must be a positive integer, got {value}")
+        if value > LARGEST_SPLIT:
+            raise AttnctlError(f"{option} {value} is more than {LARGEST_SPLIT:,} devices")
+    if layout.ranks > LARGEST_SPLIT:
+        raise AttnctlError(
+            f"{layout.summary()} is {layout.ranks:,} devices, more than {LARGEST_SPLIT:,}"
+        )
+    if layout.zero not in (0, 1, 2, 3):
+        raise AttnctlError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
+    if layout.zero and layout.dp == 1:
+        raise AttnctlError(
+            f"--zero {layout.zero} shards over the data-parallel copies: give --dp 2 or more"
+        )
+    if layout.zero and not train:
+        raise AttnctlError(
+            f"--zero {layout.zero} shards training state (optimizer, gradients): add --train"
+        )
+    if layout.sp and layout.tp == 1:
+        raise AttnctlError("--sp splits the sequence over the --tp ranks: give --tp 2 or more")
+    if layout.recompute not in RECOMPUTE:
+        raise AttnctlError(
+            f"--recompute must be one of {', '.join(RECOMPUTE)}, got {layout.recompute!r}"
+        )
+    if layout.recompute != "none" and not train:
+        raise AttnctlError(
+            f"--recompute {layout.recompute} trades a training step's saved activations: "
+            "add --train"
+        )
+    if layout.micro_batch is not None:
+        if layout.micro_batch < 1:
+            raise AttnctlError(
+                f"--micro-batch must be a positive integer, got {layout.micro_batch}"
+            )
+        if layout.micro_batch > LARGEST_SPLIT:
+            raise AttnctlError(
+                f"--micro-batch {layout.micro_batch} is more than {LARGEST_SPLIT:,} sequences"
+            )
+    if measure:
+        if layout.pp > 1 or layout.dp > 1:
+            raise AttnctlError(
+                "--measure runs the --tp and --cp split on this machine; --pp and --dp "
+                "are estimated only: leave them out to measure"
+            )
+        if layout.model_ranks > MOST_PROCESSES:
+            raise AttnctlError(
+                f"--measure would start {layout.model_ranks} processes (--tp × --cp); "
+                f"attnctl starts at most {MOST_PROCESSES} on one machine"
+            )
+
+
+def check_batch(layout: Layout, batch: int) -> int:
+    """Micro-batches per step: ``batch`` (per data-parallel copy) / ``micro_batch``."""
+    micro = layout.micro_batch or batch
+    if batch % micro:
+        raise AttnctlError(
+            f"--micro-batch {micro} does not divide --batch {batch} (the sequences each "
+            "data-parallel copy takes a step)"
+        )
+    return batch // micro
+
+
+def check_heads(layout: Layout, heads: int, kv_heads: int, where: str = "") -> None:
+    """T must divide the heads, and divide the kv-heads or be a multiple of them."""
+    tp = layout.tp
+    at = f" {where}" if where else ""
+    if heads % tp:
+        raise AttnctlError(
+            f"--tp {tp} does not divide the {heads} attention heads{at}: each rank holds H / T"
+        )
+    if kv_heads % tp and tp % kv_heads:
+        raise AttnctlError(
+            f"--tp {tp} and the {kv_heads} kv-heads{at}: T must divide them, or be a "
+            "multiple of them (each kv-head then replicated on T / Hkv ranks)"
+        )
+
+
+def check_inner(layout: Layout, inner: int, where: str = "") -> None:
+    if inner % layout.tp:
+        at = f" {where}" if where else ""
+        raise AttnctlError(
+            f"--tp {layout.tp} does not divide the feed-forward's {inner} inner columns{at}"
+        )
+
+
+def check_length(layout: Layout, length: int) -> None:
+    """CP cuts the sequence into C chunks; SP into T."""
+    if length % layout.cp:
+        raise AttnctlError(
+            f"--cp {layout.cp} does not divide the length {length}: each rank holds L / C tokens"
+        )
+    if layout.sp and (length // layout.cp) % layout.tp:
+        rank_len = length // layout.cp
+        what = f"the length {length}" if layout.cp == 1 else f"the {rank_len} tokens a CP rank has"
+        raise AttnctlError(
+            f"--sp with --tp {layout.tp} does not divide {what}: the norms and residuals "
+            "hold L / T tokens"
+        )
+
+
+def check_blocks(layout: Layout, blocks: int) -> None:
+    if layout.pp > blocks:
+        noun = "block" if blocks == 1 else "blocks"
+        raise AttnctlError(
+            f"--pp {layout.pp} is more pipeline stages than the {blocks} {noun}: "
+            "each stage needs one at least"
+        )
+
+
+def kv_replicas(kv_heads: int, tp: int) -> int:
+    """How many ranks hold each kv-head: 1, or T / Hkv when there are fewer than T."""
+    return tp // kv_heads if tp > kv_heads else 1
+
+
+def rank_heads(heads: int, kv_heads: int, tp: int, rank: int) -> tuple[range, range]:
+    """The query heads and the kv-heads tensor-parallel rank ``rank`` computes.
+
+    Query heads are cut into T consecutive runs; a rank's kv-heads are those its query
+    heads read (GQA groups stay on one rank), so when T > Hkv a kv-head's group spans
+    T / Hkv ranks and each of them holds a copy.
+    """
+    per_rank = heads // tp
+    queries = range(rank * per_rank, (rank + 1) * per_rank)
+    if tp > kv_heads:
+        kv = rank // (tp // kv_heads)
+        return queries, range(kv, kv + 1)
+    kv_per_rank = kv_heads // tp
+    return queries, range(rank * kv_per_rank, (rank + 1) * kv_per_rank)
+
+
+def vocab_rows(vocab: int, tp: int) -> int:
+    """Rows of a vocab-parallel embedding (or head) on each rank: ⌈V / T⌉, the vocabulary
+    padded to a multiple of T as Megatron pads it (the pad rows are never looked up)."""
+    return -(-vocab // tp)
+
+
+def stage_blocks(blocks: int, pp: int) -> tuple[range, ...]:
+    """The blocks of each pipeline stage: consecutive, the first ``blocks % pp`` stages
+    one block more than the others (Megatron's even split when P divides the blocks)."""
+    base, extra = divmod(blocks, pp)
+    ranges, start = [], 0
+    for stage in range(pp):
+        count = base + (stage < extra)
+        ranges.append(range(start, start + count))
+        start += count
+    return tuple(ranges)
+
+
+def in_flight(stage: int, pp: int, micro_batches: int) -> int:
+    """Micro-batches whose activations pipeline stage ``stage`` holds at once under 1F1B:
+    the first stage P of them (warm-up), the last one, each at most the step's count."""
+    return min(pp - stage, micro_batches)
+
+
+def stage_kind(stage: int, pp: int) -> str:
+    """'first', 'middle' or 'last' (one stage: 'all')."""
+    if pp == 1:
+        return "all"
+    if stage == 0:
+        return "first"
+    return "last" if stage == pp - 1 else "middle"
