@@ -18,6 +18,7 @@ from attnctl.describe import CROSS_ATTENTION, Attention, ModelDescription, Param
 from attnctl.errors import AttnctlError
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 from attnctl.stages.attention import plan_attention
+from attnctl.stages.collectives import reduced_name
 from attnctl.stages.embeddings import plan_context_embeddings, plan_embeddings
 from attnctl.stages.feed_forward import plan_feed_forward
 from attnctl.trace import Stage
@@ -105,6 +106,8 @@ def build_plan(
     context_len: int | None = None,
     model: ModelDescription | None = None,
     layer_index: int = 0,
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens.
 
@@ -116,6 +119,9 @@ def build_plan(
     ``model``: the stages of a checkpoint's block ``layer_index``: its embeddings, the
     block's input, then its sublayers. Blocks run one after another, so one block's peak
     is the model's.
+    ``tensor_parallel``, ``sequence_parallel``: one rank's stages when the model (already
+    cut to one rank's heads and columns, ``plan_parallel.py``) is split over that many
+    ranks: the collectives between sublayers, and the L / T tokens between them with SP.
     """
     description = model.with_run(resolve_impl(validate(config))) if model is not None else None
     # an encoder–decoder's decoder block: cross-attention over the encoder output (B, Lc, D)
@@ -163,7 +169,15 @@ def build_plan(
     feed_forward = next((s for s in block.sublayers if not isinstance(s, Attention)), None)
     if feed_forward is not None:
         sizes["I"] = feed_forward.inner
-    plan = PlanBuilder(sizes, config.dtype, device)
+    if sequence_parallel:
+        sizes["L/T"] = seq_len // tensor_parallel  # between the sublayers
+    plan = PlanBuilder(
+        sizes,
+        config.dtype,
+        device,
+        tensor_parallel=tensor_parallel,
+        sequence_parallel=sequence_parallel,
+    )
 
     plan.add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
     if cross:
@@ -186,7 +200,7 @@ def build_plan(
     context = plan_context_embeddings(plan, description.embeddings, context_len) if cross else None
     if layer_index > 0:
         x = plan.add(
-            "hidden", "B L D", what=f"block {layer_index - 1}'s output: this block's input"
+            "hidden", plan.hidden, what=f"block {layer_index - 1}'s output: this block's input"
         )
     held: dict[str, str] = {}
     for sublayer in block.sublayers:
@@ -197,7 +211,7 @@ def build_plan(
             held[prefix + "output_projection"] = x  # returned with the output
         elif isinstance(sublayer, Attention):
             x = plan_attention(plan, sublayer, x, context, padding)
-            held["output_projection"] = x
+            held[reduced_name(plan, "output_projection")] = x  # W_o's, summed over ranks
         else:
             x = plan_feed_forward(plan, sublayer, x)
     # The caller makes the inputs before the model runs and holds them throughout. An

@@ -28,6 +28,10 @@ class PlanBuilder:
     stages: list[Stage] = field(default_factory=list)
     # the names of a scope's stages start with it ("cross_": a decoder's cross-attention)
     scope: str = ""
+    # one rank of a split (``attnctl/parallel.py``): the T ranks its partial sums are added
+    # over, and whether the tensors between the sublayers hold L / T tokens (SP)
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     @contextmanager
     def scoped(self, prefix: str) -> Iterator[None]:
@@ -85,6 +89,12 @@ class PlanBuilder:
         return (
             product(tuple(self.sizes[d] for d in dims.split())) * DTYPE_BYTES[dtype or self.dtype]
         )
+
+    @property
+    def hidden(self) -> str:
+        """The dims of the tensors between sublayers (norms, residuals): B L D, or with
+        sequence parallelism each rank's L / T tokens of them."""
+        return "B L/T D" if self.sequence_parallel else "B L D"
 
     @property
     def last(self) -> str:

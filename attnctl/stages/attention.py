@@ -9,6 +9,7 @@ from attnctl.config import LayerConfig
 from attnctl.describe import NORM_NAMES, Attention
 from attnctl.rope import attention_scaling
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
+from attnctl.stages.collectives import gather_sequence, reduce_partial
 
 
 def plan_attention(
@@ -35,7 +36,10 @@ def plan_attention(
 
     h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
     if config.norm == "pre":
-        h = plan.add("norm", "B L D", (x,), what=f"{norm_name} over D, before attention (pre-norm)")
+        h = plan.add(
+            "norm", plan.hidden, (x,), what=f"{norm_name} over D, before attention (pre-norm)"
+        )
+    h = gather_sequence(plan, h)  # sequence parallel: the whole sequence, from every rank
     source = context if cross else h  # what K and V are projected from
     q = plan.add("q", f"B L {q_width}", (h,), what="x · W_q" + bias)
     across = f"{norm_name} over every head at once, before the split"
@@ -200,16 +204,23 @@ def plan_attention(
         "output_projection",
         "B L D",
         (concat,),
-        what="concat · W_o" + (" + b" if has_output_bias else ""),
+        what="concat · W_o"
+        + (" + b" if has_output_bias else "")
+        + (
+            f": this rank's {sizes['H']} heads' partial sum" + (" (b on rank 0)" * has_output_bias)
+            if plan.tensor_parallel > 1
+            else ""
+        ),
     )
+    out = reduce_partial(plan, out)  # tensor parallel: the ranks' partial sums added
     if sublayer.output_norm:  # Gemma, OLMo 2: the attention output normalised first
         out = plan.add(
-            "post_norm", "B L D", (out,), what=f"{norm_name} over D of the attention output"
+            "post_norm", plan.hidden, (out,), what=f"{norm_name} over D of the attention output"
         )
     if sublayer.residual:
-        residual = plan.add("residual", "B L D", (x, out), what="x + attention output")
+        residual = plan.add("residual", plan.hidden, (x, out), what="x + attention output")
     if config.norm == "post":
-        plan.add("norm", "B L D", (residual,), what=f"{norm_name} over D (post-norm)")
+        plan.add("norm", plan.hidden, (residual,), what=f"{norm_name} over D (post-norm)")
     return plan.last
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from attnctl.describe import Embeddings
 from attnctl.errors import AttnctlError
 from attnctl.stages import PlanBuilder
+from attnctl.stages.collectives import reduce_partial
 
 
 def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> str:
@@ -18,23 +19,49 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
         if embeddings.trained_by
         else ("embedding lookup: one D-vector per token")
     )
-    x = plan.add("embeddings", "B L D", ("token_ids",), what=lookup)
+    if plan.tensor_parallel > 1:  # vocab parallel: each rank holds ⌈V/T⌉ rows
+        plan.add(
+            "vocab_mask",
+            "B L",
+            ("token_ids",),
+            dtype="bool",
+            what="the ids outside this rank's rows of the vocabulary",
+        )
+        plan.add(
+            "local_ids",
+            "B L",
+            ("token_ids", "vocab_mask"),
+            dtype="int64",
+            what="ids minus this rank's first row; those outside set to 0",
+        )
+        x = plan.add(
+            "embeddings",
+            "B L D",
+            ("local_ids", "vocab_mask"),
+            what=f"{lookup} in this rank's rows; outside ids' vectors zeroed in place",
+        )
+        x = reduce_partial(plan, x, "embedding_")  # each token's vector is on one rank
+        if plan.sequence_parallel:
+            length //= plan.tensor_parallel  # this rank's tokens from here on
+    else:
+        x = plan.add("embeddings", "B L D", ("token_ids",), what=lookup)
     if embeddings.scale:  # Gemma: × √D rounded to the dtype; Marian, BART: not rounded
         rounded = " in the dtype" if embeddings.scale_rounded else ""
         x = plan.add(
-            "scaled_embeddings", "B L D", (x,), what=f"× {embeddings.scale:g} (√D){rounded}"
+            "scaled_embeddings", plan.hidden, (x,), what=f"× {embeddings.scale:g} (√D){rounded}"
         )
+    rows = "L/T D" if plan.sequence_parallel else "L D"  # the position rows this rank adds
     if embeddings.positions == "sinusoidal":
         positions = plan.add(
             "positions",
-            "L D",
+            rows,
             what="sinusoidal position table",
             scratch=_sinusoidal_scratch(embeddings.d_model, length),
         )
     elif embeddings.positions == "sinusoidal_halves":  # Marian
         positions = plan.add(
             "positions",
-            "L D",
+            rows,
             what="sinusoidal table: sin in the first D/2 columns, cos in the rest",
             scratch=_halves_scratch(plan, length),
         )
@@ -42,7 +69,7 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
         offset = embeddings.position_offset
         positions = plan.add(
             "positions",
-            "L D",
+            rows,
             what="learned position table rows"
             + (f" {offset}… (position p reads row p + {offset})" if offset else ""),
             scratch=8 * length,
@@ -53,9 +80,9 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
         what = "embeddings + segment 0's embedding + positions"
     else:
         what = "embeddings + positions"
-    x = plan.add("x", "B L D", (x, positions), what=what)
+    x = plan.add("x", plan.hidden, (x, positions), what=what)
     if embeddings.norm == "layer":
-        x = plan.add("embedding_norm", "B L D", (x,), what="LayerNorm over D")
+        x = plan.add("embedding_norm", plan.hidden, (x,), what="LayerNorm over D")
     return x
 
 

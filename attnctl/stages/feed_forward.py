@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from attnctl.describe import NORM_NAMES, FeedForward
 from attnctl.stages import PlanBuilder
+from attnctl.stages.collectives import gather_sequence, reduce_partial
 
 ACTIVATION_NAMES = {"gelu_new": "gelu (tanh)", "gelu_pytorch_tanh": "gelu (tanh)"}
 
@@ -17,7 +18,8 @@ def plan_feed_forward(plan: PlanBuilder, sublayer: FeedForward, x: str) -> str:
     norm = NORM_NAMES[sublayer.norm_type]
     h = x
     if sublayer.placement == "pre":  # the feed-forward reads Norm(x)
-        h = plan.add("ffn_norm", "B L D", (x,), what=f"{norm} over D, before the FFN")
+        h = plan.add("ffn_norm", plan.hidden, (x,), what=f"{norm} over D, before the FFN")
+    h = gather_sequence(plan, h, "ffn_")  # sequence parallel: the whole sequence
     if sublayer.gated:  # SwiGLU: down(silu(gate(h)) * up(h))
         plan.add("ffn_gate", "B L I", (h,), what="h · W_gate")
         plan.add("ffn_act", "B L I", ("ffn_gate",), what=act)
@@ -28,16 +30,20 @@ def plan_feed_forward(plan: PlanBuilder, sublayer: FeedForward, x: str) -> str:
     else:
         plan.add("ffn_up", "B L I", (h,), what="h · W_in + b: D -> I")
         inner = plan.add("ffn_act", "B L I", ("ffn_up",), what=act)
-    out = plan.add("ffn_down", "B L D", (inner,), what="· W_out: I -> D")
+    partial = " (this rank's I/T columns: a partial sum)" if plan.tensor_parallel > 1 else ""
+    out = plan.add("ffn_down", "B L D", (inner,), what="· W_out: I -> D" + partial)
+    out = reduce_partial(plan, out, "ffn_")  # tensor parallel: the ranks' partial sums added
     if sublayer.output_norm:  # Gemma, OLMo 2: the FFN's output normalised first
-        out = plan.add("ffn_post_norm", "B L D", (out,), what=f"{norm} over D of the FFN output")
+        out = plan.add(
+            "ffn_post_norm", plan.hidden, (out,), what=f"{norm} over D of the FFN output"
+        )
     plan.add(
         "ffn_residual",
-        "B L D",
+        plan.hidden,
         (out, x),
         view_of=out,
         what="+= the FFN's input (in place)",
     )
     if sublayer.placement == "post":
-        plan.add("ffn_norm", "B L D", ("ffn_residual",), what=f"{norm} over D (post-norm)")
+        plan.add("ffn_norm", plan.hidden, ("ffn_residual",), what=f"{norm} over D (post-norm)")
     return plan.last

@@ -1,0 +1,298 @@
+"""One rank's plan and weights when a model is split over devices. No torch.
+
+A tensor-parallel rank runs the same blocks with H / T heads, Hkv / T kv-heads (one,
+replicated, when T > Hkv) and I / T feed-forward columns: :func:`rank_description`
+cuts the description so, and :func:`rank_plan` walks it with the collectives between
+the sublayers (``stages/collectives.py``). The stages' dims are renamed to say what is
+divided (``B H/T L L``), and the sizes keep both names.
+
+:func:`rank_weights` gives each weight's share on a rank of one pipeline stage, by the
+layout's names (``blocks.3.attention.W_q.weight``), with the rule that cut it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from attnctl.config import LayerConfig
+from attnctl.describe import (
+    CROSS_ATTENTION,
+    Attention,
+    Block,
+    FeedForward,
+    ModelDescription,
+)
+from attnctl.errors import AttnctlError
+from attnctl.parallel import (
+    Layout,
+    check_blocks,
+    check_heads,
+    check_inner,
+    check_length,
+    kv_replicas,
+    stage_blocks,
+    vocab_rows,
+)
+from attnctl.plan import Plan, build_plan, layer_parameters
+
+SHARED_FIRST = ("embedding.", "positions.", "segment.", "embedding_norm.")  # first stage's
+SHARED_LAST = ("final_norm.", "lm_head.")  # the last stage's
+
+
+def check_split(
+    layout: Layout, description: ModelDescription, lengths: list[int], layers: int = 1
+) -> None:
+    """Every check of the layout against the model and the lengths, before any planning:
+    what does not divide, and what attnctl does not model split (refused by name).
+    ``layers``: the seeded layer's stack (a checkpoint has its own blocks)."""
+    if description.is_encoder_decoder:
+        raise AttnctlError(
+            "a split of an encoder–decoder (--tp, --sp, --cp, --pp, --dp) is not modelled "
+            "yet: attnctl splits decoder-only models and the seeded layer"
+        )
+    blocks = description.blocks
+    for index, block in enumerate(blocks):
+        where = f"of block {index}" if len(blocks) > 1 else ""
+        for sublayer in block.sublayers:
+            if isinstance(sublayer, Attention):
+                config = sublayer.config
+                check_heads(layout, config.heads, config.kv_heads, where)
+                if sublayer.kind == CROSS_ATTENTION:
+                    raise AttnctlError(
+                        "a split of cross-attention (--context-len) is not modelled yet"
+                    )
+                if layout.tp > 1 and config.pos == "alibi":
+                    raise AttnctlError(
+                        "--tp with ALiBi is not modelled yet: each rank's slopes depend on "
+                        "its heads' places among all H"
+                    )
+                if layout.tp > 1 and config.qk_norm == "all":
+                    raise AttnctlError(
+                        "--tp with a q/k norm over every head at once (OLMo 2) is not "
+                        "modelled yet: its mean square would need a sum across the ranks"
+                    )
+                if layout.tp > 1 and config.dropout:
+                    raise AttnctlError("--tp with attention dropout is not modelled yet")
+            elif isinstance(sublayer, FeedForward):
+                check_inner(layout, sublayer.inner, where)
+    for length in lengths:
+        check_length(layout, length)
+    check_blocks(layout, len(blocks) if description.checkpoint is not None else layers)
+
+
+def rank_config(config: LayerConfig, tp: int) -> LayerConfig:
+    """One tensor-parallel rank's attention: H / T heads of the same width d_k, and
+    Hkv / T kv-heads (one when T > Hkv: each kv-head replicated T / Hkv times)."""
+    if tp == 1:
+        return config
+    return dataclasses.replace(
+        config,
+        heads=config.heads // tp,
+        kv_heads=max(config.kv_heads // tp, 1),
+        head_dim=config.d_k,
+    )
+
+
+def rank_description(description: ModelDescription, tp: int) -> ModelDescription:
+    """The model one tensor-parallel rank runs: every attention cut to its heads, every
+    feed-forward to I / T columns (the embeddings' rows are in :func:`rank_weights`)."""
+    if tp == 1:
+        return description
+    blocks = tuple(
+        Block(
+            tuple(
+                dataclasses.replace(s, config=rank_config(s.config, tp))
+                if isinstance(s, Attention)
+                else dataclasses.replace(s, inner=s.inner // tp)
+                for s in block.sublayers
+            )
+        )
+        for block in description.blocks
+    )
+    stack = None if description.stack is None else rank_config(description.stack, tp)
+    return dataclasses.replace(description, blocks=blocks, stack=stack)
+
+
+def rank_plan(
+    config: LayerConfig,
+    seq_len: int,
+    batch: int,
+    vocab_size: int,
+    layout: Layout,
+    model: ModelDescription | None = None,
+    layer_index: int = 0,
+    device: str = "",
+) -> Plan:
+    """The stages one rank computes for block ``layer_index`` (with the embeddings when it
+    is block 0, else from the block before's output) of ``batch`` sequences of
+    ``seq_len`` tokens, under ``layout``'s tensor (and sequence) parallelism.
+
+    ``config``: the seeded layer, or a checkpoint's run settings (as :func:`build_plan`).
+    The caller has run :func:`check_split`. Context parallelism is not planned here yet.
+    """
+    if layout.cp > 1:
+        raise AttnctlError("--cp is not planned yet")
+    tp = layout.tp
+    if model is not None:
+        local = rank_description(model.with_run(config), tp)
+        plan = build_plan(
+            config, seq_len, batch, vocab_size, device, model=local, layer_index=layer_index,
+            tensor_parallel=tp, sequence_parallel=layout.sp,
+        )  # fmt: skip
+        parameters = plan.parameters  # the model's tensors, cut per rank by rank_weights
+    else:
+        local_config = rank_config(config, tp)
+        plan = build_plan(
+            local_config, seq_len, batch, vocab_size, device,
+            tensor_parallel=tp, sequence_parallel=layout.sp,
+        )  # fmt: skip
+        parameters = layer_parameters(local_config, vocab_rows(vocab_size, tp))
+    full = model.config if model is not None else config
+    return _renamed(dataclasses.replace(plan, parameters=parameters), full, tp)
+
+
+def _renamed(plan: Plan, full: LayerConfig, tp: int) -> Plan:
+    """The plan's stages with their dims named as divided: H -> H/T, I -> I/T, ..."""
+    if tp == 1:
+        return plan
+    replicated = tp > full.kv_heads
+    names = {
+        "H": "H/T",
+        "Hkv": "1" if replicated else "Hkv/T",
+        "D_q": "D_q/T" if full.q_width != full.d_model else "D/T",
+        "D_kv": "d_k" if replicated else "D_kv/T",
+        "I": "I/T",
+    }
+    sizes = dict(plan.sizes)
+    for old, new in names.items():
+        if old in sizes:
+            sizes[new] = sizes[old]
+    sizes["1"] = 1
+    stages = [
+        dataclasses.replace(stage, dims=tuple(names.get(d, d) for d in stage.dims))
+        for stage in plan.stages
+    ]
+    return dataclasses.replace(plan, stages=stages, sizes=sizes)
+
+
+@dataclass(frozen=True)
+class WeightShare:
+    """One weight on one rank: the layout's name, its whole shape and its rank's values."""
+
+    name: str
+    shape: tuple[int, ...]
+    values: int  # on this rank
+    rule: str  # how it is cut: "rows / T", "columns / T", "vocab rows ⌈V/T⌉", "replicated", ...
+    copies: int = 1  # a seeded stack's per-layer weights: one per layer
+
+
+_SHARD = [  # (pattern of the name's end, rule): the first that matches decides
+    (r"W_q\.(weight|bias)$", "heads"),
+    (r"W_[kv]\.(weight|bias)$", "kv_heads"),
+    (r"W_o\.weight$", "columns"),
+    (r"(up|gate)\.(weight|bias)$", "rows"),
+    (r"down\.weight$", "columns"),
+    (r"(embedding|lm_head)\.weight$", "vocab"),
+    (
+        r"(W_o\.bias|down\.bias|norm\.(weight|bias)|post_norm\.(weight|bias)|[qk]_norm\.weight"
+        r"|[qk]_norm\.bias|positions\.weight|segment\.weight)$",
+        "replicated",
+    ),
+]
+
+
+def share(name: str, shape: tuple[int, ...], config: LayerConfig, tp: int) -> tuple[int, str]:
+    """(values on one tensor-parallel rank, the rule) of weight ``name`` of ``shape``."""
+    values = 1
+    for n in shape:
+        values *= n
+    rule = next((rule for pattern, rule in _SHARD if re.search(pattern, name)), None)
+    if rule is None:
+        raise AttnctlError(f"attnctl does not know how to split the weight {name!r} over --tp")
+    if tp == 1 or rule == "replicated":
+        return values, "replicated" if tp > 1 else "whole"
+    if rule == "heads":
+        return values // tp, "rows / T (heads)"
+    if rule == "kv_heads":
+        local = max(config.kv_heads // tp, 1)
+        replicas = kv_replicas(config.kv_heads, tp)
+        text = "rows / T (kv-heads)" if replicas == 1 else f"one kv-head, on {replicas} ranks"
+        return values // config.kv_heads * local, text
+    if rule == "rows":
+        return values // tp, "rows / T"
+    if rule == "columns":
+        return values // tp, "columns / T"
+    rows = vocab_rows(shape[0], tp)
+    return rows * (values // shape[0]), "vocab rows ⌈V/T⌉"
+
+
+def rank_weights(
+    description: ModelDescription,
+    layout: Layout,
+    stage: int = 0,
+    layers: int = 1,
+) -> list[WeightShare]:
+    """Every weight pipeline stage ``stage`` holds on one of its tensor-parallel ranks.
+
+    A checkpoint's blocks are its own; the seeded layer is a stack of ``layers`` (its
+    embeddings once). The first stage holds the embeddings; the last the final norm and
+    the LM head, or with tied embeddings (P > 1) a copy of the token embedding as its
+    head, as Megatron keeps one.
+    """
+    pp, tp = layout.pp, layout.tp
+    if description.checkpoint is None:
+        return _seeded_weights(description, layout, stage, layers)
+    owned = stage_blocks(description.layers, pp)[stage]
+    source = description.source
+    shares = []
+    last = stage == pp - 1
+    for entry in source.table + source.head_table:
+        if entry.block >= 0 and entry.block not in owned:
+            continue
+        key = entry.targets[0]
+        if entry.block < 0:
+            first_only = key.startswith(SHARED_FIRST)
+            if first_only and stage != 0:
+                continue
+            if key.startswith(SHARED_LAST) and not last:
+                continue
+        config = description.blocks[max(entry.block, 0)].attention.config
+        if len(entry.targets) > 1 and entry.split:  # a fused tensor: each part its own rule
+            rest = 1
+            for n in entry.shape[1:] if not entry.transposed else entry.shape[:1]:
+                rest *= n
+            values, rules = 0, []
+            for target, rows in zip(entry.targets, entry.split, strict=True):
+                part, rule = share(target, (rows, rest), config, tp)
+                values += part
+                rules.append(rule)
+            rule = " + ".join(dict.fromkeys(rules))
+        else:
+            shape = entry.shape[::-1] if entry.transposed else entry.shape  # (out, in)
+            values, rule = share(key, shape, config, tp)
+        shares.append(WeightShare(entry.key, entry.shape, values, rule))
+    head = description.head
+    if pp > 1 and last and head is not None and head.tied:
+        embedding = next(e for e in source.table if e.targets[0] == "embedding.weight")
+        values, rule = share("embedding.weight", embedding.shape, description.config, tp)
+        shares.append(WeightShare("lm_head (tied: the embedding's copy)", embedding.shape,
+                                  values, rule))  # fmt: skip
+    return shares
+
+
+def _seeded_weights(
+    description: ModelDescription, layout: Layout, stage: int, layers: int
+) -> list[WeightShare]:
+    config = description.stack or description.config
+    owned = stage_blocks(layers, layout.pp)[stage]
+    shares = []
+    for parameter in layer_parameters(config, description.vocab_size):
+        shared = parameter.name.startswith(SHARED_FIRST)
+        if shared and stage != 0:
+            continue
+        values, rule = share(parameter.name, parameter.shape, config, layout.tp)
+        copies = 1 if shared else len(owned)
+        shares.append(WeightShare(parameter.name, parameter.shape, values, rule, copies))
+    return shares
