@@ -195,7 +195,8 @@ CONFIGURATIONS = (
         distributed_optimizer=True, zero=1,
         sources={"layout": "nemo-llama31-405b", "batch": "nemo-llama31-405b",
                  "model": "hf-llama-3.1-405b"},
-        assumptions=("DP 2: trainer()'s 72 nodes of 8 GPUs (576 = TP 8 · PP 9 · CP 4 · 2)",),
+        assumptions=("DP 2: trainer()'s default 72 nodes of 8 GPUs (576 = TP 8 · PP 9 · CP 4 "
+                     "· 2); pretrain_recipe() passes its own default, 1 node",),
     ),
     Configuration(
         "llama-3.1-405b paper 8k/8192", "llama-3.1-405b", tp=8, pp=16, cp=1, dp=64,
