@@ -243,14 +243,19 @@ def write_folder(model: Model, root: Path) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     import tiny_models
 
-    if model.name not in tiny_models.FULL_SIZE:  # the small GPT: only this script needs it
-        tiny_models.FULL_SIZE[model.name] = (
-            "GPT2LMHeadModel",
-            {"model_type": "gpt2", "n_layer": model.layers, "n_embd": model.hidden,
-             "n_head": model.heads, "n_inner": model.ffn, "n_positions": 1024,
-             "vocab_size": model.vocab, "tie_word_embeddings": True},
-        )  # fmt: skip
-    return tiny_models.write_header_only(model.name, folder, dtype="bfloat16")
+    if model.name in tiny_models.FULL_SIZE:
+        return tiny_models.write_header_only(model.name, folder, dtype="bfloat16")
+    # the small GPT, which only this script needs: FULL_SIZE holds it while it is written
+    tiny_models.FULL_SIZE[model.name] = (
+        "GPT2LMHeadModel",
+        {"model_type": "gpt2", "n_layer": model.layers, "n_embd": model.hidden,
+         "n_head": model.heads, "n_inner": model.ffn, "n_positions": 1024,
+         "vocab_size": model.vocab, "tie_word_embeddings": True},
+    )  # fmt: skip
+    try:
+        return tiny_models.write_header_only(model.name, folder, dtype="bfloat16")
+    finally:
+        del tiny_models.FULL_SIZE[model.name]
 
 
 def header_shapes(folder: Path) -> dict[str, list[int]]:

@@ -106,6 +106,7 @@ def test_deepspeed_s_estimators_give_the_recorded_bytes_for_the_small_gpt(tmp_pa
     folder = references.write_folder(references.MODELS[GPT.model], tmp_path)
     stages = references.shard_parameters(references.header_shapes(folder), GPT.tp, GPT.pp)
     assert stages == [(22_649_856, 12_910_592), (22_388_736, 12_910_592)]
+    assert GPT.model not in tiny_models.FULL_SIZE  # held only while it was written
     result = references.deepspeed_reference(*max(stages), GPT.dp * GPT.cp)
     assert result["zero1_bytes"] is None  # DeepSpeed has no ZeRO-1 estimator
     assert result["zero2_bytes"] == 2 * 22_649_856 + 18 * 22_649_856 // 2 == 249_148_416
