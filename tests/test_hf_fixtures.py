@@ -79,6 +79,7 @@ def expected_tensors(family: str, c: dict) -> dict[str, list[int]]:
         norms = {
             "qwen3": ["input_layernorm", "post_attention_layernorm"],
             "phi3": ["input_layernorm", "post_attention_layernorm"],
+            "llama": ["input_layernorm", "post_attention_layernorm"],
             "olmo2": ["post_attention_layernorm", "post_feedforward_layernorm"],
         }.get(family, ["input_layernorm", "post_attention_layernorm",
                        "pre_feedforward_layernorm", "post_feedforward_layernorm"])  # fmt: skip
@@ -357,6 +358,29 @@ def test_header_only_folders_sum_to_the_published_parameter_counts(tmp_path, nam
     c = config_of(folder)
     family = {"gemma3_text": "gemma3"}.get(c["model_type"], c["model_type"])
     assert {k: e["shape"] for k, e in header.items()} == expected_tensors(family, c)
+
+
+@pytest.mark.parametrize(("name", "layers"), [("llama-3-70b", 80), ("llama-3.1-405b", 126)])
+def test_memory_reads_the_header_only_llama_3_folders(invoke, tmp_path, name, layers):
+    # 405B: an 811 GB sparse file, its data stored nowhere; memory reads the header alone
+    folder = tiny_models.write_header_only(name, tmp_path / name, dtype="bfloat16")
+    result = invoke("memory", "--model", str(folder), "--seq-len", "8192", "--json")
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.stdout)["results"]
+    published = tiny_models.PUBLISHED_PARAMETERS[name]
+    assert entry["parameters"] == published
+    assert entry["parameters_bytes"] == 2 * published  # bfloat16
+    # K and V, 8 kv-heads of 128, 8192 tokens, 2 bytes, every layer
+    assert entry["kv_cache_bytes"] == 2 * 8192 * 8 * 128 * 2 * layers
+
+
+def test_the_405b_folder_keeps_llama_3_1_rope_scaling(tmp_path):
+    rope = config_of(tiny_models.write_header_only("llama-3.1-405b", tmp_path / "l"))
+    assert rope["rope_parameters"] == {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+    }  # fmt: skip
+    assert rope["max_position_embeddings"] == 131072 and not rope["tie_word_embeddings"]
 
 
 def test_the_published_configurations_slide_where_the_models_do(tmp_path):

@@ -354,6 +354,31 @@ FULL_SIZE = {
             },
         },
     ),
+    # meta-llama/Meta-Llama-3-70B and meta-llama/Llama-3.1-405B: their config.json values
+    "llama-3-70b": (  # 70,553,706,496 parameters, untied
+        "LlamaForCausalLM",
+        {
+            "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+            "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+    ),
+    "llama-3.1-405b": (  # 405,853,388,800 parameters, untied
+        "LlamaForCausalLM",
+        {
+            "model_type": "llama", "hidden_size": 16384, "intermediate_size": 53248,
+            "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8,
+            "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
+            "rope_parameters": {
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        },
+    ),
     "mistral-7b": (  # 7,241,732,096 parameters; every block slides over 4096 keys
         "MistralForCausalLM",
         {
@@ -433,13 +458,16 @@ FULL_SIZE = {
     ),
 }  # fmt: skip
 
-# the published parameter counts of FULL_SIZE's new-family models (a tied head counted once)
+# the published parameter counts of FULL_SIZE's new-family and large Llama models (a tied head
+# counted once)
 PUBLISHED_PARAMETERS = {
     "qwen3-0.6b": 596_049_920,
     "gemma-2-2b": 2_614_341_888,
     "gemma-3-1b": 999_885_952,
     "phi-3-mini-4k": 3_821_079_552,
     "olmo-2-1b": 1_484_916_736,
+    "llama-3-70b": 70_553_706_496,
+    "llama-3.1-405b": 405_853_388_800,
 }
 
 
