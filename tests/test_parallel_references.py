@@ -1,8 +1,10 @@
 """benchmarks/parallel_references.py: the references it calls give the figures recorded here.
 
 Megatron's theoretical memory (the megatron-bridge wheel) and DeepSpeed's ZeRO estimators
-are not test extras: each test that calls one skips, saying which, where it is not
-installed. The rest (the layouts' data, the shard counts, the "n/a" path) always runs.
+are not test extras (megatron-bridge installs only with --no-deps): each test that calls
+one skips, saying which, where it is not installed, and fails instead when
+ATTNCTL_REQUIRE_REFERENCES=1, which ``.ci/run`` sets after installing both. The rest (the
+layouts' data, the shard counts, the "n/a" path) always runs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -24,11 +27,28 @@ import parallel_references as references
 GPT = references.CONFIGURATIONS[0]  # Megatron-LM's functional-test GPT, TP 2, PP 2, DP 2
 
 
+REQUIRED = os.environ.get("ATTNCTL_REQUIRE_REFERENCES") == "1"  # CI installs them
+
+
+def missing(reason: str) -> None:
+    """Skip, or in CI fail: a reference that should be there and is not."""
+    if REQUIRED:
+        pytest.fail(f"{reason}; CI installs it (ATTNCTL_REQUIRE_REFERENCES=1)")
+    pytest.skip(reason)
+
+
 def megatron_or_skip():
     try:
         return references.megatron_functions()
     except ImportError as error:
-        pytest.skip(f"megatron-bridge is not installed (not a test extra): {error}")
+        missing(f"megatron-bridge is not installed (not a test extra): {error}")
+
+
+def deepspeed_or_skip() -> None:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        missing("deepspeed is not installed (not a test extra)")
 
 
 def test_the_small_gpt_is_megatron_s_functional_test_layout():
@@ -102,7 +122,7 @@ def test_megatron_ignores_context_parallelism():
 
 
 def test_deepspeed_s_estimators_give_the_recorded_bytes_for_the_small_gpt(tmp_path):
-    pytest.importorskip("deepspeed", reason="deepspeed is not installed (not a test extra)")
+    deepspeed_or_skip()
     folder = references.write_folder(references.MODELS[GPT.model], tmp_path)
     stages = references.shard_parameters(references.header_shapes(folder), GPT.tp, GPT.pp)
     assert stages == [(22_649_856, 12_910_592), (22_388_736, 12_910_592)]
@@ -114,7 +134,7 @@ def test_deepspeed_s_estimators_give_the_recorded_bytes_for_the_small_gpt(tmp_pa
 
 
 def test_the_numbers_are_those_all_cold_prints():
-    pytest.importorskip("deepspeed", reason="deepspeed is not installed (not a test extra)")
+    deepspeed_or_skip()
     from deepspeed.runtime.zero.stage_1_and_2 import (
         estimate_zero2_model_states_mem_needs_all_cold,
     )
