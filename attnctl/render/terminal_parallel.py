@@ -44,7 +44,11 @@ def parallel_view(command: MemoryCommandReport, width: int) -> Group:
         *model_lines(plan),
         ("layer", config_line(plan.config)),
         ("split", f"{layout.summary()} = {layout.ranks:,} devices"),
-        ("sizes", f"L = {report.seq_len}, B = {report.batch} per copy, {report.blocks} blocks"),
+        (
+            "sizes",
+            f"L = {report.seq_len}, B = {report.batch} per copy, {report.blocks} block"
+            + ("s" if report.blocks > 1 else ""),
+        ),
         ("step", step),
         ("dtype", report.dtype),
         ("one device", f"{format_bytes(single)} peak for the whole model (no split)"),
@@ -135,7 +139,7 @@ def _weights_why(report: ParallelReport) -> str:
     layout = report.layout
     parts = []
     if layout.tp > 1:
-        parts.append(f"heads and FFN columns / {layout.tp}, vocab rows / {layout.tp}")
+        parts.append(f"heads and columns / {layout.tp}, vocab rows / {layout.tp}")
     if layout.pp > 1:
         parts.append("the stage's blocks")
     if layout.zero == 3:
