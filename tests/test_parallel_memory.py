@@ -506,3 +506,41 @@ def test_json_per_device_keys(invoke):
         "tp": 2, "sp": False, "cp": 1, "pp": 2, "dp": 1, "zero": 0, "micro_batch": 1,
         "recompute": "none", "devices": 4, "micro_batches": 1, "kv_replicas": 1,
     }  # fmt: skip
+
+
+def test_a_sliding_stack_keeps_its_windows_per_stage():
+    """--sliding ssf over 7 layers: the stages' caches add up to the single device's, each
+    counted by the pattern (never a loop over the stack's height)."""
+    layer = _layer(d_model=64, heads=4, mask="causal", window=8, window_pattern="ssf")
+    plan = sized_plan(layer, 20, 2)
+    whole = kv_cache_bytes(plan, 20, 7)
+    for pp in (1, 2, 3, 7):
+        split = _split(layer, Layout(pp=pp), layers=7)
+        assert sum(split.kv_cache_bytes(20, 2, stage) for stage in range(pp)) == whole
+    tall = _split(layer, Layout(pp=2), layers=10**12)
+    start, stop = 10**12 // 2, 10**12  # the last stage's blocks
+
+    def count(rest: int) -> int:  # blocks n of the stage with n % 3 == rest
+        return (stop - 1 - rest) // 3 - (start - 1 - rest) // 3
+
+    full = count(2)
+    per_token = 2 * 1 * 4 * 16 * 4  # K and V, B 1, 4 kv-heads of 16, float32
+    expected = per_token * (8 * (stop - start - full) + 20 * full)
+    assert tall.kv_cache_bytes(20, 1, 1) == expected
+
+
+@FAST
+@given(
+    values=LAYERS, tp=st.sampled_from([2, 4]), length=st.integers(2, 16), batch=st.integers(1, 2)
+)
+def test_the_collectives_keep_nothing_for_the_backward(values, tp, length, batch):
+    """Tensor parallel alone: a rank's block saves what the same block with H / T heads on
+    one device saves (all_reduce adds in place, keeps nothing)."""
+    from attnctl.plan import build_plan
+    from attnctl.plan_parallel import rank_config
+
+    layer = _layer(**{**values, "heads": 4})
+    on_rank = saved_activations(rank_plan(layer, length, batch, 9000, Layout(tp=tp)))
+    alone = saved_activations(build_plan(rank_config(layer, tp), length, batch, 9000))
+    assert on_rank.block_bytes == alone.block_bytes
+    assert on_rank.block_by_stage == alone.block_by_stage

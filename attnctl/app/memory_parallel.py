@@ -47,6 +47,7 @@ from attnctl.plan import Plan, seeded_model
 from attnctl.plan_parallel import SHARED_FIRST, WeightShare, check_split, rank_plan, rank_weights
 from attnctl.report import MemoryCommandReport
 from attnctl.tokenize import vocab_size
+from attnctl.training import SavedActivations
 from attnctl.training_stages import EMBEDDING_STAGES, INPUTS
 
 FP32 = 4
@@ -253,6 +254,9 @@ class Split:
             rank_weights(description, layout, stage, layers) for stage in range(layout.pp)
         ]
         self.block_values = self._block_values() if layout.zero == 3 else []
+        self._plans: dict[tuple[int, int, int], Plan] = {}  # kept between calls (--budget)
+        self._peaks: dict[tuple[int, int, int, bool], int] = {}
+        self._saved: dict[tuple[int, int], tuple[SavedActivations, int]] = {}
 
     # ------------------------------------------------------------ weights and state
 
@@ -279,13 +283,15 @@ class Split:
         )
 
     def _block_values(self) -> list[int]:
-        """Each block's values on one tensor-parallel rank (ZeRO 3's gathered copy):
-        ``rank_weights`` with one block a stage, less what is not a block's."""
+        """Each block's values on one tensor-parallel rank (ZeRO 3's gathered copy): a
+        checkpoint's by ``rank_weights`` with one block a stage, less what is not a
+        block's; the seeded stack's blocks are alike (one entry)."""
+        if self.model is None:
+            shares = self.shares[0]
+            return [sum(s.values for s in shares if not s.name.startswith(SHARED_FIRST))]
         one_each = dataclasses.replace(self.layout, pp=self.block_count)
-        shared = set()
-        if self.model is not None:
-            source = self.model.source
-            shared = {e.key for e in source.table + source.head_table if e.block < 0}
+        source = self.model.source
+        shared = {e.key for e in source.table + source.head_table if e.block < 0}
         values = []
         for block in range(self.block_count):
             shares = rank_weights(self.description, one_each, block, self.layers)
@@ -307,54 +313,79 @@ class Split:
         gathered = 0
         if zero == 3:  # the untrained head stays whole; the trained values are sharded
             weights = (self.weight_values(stage) - trained + shard) * e
-            gathered = max(self.block_values[b] for b in self.ranges[stage]) * e
+            if self.model is None:
+                gathered = self.block_values[0] * e
+            else:
+                gathered = max(self.block_values[b] for b in self.ranges[stage]) * e
         return weights, gradients, optimizer, masters, gathered
 
     # ------------------------------------------------------------ activations
 
     def plan(self, length: int, micro: int, block: int = 0) -> Plan:
-        vocab = self.description.vocab_size
+        """The rank's plan of ``block`` (a checkpoint's; the seeded layer's one), kept."""
+        key = (length, micro, block)
+        if key not in self._plans:
+            vocab = self.description.vocab_size
+            if self.model is None:
+                plan = rank_plan(self.layer, length, micro, vocab, self.layout)
+            else:
+                plan = rank_plan(
+                    self.layer, length, micro, vocab, self.layout, model=self.model,
+                    layer_index=block,
+                )  # fmt: skip
+            self._plans[key] = plan
+        return self._plans[key]
+
+    def _distinct_blocks(self, stage: int) -> list[int]:
+        """The stage's blocks that differ from each other (a checkpoint's sliding and
+        full blocks); the seeded stack's are planned from its one block."""
         if self.model is None:
-            return rank_plan(self.layer, length, micro, vocab, self.layout)
-        return rank_plan(
-            self.layer, length, micro, vocab, self.layout, model=self.model, layer_index=block
-        )
+            return [0]
+        first: dict[object, int] = {}
+        for block in self.ranges[stage]:
+            first.setdefault(self.description.blocks[block], block)
+        return list(first.values())
 
     def inference_activations(self, length: int, micro: int, stage: int) -> int:
         """The busiest of the stage's blocks: the first stage's block 0 with the
         embeddings, any other block from its input on (it receives the hidden state, not
-        the token ids). A checkpoint's blocks that differ (sliding windows) are each
-        planned once."""
+        the token ids)."""
         peaks = []
-        seen: dict[object, int] = {}
-        for block in self.ranges[stage]:
-            key = self.description.blocks[block] if self.model is not None else 0
-            if block != 0 and key in seen:
-                continue
-            plan = self.plan(length, micro, block if self.model is not None else 0)
-            live = live_bytes_per_stage(plan)
-            if block == 0 and stage == 0:
-                peaks.append(max(live))
-            else:
-                start = _block_start(plan)
-                ids = sum(s.bytes for s in plan.stages if s.name == "token_ids")
-                peaks.append(max(live[start:]) - ids)
-            seen[key] = peaks[-1]
+        for block in self._distinct_blocks(stage):
+            key = (length, micro, block, stage == 0 and block == 0)
+            if key not in self._peaks:
+                plan = self.plan(length, micro, block)
+                live = live_bytes_per_stage(plan)
+                if key[-1]:
+                    self._peaks[key] = max(live)
+                else:
+                    ids = sum(s.bytes for s in plan.stages if s.name == "token_ids")
+                    self._peaks[key] = max(live[_block_start(plan) :]) - ids
+            peaks.append(self._peaks[key])
         return max(peaks)
+
+    def saved(self, length: int, micro: int) -> tuple[SavedActivations, int]:
+        """One micro-batch's saved bytes by part, and a block's over every (query, key)
+        pair among them (what selective recompute recomputes)."""
+        from attnctl.training import saved_activations
+
+        key = (length, micro)
+        if key not in self._saved:
+            plan = self.plan(length, micro)
+            saved = saved_activations(plan)
+            self._saved[key] = saved, attention_matrix_bytes(plan, saved.block_by_stage)
+        return self._saved[key]
 
     def training_activations(self, length: int, micro: int, micro_batches: int, stage: int):
         """(bytes, micro-batches in flight): what the stage's blocks save for the
         backward, for each micro-batch in flight, as ``--recompute`` leaves it."""
-        from attnctl.training import saved_activations
-
-        saved = saved_activations(self.plan(length, micro))
+        saved, matrices = self.saved(length, micro)
         blocks = len(self.ranges[stage])
         pp = self.layout.pp
         held = in_flight(stage, pp, micro_batches)
         recompute = self.layout.recompute
         per_block, working = saved.block_bytes, 0
         if recompute == "selective":  # the B·H·L·L tensors, recomputed in the backward
-            matrices = attention_matrix_bytes(self.plan(length, micro), saved.block_by_stage)
             per_block, working = saved.block_bytes - matrices, matrices
         elif recompute == "full":  # each block's input; one block's whole in its backward
             per_block, working = self.block_input_bytes(length, micro), saved.block_bytes
@@ -375,24 +406,35 @@ class Split:
         """2 · B · n · Hkv_rank · d_k per block of the stage: n = ⌈min(N, W) / C⌉ (each
         context-parallel rank keeps its share of the positions), Hkv_rank = Hkv / T
         (one, replicated, when T > Hkv)."""
-        windows = (
-            [b.attention.window for b in self.description.blocks]
-            if self.model is not None
-            else list(self.description.stack_windows(self.layers))
-        )
         total = 0
-        for block in self.ranges[stage]:
-            config = (
-                self.description.blocks[block].attention.config
-                if self.model is not None
-                else self.description.config
-            )
-            window = windows[block]
+        for config, window, blocks in self._attentions(stage):
             kept = min(tokens, window) if window else tokens
             kept = -(-kept // self.layout.cp)
             heads = max(config.kv_heads // self.layout.tp, 1)
-            total += 2 * batch * kept * heads * config.d_k * self.element
+            total += 2 * batch * kept * heads * config.d_k * self.element * blocks
         return total
+
+    def _attentions(self, stage: int) -> list[tuple[LayerConfig, int, int]]:
+        """(attention, window, how many blocks) of the stage's blocks: a checkpoint's
+        one by one; the seeded stack's by its --sliding pattern, counted whole cycles at
+        a time (never a loop over the stack's height)."""
+        owned = self.ranges[stage]
+        if self.model is not None:
+            return [
+                (b.attention.config, b.attention.window, 1)
+                for b in (self.description.blocks[n] for n in owned)
+            ]
+        config = self.description.stack or self.description.config
+        pattern = config.window_pattern
+        if not pattern:
+            return [(config, config.window, len(owned))]
+        sliding = 0
+        for offset, letter in enumerate(pattern):  # blocks n in owned with n % k == offset
+            if letter == "s":
+                first = owned.start + (offset - owned.start) % len(pattern)
+                if first < owned.stop:
+                    sliding += (owned.stop - 1 - first) // len(pattern) + 1
+        return [(config, config.window, sliding), (config, 0, len(owned) - sliding)]
 
     # ------------------------------------------------------------ per device
 
