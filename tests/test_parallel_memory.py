@@ -544,3 +544,9 @@ def test_the_collectives_keep_nothing_for_the_backward(values, tp, length, batch
     alone = saved_activations(build_plan(rank_config(layer, tp), length, batch, 9000))
     assert on_rank.block_bytes == alone.block_bytes
     assert on_rank.block_by_stage == alone.block_by_stage
+
+
+def test_a_negative_kv_cache_is_refused_with_a_split(invoke):
+    result = invoke("memory", "--tp", "2", "--kv-cache", "-1")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--kv-cache must be a number of tokens >= 0, got -1" in result.stderr

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from attnctl.app.inputs import parse_lengths
 from attnctl.app.requests import Hooks, MemoryRequest
-from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.config import DTYPE_BYTES, LARGEST_SIZE, LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
 from attnctl.memory import largest_fitting, live_bytes_per_stage, longest_input, parse_size
@@ -162,8 +162,12 @@ def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescri
     micro_batches = check_batch(layout, request.batch)
     description = _description(layer, model, length)
     check_split(layout, description, [length], request.layers)
-    if request.kv_cache is not None and not 0 <= request.kv_cache <= LARGEST_SPLIT * length:
+    if request.kv_cache is not None and request.kv_cache < 0:
         raise AttnctlError(f"--kv-cache must be a number of tokens >= 0, got {request.kv_cache}")
+    if request.kv_cache is not None and request.kv_cache >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"--kv-cache must be below 2^63 (torch's largest size), got {request.kv_cache}"
+        )
     check_planned(layout)
     return length, micro_batches, description
 
