@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 
+import json_contract
 import pytest
 import tiny_models
 from hypothesis import HealthCheck, given, settings
@@ -476,6 +477,7 @@ def test_measured_per_rank_shows_when_a_report_carries_it():
     from rich.console import Console
 
     from attnctl.render.json import parallel_fields
+    from attnctl.render.json_memory import memory_document
 
     request = MemoryRequest(LayerRequest(), seq_len="32", layout=Layout(tp=2))
     command = memory_use_case(request)
@@ -491,6 +493,11 @@ def test_measured_per_rank_shows_when_a_report_carries_it():
     assert "measured on torch.distributed, per rank" in text
     assert "+567 B" in text and "-433 B" in text
     assert parallel_fields(parallel)["measured_per_rank"] == measured
+    document = json.loads(json.dumps(memory_document(command)))
+    json_contract.check(document, "memory")  # the schema takes the list too
+    assert document["measured_per_rank"] == measured
+    broken = {**document, "measured_per_rank": [{"rank": 0, "peak_bytes": 1}]}
+    assert json_contract.problems(broken, "memory")
 
 
 def test_json_per_device_keys(invoke):
