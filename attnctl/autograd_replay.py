@@ -71,6 +71,10 @@ class Replay:
     # the backward's peak up to each parameter's gradient (measure.py reads the same)
     gradient_windows: list[int] = field(default_factory=list)
     _window: int = -1  # the peak since the last gradient; -1: no op since
+    # the stage whose forward made each storage (``origin`` while it is replayed): what
+    # the forward saves, stage by stage (``training.saved_by_stage``)
+    origin: str = ""
+    origins: dict[int, str] = field(default_factory=dict)
     _ids: itertools.count = field(default_factory=itertools.count)
     _seq: itertools.count = field(default_factory=itertools.count)
 
@@ -99,6 +103,7 @@ class Replay:
         """A new storage, held once (by the code that made it)."""
         storage = next(self._ids)
         self.live[storage] = nbytes
+        self.origins[storage] = self.origin
         self.holds[storage] = 1
         self.current += nbytes
         if read:

@@ -14,6 +14,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,6 +46,7 @@ from attnctl.cli_options import (
     svg_option,
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
+from attnctl.parallel import RECOMPUTE, Layout
 from attnctl.render.text import printable
 from attnctl.window import DEFAULT_ROWS
 
@@ -480,6 +482,10 @@ def shapes(
     console.print(shapes_view(plan, console.width))
 
 
+SPLIT = "Split over devices"  # memory's parallelism options, a panel of their own
+Recompute = StrEnum("Recompute", {value: value for value in RECOMPUTE})
+
+
 @app.command()
 @svg_option
 @layer_options(with_model=True)
@@ -530,11 +536,47 @@ def memory(
             help="A decoder-only model's KV cache after N more tokens (the prompt: --seq-len).",
         ),
     ] = None,
+    tp: Annotated[
+        int,
+        typer.Option(
+            "--tp", help="Tensor parallel: heads, FFN columns over T.", rich_help_panel=SPLIT
+        ),
+    ] = 1,
+    sp: Annotated[
+        bool, typer.Option("--sp", help="Sequence parallel (with --tp).", rich_help_panel=SPLIT)
+    ] = False,
+    cp: Annotated[
+        int, typer.Option("--cp", help="Context parallel: L over C.", rich_help_panel=SPLIT)
+    ] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages P.", rich_help_panel=SPLIT)] = 1,
+    dp: Annotated[
+        int, typer.Option("--dp", help="Data-parallel copies D.", rich_help_panel=SPLIT)
+    ] = 1,
+    zero: Annotated[
+        int,
+        typer.Option("--zero", help="ZeRO stage 0-3 (with --dp, --train).", rich_help_panel=SPLIT),
+    ] = 0,
+    micro_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--micro-batch", help="Micro-batch size. Default --batch.", rich_help_panel=SPLIT
+        ),
+    ] = None,
+    recompute: Annotated[
+        Recompute,
+        typer.Option(
+            "--recompute",
+            metavar="WHAT",
+            help="With --train: none, selective or full.",
+            rich_help_panel=SPLIT,
+        ),
+    ] = Recompute.none,
     as_json: JsonOption = False,
     *,
     layer: LayerRequest,
 ) -> None:
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
+    layout = Layout(tp, sp, cp, pp, dp, zero, micro_batch, recompute.value)
     request = MemoryRequest(
         layer=layer,
         seq_len=seq_len,
@@ -550,6 +592,7 @@ def memory(
         src_len=src_len,
         tgt_len=tgt_len,
         generate=generate,
+        layout=layout,
     )
     from attnctl.app.use_cases import memory_use_case
     from attnctl.render.json_memory import memory_document
@@ -563,6 +606,11 @@ def memory(
     console = _console()
     if isinstance(report, Seq2SeqMemoryReport):
         console.print(seq2seq_memory_view(report, console.width))
+        return
+    if report.parallel is not None:
+        from attnctl.render.terminal_parallel import parallel_view
+
+        console.print(parallel_view(report, console.width))
         return
     console.print(memory_view(report, console.width))
 

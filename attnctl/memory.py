@@ -73,7 +73,8 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
 def estimate(plan: Plan, layers: int = 1) -> MemoryEstimate:
     """Memory of one forward pass; with ``layers`` > 1, of a stack of such layers.
 
-    A stack shares one embedding and repeats the rest of the weights; in inference its
+    A stack shares one embedding (tokens and learned positions, as the training step's
+    and a split's weights do) and repeats the rest of the weights; in inference its
     layers run one after another and each frees its activations before the next starts,
     so the activation peak is one layer's.
     """
@@ -85,7 +86,10 @@ def estimate(plan: Plan, layers: int = 1) -> MemoryEstimate:
     matrix_elems = sizes["B"] * sizes["H"] * sizes["L"] * keys
     live = live_bytes_per_stage(plan)
     peak = max(live)
-    shared = sum(p.count for p in plan.parameters if p.name.startswith("embedding."))
+    # the token embedding and a learned position table: once for the whole stack
+    shared = sum(
+        p.count for p in plan.parameters if p.name.startswith(("embedding.", "positions."))
+    )
     parameters = shared + layers * (plan.parameter_count - shared)
     return MemoryEstimate(
         layers=layers,

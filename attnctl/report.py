@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnctl.memory import KVCacheGroup, MemoryEstimate, longest_input, variant_table
 from attnctl.plan import Plan
 from attnctl.stats import HeadStats, head_stats
 from attnctl.trace import Trace
 from attnctl.window import hidden_ranges
+
+if TYPE_CHECKING:  # a split's report
+    from attnctl.app.memory_parallel import ParallelReport
 
 CLEAREST_SHOWN = 10  # heads in "the most clear-cut heads" of run --layer all
 
@@ -169,6 +172,8 @@ class MemoryCommandReport:
     fits: dict[str, dict[str, int]] | None = None  # impl -> max_seq_len, max_batch
     budget_bytes: int | None = None
     longest_input: int | None = None  # learned positions that end the search for L
+    # a split (--tp, --pp, ...): every pipeline stage's device (app/memory_parallel.py)
+    parallel: ParallelReport | None = None
 
 
 def bar_parts(estimate: MemoryEstimate, kv_cache: int) -> list[int]:

@@ -20,7 +20,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from attnctl import training_attention  # noqa: F401  (registers the attention's entries)
+from attnctl import (  # noqa: F401  (they register the attention's, the collectives' entries)
+    training_attention,
+    training_collectives,
+)
 from attnctl.autograd_replay import Replay
 from attnctl.config import DTYPE_BYTES
 from attnctl.describe import Attention, FeedForward
@@ -77,6 +80,81 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         layers = plan.model.layers  # a checkpoint trains every one of its blocks
     if layers < 1:
         raise AttnctlError(f"layers must be a positive integer, got {layers}")
+    refuse_unreplayable(plan, layers)
+    e = DTYPE_BYTES[config.dtype]
+    mixed = config.dtype != "float32"
+    count = sum(parameter_sizes(plan, layers))
+    if layers <= EXACT_LAYERS:
+        replayed = _replay(plan, layers)
+        peaks, saved = replayed.phase_peaks, replayed.saved
+        windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
+    else:  # the windows are not carried on: the replay's own, up to EXACT_LAYERS
+        before, last = _replay(plan, EXACT_LAYERS - 1), _replay(plan, EXACT_LAYERS)
+        more = layers - EXACT_LAYERS
+        peaks = tuple(
+            b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
+        )
+        saved = last.saved + more * (last.saved - before.saved)
+        windows = stage_windows = ()
+    peak = max(peaks)
+    model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
+    step = count * FP32
+    return TrainingEstimate(
+        parameter_bytes=model_bytes,
+        gradient_bytes=count * e,
+        master_bytes=step if mixed else 0,
+        optimizer_bytes=2 * step,
+        saved_bytes=saved,
+        peak_bytes=model_bytes + peak,
+        peak_phase=PHASES[peaks.index(peak)],
+        layers=layers,
+        phase_peak_bytes=peaks,
+        gradient_window_bytes=windows,
+        stage_window_bytes=stage_windows,
+    )
+
+
+@dataclass(frozen=True)
+class SavedActivations:
+    """What one forward leaves for the backward, by part: the embeddings' (with the
+    inputs' views the lookups keep), each block's, the loss. A block's count holds its
+    input, which its first norm or projection keeps (made by the block before, or the
+    embeddings); ``block_by_stage`` splits it by the stage (as the plan names it) whose
+    forward made each tensor."""
+
+    embedding_bytes: int
+    block_bytes: int
+    loss_bytes: int
+    block_by_stage: dict[str, int]
+
+    def total(self, blocks: int) -> int:
+        """A stack of ``blocks`` blocks after the embeddings, as ``estimate_training``."""
+        return self.embedding_bytes + blocks * self.block_bytes + self.loss_bytes
+
+
+def saved_activations(plan: Plan) -> SavedActivations:
+    """The saved bytes of the plan's embeddings and of one of its blocks (block 0's,
+    standing for every block as the step's replay does): two replays, of one block and
+    of two, differ by one block exactly."""
+    if plan.config.impl not in ("math", "sdpa"):
+        raise AttnctlError(f"cannot replay training for impl {plan.config.impl!r}")
+    refuse_unreplayable(plan, 1)
+    one, two = _replay(plan, 1), _replay(plan, 2)
+    block = two.saved - one.saved
+    names = two.saved_by_stage.keys() | one.saved_by_stage.keys()
+    by_stage = {
+        name: two.saved_by_stage.get(name, 0) - one.saved_by_stage.get(name, 0)
+        for name in names
+        if name != "loss"
+    }
+    by_stage = {name: n for name, n in by_stage.items() if n}
+    loss = one.saved_by_stage["loss"]
+    return SavedActivations(one.saved - block - loss, block, loss, by_stage)
+
+
+def refuse_unreplayable(plan: Plan, layers: int) -> None:
+    """What the replay does not model, refused by name before it runs."""
+    config = plan.config
     description = plan.description
     if plan.model is None and description is not None and layers > 1:
         windows = set(description.stack_windows(layers))
@@ -111,37 +189,6 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
                 f"memory --train does not replay the stage {stage.name!r} yet "
                 "(memory without --train models it)"
             )
-    e = DTYPE_BYTES[config.dtype]
-    mixed = config.dtype != "float32"
-    count = sum(parameter_sizes(plan, layers))
-    if layers <= EXACT_LAYERS:
-        replayed = _replay(plan, layers)
-        peaks, saved = replayed.phase_peaks, replayed.saved
-        windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
-    else:  # the windows are not carried on: the replay's own, up to EXACT_LAYERS
-        before, last = _replay(plan, EXACT_LAYERS - 1), _replay(plan, EXACT_LAYERS)
-        more = layers - EXACT_LAYERS
-        peaks = tuple(
-            b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
-        )
-        saved = last.saved + more * (last.saved - before.saved)
-        windows = stage_windows = ()
-    peak = max(peaks)
-    model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
-    step = count * FP32
-    return TrainingEstimate(
-        parameter_bytes=model_bytes,
-        gradient_bytes=count * e,
-        master_bytes=step if mixed else 0,
-        optimizer_bytes=2 * step,
-        saved_bytes=saved,
-        peak_bytes=model_bytes + peak,
-        peak_phase=PHASES[peaks.index(peak)],
-        layers=layers,
-        phase_peak_bytes=peaks,
-        gradient_window_bytes=windows,
-        stage_window_bytes=stage_windows,
-    )
 
 
 class Replayed(NamedTuple):
@@ -149,6 +196,8 @@ class Replayed(NamedTuple):
     saved: int  # what the forward leaves for the backward
     gradient_windows: tuple[int, ...]  # the backward's peak up to each parameter's gradient
     stage_windows: tuple[int, ...]  # the forward's peak up to the end of each recorded stage
+    # of ``saved``, by the stage (as the plan names it) whose forward made it; "loss"
+    saved_by_stage: dict[str, int]
 
 
 def _replay(plan: Plan, layers: int) -> Replayed:
@@ -176,6 +225,7 @@ def _replay(plan: Plan, layers: int) -> Replayed:
             r.close_window(stage_windows)
             continue
         walk.block, walk.base = block, base
+        r.origin = base
         ins = [walk.tensors[name] for name in stage.reads]
         walk.tensors[stage.name] = ENTRIES[base](walk, stage, ins)
         for owner in last_use.get(index, ()):
@@ -189,10 +239,15 @@ def _replay(plan: Plan, layers: int) -> Replayed:
         walk.then.clear()
         walk.later.clear()
     output = walk.tensors[stages[-1][2].name]
+    r.origin = "loss"
     loss = r.new(e)  # output.sum()
     r.node(loss, (output,), (), (("pass", 0),))
     kept = {s for node in r.nodes for s in node.saved if s in r.live} - inputs
     saved = loss.nbytes + sum(r.live[s] for s in kept)
+    by_stage: dict[str, int] = {"loss": loss.nbytes}
+    for storage in kept:
+        origin = r.origins[storage]
+        by_stage[origin] = by_stage.get(origin, 0) + r.live[storage]
     for owner in last_use.get(len(stages), ()):  # `del result`: the returned tensors
         r.drop(walk.tensors[owner].storage)
 
@@ -212,6 +267,7 @@ def _replay(plan: Plan, layers: int) -> Replayed:
         saved,
         tuple(r.gradient_windows),
         tuple(stage_windows),
+        by_stage,
     )
 
 

@@ -27,7 +27,11 @@ from attnctl.trace import Stage
 FP32 = 4
 INPUTS = ("token_ids", "context_ids", "padding_mask")  # made before the model runs
 EMBEDDING_STAGES = (
+    "vocab_mask",  # a tensor-parallel rank's vocab-parallel lookup (training_collectives.py)
+    "local_ids",
     "embeddings",
+    "embedding_all_reduce",
+    "embedding_reduce_scatter",
     "scaled_embeddings",
     "positions",
     "x",
@@ -110,8 +114,17 @@ def entry(*names: str) -> Callable[[Entry], Entry]:
 def _lookup(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     ids = walk.tensors["context_ids" if stage.name.startswith("context") else "token_ids"]
-    out = r.new(stage.bytes)  # F.embedding; its backward keeps the ids
     weight = walk.plan.vocab_size * walk.sizes["D"] * walk.e
+    if stage.reads == ("local_ids", "vocab_mask"):  # a tensor-parallel rank's rows
+        ids, mask = walk.tensors["local_ids"], walk.tensors["vocab_mask"]
+        # the seeded layer's plan holds the rank's ⌈V/T⌉ rows; a checkpoint's, the whole
+        values = next((p.count for p in walk.plan.parameters if p.name == "embedding.weight"),
+                      walk.plan.vocab_size * walk.sizes["D"])  # fmt: skip
+        out = r.new(stage.bytes)
+        r.leaf_node(out, (ids,), (("param", "embedding.weight", values * walk.e),))
+        # masked_fill_ of the ids outside the rank's rows: it keeps the mask
+        return r.node(r.view(out), (out,), (mask,), (("grad", 0, stage.bytes),))
+    out = r.new(stage.bytes)  # F.embedding; its backward keeps the ids
     return r.leaf_node(out, (ids,), (("param", "embedding.weight", weight),))
 
 

@@ -587,6 +587,54 @@ def shapes_schema() -> Schema:
 # ---------------------------------------------------------------- memory
 
 
+def split_properties() -> dict[str, Schema]:
+    """memory with --tp, --sp, --cp, --pp, --dp, --zero, --micro-batch or --recompute:
+    each pipeline stage's device (every key null without a split)."""
+    layout = obj(
+        {
+            "tp": POSITIVE,
+            "sp": {"type": "boolean"},
+            "cp": POSITIVE,
+            "pp": POSITIVE,
+            "dp": POSITIVE,
+            "zero": {"type": "integer", "minimum": 0, "maximum": 3},
+            "micro_batch": POSITIVE,
+            "recompute": enum(("none", "selective", "full")),
+            "devices": integer(1, "T · C · P · D"),
+            "micro_batches": integer(1, "per step: batch / micro_batch"),
+            "kv_replicas": integer(1, "ranks holding each kv-head: T / Hkv when T > Hkv, else 1"),
+        },
+        "the split",
+    )
+    device = obj(
+        {
+            "stage": INDEX,
+            "kind": enum(("all", "first", "middle", "last")),
+            "blocks": array(INDEX, 2, "the first and the last block the stage holds"),
+            "weights_bytes": BYTES,
+            "gradients_bytes": BYTES,
+            "optimizer_bytes": integer(0, "Adam's moments and the master weights"),
+            "master_bytes": integer(0, "of optimizer_bytes, the float32 master weights"),
+            "gathered_bytes": integer(0, "ZeRO 3: the largest block's parameters, gathered"),
+            "activations_bytes": BYTES,
+            "kv_cache_bytes": BYTES,
+            "peak_bytes": integer(0, "the sum of the other *_bytes but master_bytes"),
+            "micro_batches_in_flight": POSITIVE,
+        },
+        "one device of a pipeline stage (any of its tensor-parallel ranks)",
+    )
+    fit = obj({"budget_bytes": BYTES, "max_seq_len": COUNT, "max_micro_batch": COUNT})
+    measured = obj({"rank": INDEX, "peak_bytes": BYTES, "measured_peak_bytes": BYTES})
+    return {
+        "layout": nullable(layout),
+        "per_device": nullable(array(device, 1, "one per pipeline stage, in order")),
+        "per_device_fit": nullable(fit),
+        "measured_per_rank": nullable(
+            array(measured, 1, "measured on torch.distributed (memory --measure of a split)")
+        ),
+    }
+
+
 def memory_schema() -> Schema:
     by_impl_int = mapping(tuple(i for i in IMPLS if i != "auto"), COUNT)
     length = obj(
@@ -650,6 +698,7 @@ def memory_schema() -> Schema:
             "budget_bytes": nullable(integer(0, "with --budget or --fit; else null")),
             "max_seq_len": nullable(by_impl_int),
             "max_batch": nullable(by_impl_int),
+            **split_properties(),
         },
         "the seeded layer (a stack of it), or a model with one stack",
     )

@@ -49,6 +49,8 @@ EXAMPLES = {
     "attnctl memory --seq-len 2048": (100, None, None),
     "attnctl memory --seq-len 1024 --measure --device cpu": (80, "activations", "vs measured"),
     "attnctl memory --seq-len 512,2048,8192 --budget 16GiB": (80, None, None),
+    "attnctl memory --layers 6 --pp 3 --tp 2 --sp --dp 4 --zero 1 --train --dtype bfloat16 "
+    "--batch 8 --micro-batch 2 --seq-len 1024": (100, None, None),
     "attnctl memory --seq-len 2048 --train --dtype bfloat16 --measure --device cpu": (
         80, "training step", "vs measured"),
     'attnctl run "the cat eats the fish, the cat eats" --model models/gpt2-tiny --layer 2 '

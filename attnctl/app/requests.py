@@ -8,6 +8,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from attnctl.parallel import Layout
+
 if TYPE_CHECKING:  # check.py imports torch; the plan is a type here
     from attnctl.check import CheckResult
     from attnctl.plan import Plan
@@ -84,6 +86,8 @@ class MemoryRequest:
     src_len: int | None = None  # an encoder–decoder's source and target lengths
     tgt_len: int | None = None
     generate: int | None = None  # a decoder-only model's cache after N more tokens
+    # --tp, --sp, --cp, --pp, --dp, --zero, --micro-batch, --recompute
+    layout: Layout = field(default_factory=Layout)
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,11 @@ def memory_use_case(
     hooks = hooks or Hooks()
     layer, model = resolve_layer(request.layer)
     check_length_options(model, request.seq_len, request.src_len, request.tgt_len)
+    if request.layout.is_split:  # per device, beside the whole model on one
+        from attnctl.app.memory_parallel import parallel_memory_use_case
+
+        whole = functools.partial(memory_use_case, hooks=hooks)
+        return parallel_memory_use_case(request, layer, model, whole, hooks)
     if model is not None and model.is_encoder_decoder:
         return seq2seq_memory(request, layer, model, hooks)
     generate = request.generate

@@ -15,6 +15,7 @@ from attnctl.plan import Plan
 from attnctl.report import LengthReport, MemoryCommandReport, RunReport, Seq2SeqDtypeRow
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
+    from attnctl.app.memory_parallel import ParallelReport
     from attnctl.check import CheckResult
 
 
@@ -260,8 +261,58 @@ def memory_json(command: MemoryCommandReport) -> dict[str, Any]:
             "max_batch": None
             if fits is None
             else {impl: found["max_batch"] for impl, found in fits.items()},
+            **parallel_fields(command.parallel),
         },
     )
+
+
+def parallel_fields(report: ParallelReport | None) -> dict[str, Any]:
+    """A split's keys (null without one, so every document has them): the layout, one
+    entry per pipeline stage's device, what fits a budget on every device, and what
+    another change measures per rank on torch.distributed."""
+    if report is None:
+        return dict.fromkeys(("layout", "per_device", "per_device_fit", "measured_per_rank"))
+    layout, fit = report.layout, report.fit
+    return {
+        "layout": {
+            "tp": layout.tp,
+            "sp": layout.sp,
+            "cp": layout.cp,
+            "pp": layout.pp,
+            "dp": layout.dp,
+            "zero": layout.zero,
+            "micro_batch": report.micro_batch,
+            "recompute": layout.recompute,
+            "devices": layout.ranks,
+            "micro_batches": report.micro_batches,
+            "kv_replicas": report.kv_replicas,
+        },
+        "per_device": [
+            {
+                "stage": row.stage,
+                "kind": row.kind,
+                "blocks": list(row.blocks),
+                "weights_bytes": row.weights_bytes,
+                "gradients_bytes": row.gradients_bytes,
+                "optimizer_bytes": row.optimizer_bytes,
+                "master_bytes": row.master_bytes,
+                "gathered_bytes": row.gathered_bytes,
+                "activations_bytes": row.activations_bytes,
+                "kv_cache_bytes": row.kv_cache_bytes,
+                "peak_bytes": row.peak_bytes,
+                "micro_batches_in_flight": row.in_flight,
+            }
+            for row in report.stages
+        ],
+        "per_device_fit": None
+        if fit is None
+        else {
+            "budget_bytes": fit.budget_bytes,
+            "max_seq_len": fit.max_seq_len,
+            "max_micro_batch": fit.max_micro_batch,
+        },
+        "measured_per_rank": report.measured_per_rank,
+    }
 
 
 def _length_json(report: LengthReport) -> dict[str, Any]:

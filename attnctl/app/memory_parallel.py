@@ -1,0 +1,613 @@
+"""``memory`` with a split (--tp, --sp, --cp, --pp, --dp, --zero, --micro-batch,
+--recompute): what one device of each pipeline stage holds.
+
+Every check of the options and of the options against the model runs first (one line,
+exit 2); then, per pipeline stage, on one of its tensor-parallel ranks (they are alike):
+
+- weights: each weight's share on the rank (``plan_parallel.rank_weights``);
+- training with Adam: gradients in the dtype, two float32 moments, float32 master
+  weights under mixed precision; ZeRO 1 shards the moments and masters over the D·C
+  data-parallel ranks (context-parallel ranks hold the same weights, so they share the
+  shards, as Megatron's distributed optimizer does), ZeRO 2 the gradients too, ZeRO 3
+  the weights too: each rank ⌈n / (D·C)⌉ values of a flat buffer padded to a multiple
+  of D·C, plus the largest block's parameters gathered while it computes;
+- activations of one micro-batch: in inference the busiest block's peak (the rank's
+  plan, ``plan_parallel.rank_plan``); in training what each block saves for the
+  backward (``training.saved_activations``, the step's replay on the rank's plan) times
+  the stage's blocks times the micro-batches in flight under 1F1B, less what
+  ``--recompute`` recomputes;
+- the KV cache (inference): the stage's blocks, each rank's kv-heads, L / C positions.
+
+The per-device peak is their sum. Nothing here prints; :mod:`attnctl.render` shows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attnctl.app.inputs import parse_lengths
+from attnctl.app.requests import Hooks, MemoryRequest
+from attnctl.config import DTYPE_BYTES, LARGEST_SIZE, LayerConfig
+from attnctl.describe import ModelDescription
+from attnctl.errors import AttnctlError
+from attnctl.memory import largest_fitting, live_bytes_per_stage, longest_input, parse_size
+from attnctl.parallel import (
+    LARGEST_SPLIT,
+    Layout,
+    check_batch,
+    check_layout,
+    in_flight,
+    kv_replicas,
+    stage_blocks,
+    stage_kind,
+)
+from attnctl.plan import Plan, seeded_model
+from attnctl.plan_parallel import SHARED_FIRST, WeightShare, check_split, rank_plan, rank_weights
+from attnctl.report import MemoryCommandReport
+from attnctl.tokenize import vocab_size
+from attnctl.training import SavedActivations
+from attnctl.training_stages import EMBEDDING_STAGES, INPUTS
+
+FP32 = 4
+ADAM_MOMENTS = 2  # float32 values per trained value
+TIED_HEAD = "lm_head (tied"  # rank_weights' name of the last stage's copy of the embedding
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One device of pipeline stage ``stage`` (any of its tensor-parallel ranks)."""
+
+    stage: int
+    kind: str  # "first", "middle", "last"; "all" without pipeline parallelism
+    blocks: tuple[int, int]  # the first and the last block it holds
+    weights_bytes: int  # its share of the weights (under ZeRO 3 its shard of them)
+    gradients_bytes: int  # in the dtype (under ZeRO 2 and 3 its shard)
+    optimizer_bytes: int  # Adam's moments and the master weights (ZeRO 1+: a shard)
+    master_bytes: int  # of optimizer_bytes, the float32 masters (mixed precision)
+    gathered_bytes: int  # ZeRO 3: the largest block's parameters, gathered to compute
+    activations_bytes: int
+    kv_cache_bytes: int
+    in_flight: int  # micro-batches whose activations it holds at once
+
+    @property
+    def peak_bytes(self) -> int:
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.gathered_bytes
+            + self.activations_bytes
+            + self.kv_cache_bytes
+        )
+
+
+@dataclass(frozen=True)
+class ParallelFit:
+    """What fits ``budget_bytes`` on every device (the worst stage decides)."""
+
+    budget_bytes: int
+    max_seq_len: int  # at the micro-batch asked for (0: none fits)
+    max_micro_batch: int  # at the length asked for, as many micro-batches per step
+
+
+@dataclass(frozen=True)
+class ParallelReport:
+    """``memory`` of a split: a row of :class:`StageMemory` per pipeline stage."""
+
+    layout: Layout
+    what: str  # "the layer" or the model's name
+    seq_len: int
+    batch: int  # sequences each data-parallel copy takes a step
+    micro_batch: int
+    micro_batches: int  # per step: batch / micro_batch
+    blocks: int
+    heads: int
+    kv_heads: int
+    dtype: str
+    train: bool
+    kv_cache_tokens: int
+    stages: tuple[StageMemory, ...]
+    notes: tuple[str, ...]
+    fit: ParallelFit | None = None
+    # another change measures the split on torch.distributed: [{rank, peak_bytes,
+    # measured_peak_bytes}, ...]; None: not measured
+    measured_per_rank: list[dict[str, int]] | None = None
+
+    @property
+    def kv_replicas(self) -> int:
+        return kv_replicas(self.kv_heads, self.layout.tp)
+
+
+# ---------------------------------------------------------------- checks
+
+
+def check_planned(layout: Layout) -> None:
+    """The one place that refuses what the rank's plan cannot plan yet: context
+    parallelism's ring attention (another change plans it in ``rank_plan``; then this
+    refusal goes). Every other factor of --cp (L / C tokens, the KV cache sharded by
+    sequence, the optimizer shards over D·C) is counted here already."""
+    if layout.cp > 1:
+        raise AttnctlError(
+            f"--cp {layout.cp}: context parallelism's ring attention is not planned yet, "
+            "so its per-device memory is not estimated; --tp, --sp, --pp and --dp are"
+        )
+
+
+def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescription | None):
+    """Every refusal of a split's request, before any planning: (length, micro-batches
+    per step, the model's description)."""
+    layout = request.layout
+    check_layout(layout, train=request.train, measure=request.measure)
+    if request.measure:
+        raise AttnctlError(
+            "--measure of a split (running it on torch.distributed) is not in this build; "
+            "leave out --measure for the per-device estimate"
+        )
+    if request.generate is not None:
+        raise AttnctlError("--generate with a split is not modelled yet: leave out one of them")
+    if request.context_len is not None:
+        raise AttnctlError("a split of cross-attention (--context-len) is not modelled yet")
+    if request.budget is not None and request.fit_device:
+        raise AttnctlError("give --budget SIZE or --fit, not both")
+    if model is not None and request.layers != 1:
+        raise AttnctlError("--layers does not apply to --model (a whole model's memory)")
+    lengths = parse_lengths(request.seq_len) if request.seq_len is not None else None
+    if lengths is not None and len(lengths) > 1:
+        raise AttnctlError(
+            f"a split's per-device memory is for one --seq-len: give one length, not {len(lengths)}"
+        )
+    length = lengths[0] if lengths else min(2048, longest_input(layer, model) or 2048)
+    micro_batches = check_batch(layout, request.batch)
+    description = _description(layer, model, length)
+    check_split(layout, description, [length], request.layers)
+    if request.kv_cache is not None and request.kv_cache < 0:
+        raise AttnctlError(f"--kv-cache must be a number of tokens >= 0, got {request.kv_cache}")
+    if request.kv_cache is not None and request.kv_cache >= LARGEST_SIZE:
+        raise AttnctlError(
+            f"--kv-cache must be below 2^63 (torch's largest size), got {request.kv_cache}"
+        )
+    check_planned(layout)
+    return length, micro_batches, description
+
+
+def _description(
+    layer: LayerConfig, model: ModelDescription | None, length: int
+) -> ModelDescription:
+    if model is not None:
+        return model.with_run(layer)
+    return seeded_model(layer, vocab_size(layer.tokenizer, length))
+
+
+# ---------------------------------------------------------------- the use case
+
+
+def parallel_memory_use_case(
+    request: MemoryRequest,
+    layer: LayerConfig,
+    model: ModelDescription | None,
+    single_device: Callable[[MemoryRequest], MemoryCommandReport],
+    hooks: Hooks,
+) -> MemoryCommandReport:
+    """The whole model on one device (as without the split: ``single_device``), and
+    beside it every pipeline stage's device."""
+    length, micro_batches, description = check_request(request, layer, model)
+    layout = request.layout
+    whole = single_device(
+        dataclasses.replace(
+            request, layout=Layout(), seq_len=str(length), budget=None, fit_device=False
+        )
+    )
+    split = Split(layer, model, description, layout, request.train, request.layers)
+    micro = layout.micro_batch or request.batch
+    kv_tokens = request.kv_cache if request.kv_cache is not None else length
+    with hooks.progress(f"planning {layout.summary()}"):
+        stages = split.per_device(length, micro, micro_batches, kv_tokens, request.batch)
+    budget = None
+    if request.fit_device:
+        from attnctl.app.use_cases import _device_free_bytes
+
+        budget = _device_free_bytes(layer.device)
+    elif request.budget is not None:
+        budget = parse_size(request.budget)
+    fit = None
+    if budget is not None:
+        fit = split.fit(budget, length, micro, micro_batches, request.kv_cache, request.batch)
+    config = description.config
+    report = ParallelReport(
+        layout=dataclasses.replace(layout, micro_batch=micro),
+        what="the layer" if model is None else model.name,
+        seq_len=length,
+        batch=request.batch,
+        micro_batch=micro,
+        micro_batches=micro_batches,
+        blocks=split.block_count,
+        heads=config.heads,
+        kv_heads=config.kv_heads,
+        dtype=layer.dtype,
+        train=request.train,
+        kv_cache_tokens=0 if request.train else kv_tokens,
+        stages=stages,
+        notes=split.notes(stages),
+        fit=fit,
+    )
+    return dataclasses.replace(whole, parallel=report)
+
+
+class Split:
+    """One model under one layout: the parts that do not depend on the length or the
+    micro-batch (weights, training state) once, the rest per call."""
+
+    def __init__(
+        self,
+        layer: LayerConfig,
+        model: ModelDescription | None,
+        description: ModelDescription,
+        layout: Layout,
+        train: bool,
+        layers: int,
+    ) -> None:
+        self.layer, self.model, self.description = layer, model, description
+        self.layout, self.train = layout, train
+        self.layers = layers  # the seeded layer's stack
+        self.block_count = model.layers if model is not None else layers
+        self.ranges = stage_blocks(self.block_count, layout.pp)
+        self.element = DTYPE_BYTES[layer.dtype]
+        self.shares = [
+            rank_weights(description, layout, stage, layers) for stage in range(layout.pp)
+        ]
+        self.block_values = self._block_values() if layout.zero == 3 else []
+        self._plans: dict[tuple[int, int, int], Plan] = {}  # kept between calls (--budget)
+        self._peaks: dict[tuple[int, int, int, bool], int] = {}
+        self._saved: dict[tuple[int, int], tuple[SavedActivations, int]] = {}
+
+    # ------------------------------------------------------------ weights and state
+
+    @property
+    def state_ranks(self) -> int:
+        """The ranks ZeRO shards over: the data-parallel copies, and the context-parallel
+        ranks of each (they hold the same weights)."""
+        return self.layout.dp * self.layout.cp
+
+    def weight_values(self, stage: int) -> int:
+        return sum(share.values * share.copies for share in self.shares[stage])
+
+    def trained_values(self, stage: int) -> int:
+        """The values the training step updates: every weight the plan reads, which is
+        all of them but an LM head and the final norm (the step's loss is the last
+        block's output summed, as the single-device estimate's)."""
+        head = set()
+        if self.model is not None:
+            head = {entry.key for entry in self.model.source.head_table}
+        return sum(
+            share.values * share.copies
+            for share in self.shares[stage]
+            if share.name not in head and not share.name.startswith(TIED_HEAD)
+        )
+
+    def _block_values(self) -> list[int]:
+        """Each block's values on one tensor-parallel rank (ZeRO 3's gathered copy): a
+        checkpoint's by ``rank_weights`` with one block a stage, less what is not a
+        block's; the seeded stack's blocks are alike (one entry)."""
+        if self.model is None:
+            shares = self.shares[0]
+            return [sum(s.values for s in shares if not s.name.startswith(SHARED_FIRST))]
+        one_each = dataclasses.replace(self.layout, pp=self.block_count)
+        source = self.model.source
+        shared = {e.key for e in source.table + source.head_table if e.block < 0}
+        values = []
+        for block in range(self.block_count):
+            shares = rank_weights(self.description, one_each, block, self.layers)
+            values.append(sum(s.values * s.copies for s in shares if not _shared(s, shared)))
+        return values
+
+    def state(self, stage: int) -> tuple[int, int, int, int, int]:
+        """(weights, gradients, optimizer, masters, gathered) bytes of one device."""
+        e, ranks, zero = self.element, self.state_ranks, self.layout.zero
+        weights = self.weight_values(stage) * e
+        if not self.train:
+            return weights, 0, 0, 0, 0
+        trained = self.trained_values(stage)
+        shard = -(-trained // ranks) if zero else trained  # ⌈n / (D·C)⌉ of a padded buffer
+        mixed = self.layer.dtype != "float32"
+        masters = shard * FP32 if mixed else 0
+        optimizer = shard * ADAM_MOMENTS * FP32 + masters
+        gradients = (shard if zero >= 2 else trained) * e
+        gathered = 0
+        if zero == 3:  # the untrained head stays whole; the trained values are sharded
+            weights = (self.weight_values(stage) - trained + shard) * e
+            if self.model is None:
+                gathered = self.block_values[0] * e
+            else:
+                gathered = max(self.block_values[b] for b in self.ranges[stage]) * e
+        return weights, gradients, optimizer, masters, gathered
+
+    # ------------------------------------------------------------ activations
+
+    def plan(self, length: int, micro: int, block: int = 0) -> Plan:
+        """The rank's plan of ``block`` (a checkpoint's; the seeded layer's one), kept."""
+        key = (length, micro, block)
+        if key not in self._plans:
+            vocab = self.description.vocab_size
+            if self.model is None:
+                plan = rank_plan(self.layer, length, micro, vocab, self.layout)
+            else:
+                plan = rank_plan(
+                    self.layer, length, micro, vocab, self.layout, model=self.model,
+                    layer_index=block,
+                )  # fmt: skip
+            self._plans[key] = plan
+        return self._plans[key]
+
+    def _distinct_blocks(self, stage: int) -> list[int]:
+        """The stage's blocks that differ from each other (a checkpoint's sliding and
+        full blocks); the seeded stack's are planned from its one block."""
+        if self.model is None:
+            return [0]
+        first: dict[object, int] = {}
+        for block in self.ranges[stage]:
+            first.setdefault(self.description.blocks[block], block)
+        return list(first.values())
+
+    def inference_activations(self, length: int, micro: int, stage: int) -> int:
+        """The busiest of the stage's blocks: the first stage's block 0 with the
+        embeddings, any other block from its input on (it receives the hidden state, not
+        the token ids)."""
+        peaks = []
+        for block in self._distinct_blocks(stage):
+            key = (length, micro, block, stage == 0 and block == 0)
+            if key not in self._peaks:
+                plan = self.plan(length, micro, block)
+                live = live_bytes_per_stage(plan)
+                if key[-1]:
+                    self._peaks[key] = max(live)
+                else:
+                    ids = sum(s.bytes for s in plan.stages if s.name == "token_ids")
+                    self._peaks[key] = max(live[_block_start(plan) :]) - ids
+            peaks.append(self._peaks[key])
+        return max(peaks)
+
+    def saved(self, length: int, micro: int) -> tuple[SavedActivations, int]:
+        """One micro-batch's saved bytes by part, and a block's over every (query, key)
+        pair among them (what selective recompute recomputes)."""
+        from attnctl.training import saved_activations
+
+        key = (length, micro)
+        if key not in self._saved:
+            plan = self.plan(length, micro)
+            saved = saved_activations(plan)
+            self._saved[key] = saved, attention_matrix_bytes(plan, saved.block_by_stage)
+        return self._saved[key]
+
+    def training_activations(self, length: int, micro: int, micro_batches: int, stage: int):
+        """(bytes, micro-batches in flight): what the stage's blocks save for the
+        backward, for each micro-batch in flight, as ``--recompute`` leaves it."""
+        saved, matrices = self.saved(length, micro)
+        blocks = len(self.ranges[stage])
+        pp = self.layout.pp
+        held = in_flight(stage, pp, micro_batches)
+        recompute = self.layout.recompute
+        per_block, working = saved.block_bytes, 0
+        if recompute == "selective":  # the B·H·L·L tensors, recomputed in the backward
+            per_block, working = saved.block_bytes - matrices, matrices
+        elif recompute == "full":  # each block's input; one block's whole in its backward
+            per_block, working = self.block_input_bytes(length, micro), saved.block_bytes
+        per_micro = blocks * per_block
+        if stage == 0:
+            per_micro += saved.embedding_bytes
+        if stage == pp - 1:
+            per_micro += saved.loss_bytes
+        return held * per_micro + working, held
+
+    def block_input_bytes(self, length: int, micro: int) -> int:
+        tokens = length // self.layout.cp
+        if self.layout.sp:
+            tokens //= self.layout.tp
+        return micro * tokens * self.description.config.d_model * self.element
+
+    def kv_cache_bytes(self, tokens: int, batch: int, stage: int) -> int:
+        """2 · B · n · Hkv_rank · d_k per block of the stage: n = ⌈min(N, W) / C⌉ (each
+        context-parallel rank keeps its share of the positions), Hkv_rank = Hkv / T
+        (one, replicated, when T > Hkv)."""
+        total = 0
+        for config, window, blocks in self._attentions(stage):
+            kept = min(tokens, window) if window else tokens
+            kept = -(-kept // self.layout.cp)
+            heads = max(config.kv_heads // self.layout.tp, 1)
+            total += 2 * batch * kept * heads * config.d_k * self.element * blocks
+        return total
+
+    def _attentions(self, stage: int) -> list[tuple[LayerConfig, int, int]]:
+        """(attention, window, how many blocks) of the stage's blocks: a checkpoint's
+        one by one; the seeded stack's by its --sliding pattern, counted whole cycles at
+        a time (never a loop over the stack's height)."""
+        owned = self.ranges[stage]
+        if self.model is not None:
+            return [
+                (b.attention.config, b.attention.window, 1)
+                for b in (self.description.blocks[n] for n in owned)
+            ]
+        config = self.description.stack or self.description.config
+        pattern = config.window_pattern
+        if not pattern:
+            return [(config, config.window, len(owned))]
+        sliding = 0
+        for offset, letter in enumerate(pattern):  # blocks n in owned with n % k == offset
+            if letter == "s":
+                first = owned.start + (offset - owned.start) % len(pattern)
+                if first < owned.stop:
+                    sliding += (owned.stop - 1 - first) // len(pattern) + 1
+        return [(config, config.window, sliding), (config, 0, len(owned) - sliding)]
+
+    # ------------------------------------------------------------ per device
+
+    def per_device(
+        self, length: int, micro: int, micro_batches: int, kv_tokens: int, batch: int
+    ) -> tuple[StageMemory, ...]:
+        rows = []
+        for stage, blocks in enumerate(self.ranges):
+            weights, gradients, optimizer, masters, gathered = self.state(stage)
+            if self.train:
+                activations, held = self.training_activations(length, micro, micro_batches, stage)
+                kv = 0
+            else:
+                activations, held = self.inference_activations(length, micro, stage), 1
+                kv = self.kv_cache_bytes(kv_tokens, batch, stage)
+            rows.append(
+                StageMemory(
+                    stage=stage,
+                    kind=stage_kind(stage, self.layout.pp),
+                    blocks=(blocks[0], blocks[-1]),
+                    weights_bytes=weights,
+                    gradients_bytes=gradients,
+                    optimizer_bytes=optimizer,
+                    master_bytes=masters,
+                    gathered_bytes=gathered,
+                    activations_bytes=activations,
+                    kv_cache_bytes=kv,
+                    in_flight=held,
+                )
+            )
+        return tuple(rows)
+
+    def worst_peak(
+        self, length: int, micro: int, micro_batches: int, kv_tokens: int, batch: int
+    ) -> int:
+        rows = self.per_device(length, micro, micro_batches, kv_tokens, batch)
+        return max(row.peak_bytes for row in rows)
+
+    def fit(
+        self,
+        budget: int,
+        length: int,
+        micro: int,
+        micro_batches: int,
+        kv_cache: int | None,
+        batch: int,
+    ) -> ParallelFit:
+        """The longest length (a multiple of what the split divides it by) at ``micro``,
+        and the largest micro-batch at ``length`` (as many of them a step), whose worst
+        device fits ``budget``. The KV cache follows the length unless --kv-cache says."""
+        unit = self.layout.cp * (self.layout.tp if self.layout.sp else 1)
+        longest = longest_input(self.layer, self.model)
+        limit = (longest // unit) if longest is not None else 2**40 // unit
+
+        def peak_at_length(multiple: int) -> int:
+            tokens = multiple * unit
+            kv = kv_cache if kv_cache is not None else tokens
+            return self.worst_peak(tokens, micro, micro_batches, kv, batch)
+
+        def peak_at_micro(size: int) -> int:
+            kv = kv_cache if kv_cache is not None else length
+            return self.worst_peak(length, size, micro_batches, kv, size * micro_batches)
+
+        most = largest_fitting(peak_at_length, budget, max(limit, 1))
+        return ParallelFit(
+            budget_bytes=budget,
+            max_seq_len=most * unit if most <= limit else 0,
+            max_micro_batch=largest_fitting(peak_at_micro, budget, LARGEST_SPLIT),
+        )
+
+    # ------------------------------------------------------------ what is said
+
+    def notes(self, stages: tuple[StageMemory, ...]) -> tuple[str, ...]:
+        layout, config = self.layout, self.description.config
+        said = []
+        if layout.tp > 1:
+            said.append(
+                f"each of a stage's {layout.tp} tensor-parallel ranks holds the same bytes: "
+                "the table is one of them"
+            )
+            replicas = kv_replicas(config.kv_heads, layout.tp)
+            if replicas > 1:
+                said.append(
+                    f"--tp {layout.tp} is more than the {config.kv_heads} kv-heads: each "
+                    f"kv-head (W_k, W_v and its K, V) is replicated on {replicas} ranks"
+                )
+        counts = {len(r) for r in self.ranges}
+        if len(counts) > 1:
+            spread = ", ".join(
+                f"stage {i}: blocks {r[0]}–{r[-1]}" for i, r in enumerate(self.ranges)
+            )
+            said.append(
+                f"uneven split of {self.block_count} blocks over {layout.pp} stages ({spread})"
+            )
+        if self.train:
+            mixed = self.layer.dtype != "float32"
+            said.append(
+                "Adam: two float32 moments (8 bytes a value)"
+                + (
+                    ", float32 master weights (4 bytes a value)"
+                    if mixed
+                    else "; float32: no masters"
+                )
+                + f", gradients in {self.layer.dtype}"
+            )
+            if layout.zero:
+                sharded = {1: "moments and masters", 2: "moments, masters and gradients",
+                           3: "moments, masters, gradients and weights"}[layout.zero]  # fmt: skip
+                said.append(
+                    f"ZeRO {layout.zero} shards the {sharded} over {self.state_ranks} ranks "
+                    f"(--dp {layout.dp}"
+                    + (f" × --cp {layout.cp}" if layout.cp > 1 else "")
+                    + "): ⌈n / ranks⌉ values each, the flat buffer padded as DeepSpeed pads it"
+                )
+            if layout.zero == 3:
+                said.append(
+                    "ZeRO 3 gathers a block's parameters while it computes: the largest "
+                    "block's are counted once (gathered)"
+                )
+            if layout.pp > 1:
+                said.append(
+                    "1F1B: stage p holds the activations of min(P − p, micro-batches) "
+                    "micro-batches at once"
+                )
+            if layout.recompute == "selective":
+                said.append(
+                    "selective recompute: no B·H·L·L tensor is saved; one block's are "
+                    "recomputed during its backward (counted once)"
+                )
+            elif layout.recompute == "full":
+                said.append(
+                    "full recompute: each block saves its input only; one block's "
+                    "activations are recomputed during its backward (counted once)"
+                )
+            if self.model is not None and self.model.source.head_table:
+                said.append(
+                    "as the single-device step, the loss is the last block's output: an LM "
+                    "head's gradients and logits are not counted"
+                )
+        else:
+            said.append(
+                "inference: the busiest block's activations of one micro-batch; the KV "
+                "cache of the stage's blocks for every sequence"
+            )
+        if layout.pp > 1 and self.description.head is not None and self.description.head.tied:
+            said.append("the tied LM head: the last stage holds a copy of the embedding")
+        return tuple(said)
+
+
+def _shared(share: WeightShare, shared_keys: set[str]) -> bool:
+    """Whether a weight is not a block's (embeddings, final norm, head)."""
+    return (
+        share.name in shared_keys
+        or share.name.startswith(TIED_HEAD)
+        or (not shared_keys and share.name.startswith(SHARED_FIRST))
+    )
+
+
+def _block_start(plan: Plan) -> int:
+    """The index of a plan's first stage of its block (after the inputs and embeddings)."""
+    for index, stage in enumerate(plan.stages):
+        if stage.name not in INPUTS and stage.name not in EMBEDDING_STAGES:
+            return index
+    return len(plan.stages) - 1
+
+
+def attention_matrix_bytes(plan: Plan, saved_by_stage: dict[str, int]) -> int:
+    """Of one block's saved bytes, those of the stages over every (query, key) pair:
+    the scores, weights, masks and dropout (dims with L twice), what selective recompute
+    does not keep."""
+    square = {s.name for s in plan.stages if sum(d == "L" for d in s.dims) >= 2}
+    return sum(n for name, n in saved_by_stage.items() if name in square)

@@ -1,0 +1,54 @@
+"""What autograd keeps and allocates at a tensor-parallel rank's collective stages.
+
+The stages are ``stages/collectives.py``'s (and the vocab-parallel embedding's). As
+Megatron-LM's autograd functions do it:
+
+- ``all_reduce`` (tensor parallel alone) adds the ranks' partial sums in place; its
+  backward hands the gradient on as it is (each rank's partial sum had gradient 1);
+- ``all_gather`` (sequence parallel, before a column-parallel projection) makes the whole
+  (B, L, D) from each rank's L / T tokens; its backward reduce-scatters the gradient
+  into a new (B, L/T, D);
+- ``reduce_scatter`` (after a row-parallel projection) makes this rank's (B, L/T, D) of
+  the summed partial sums; its backward all-gathers the gradient into a new (B, L, D).
+
+None of them keeps a tensor for the backward. The vocab-parallel embedding's mask of
+the ids outside this rank's rows is kept by the ``masked_fill_`` that zeroes their
+vectors (see ``training_stages._lookup``).
+
+These entries follow the plan's bytes; unlike the single-device entries they are not yet
+held to a measured timeline (``memory --measure --tp`` is another change).
+"""
+
+from __future__ import annotations
+
+from attnctl.autograd_replay import Tensor
+from attnctl.trace import Stage
+from attnctl.training_stages import Walk, entry
+
+
+@entry("vocab_mask", "local_ids")
+def _ids(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """Integer and boolean tensors made from the ids: no gradient flows through them."""
+    return walk.replay.new(stage.bytes)
+
+
+@entry("all_reduce", "ffn_all_reduce", "embedding_all_reduce")
+def _all_reduce(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (partial,) = ins
+    r.read()  # the collective runs on the bytes alive now
+    return r.node(r.view(partial), (partial,), (), (("pass", 0),))
+
+
+@entry("all_gather", "ffn_all_gather")
+def _all_gather(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (shard,) = ins
+    return r.node(r.new(stage.bytes), (shard,), (), (("grad", 0, shard.nbytes),))
+
+
+@entry("reduce_scatter", "ffn_reduce_scatter", "embedding_reduce_scatter")
+def _reduce_scatter(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    r = walk.replay
+    (partial,) = ins
+    return r.node(r.new(stage.bytes), (partial,), (), (("grad", 0, partial.nbytes),))

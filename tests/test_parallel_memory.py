@@ -1,0 +1,559 @@
+"""memory per device under a split (--tp, --sp, --cp, --pp, --dp, --zero, --micro-batch,
+--recompute): refusals, the arithmetic against the single-device estimate, the weights'
+shares, ZeRO, Korthikanti et al. 2022's activation counts, --budget, the views."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import json_contract
+import pytest
+import tiny_models
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_terminal import assert_fits, invoke_at
+
+from attnctl.app.memory_parallel import Split, attention_matrix_bytes
+from attnctl.app.requests import LayerRequest, MemoryRequest
+from attnctl.app.use_cases import memory_use_case, sized_plan
+from attnctl.config import build_config
+from attnctl.families import read_model
+from attnctl.memory import estimate, format_bytes, kv_cache_bytes
+from attnctl.parallel import Layout, vocab_rows
+from attnctl.plan import layer_parameters, seeded_model
+from attnctl.plan_parallel import rank_plan, rank_weights
+from attnctl.render.terminal_parallel import parallel_view
+from attnctl.training import estimate_training, saved_activations
+
+FAST = settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory) -> str:
+    return str(tiny_models.write_header_only("gpt2-small", tmp_path_factory.mktemp("gpt2") / "m"))
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("llama") / "m"
+    return str(tiny_models.write_header_only("llama-2-7b", folder))
+
+
+def _json(invoke, *args: str) -> dict:
+    result = invoke("memory", *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+REFUSALS = [
+    (("--tp", "3"), "--tp 3 does not divide the 8 attention heads"),
+    (
+        ("--d-model", "384", "--heads", "24", "--kv-heads", "6", "--tp", "4"),
+        "--tp 4 and the 6 kv-heads",
+    ),
+    (("--pp", "2"), "--pp 2 is more pipeline stages than the 1 block"),
+    (("--pp", "5", "--layers", "4"), "--pp 5 is more pipeline stages than the 4 blocks"),
+    (("--cp", "3", "-L", "64"), "--cp 3 does not divide the length 64"),
+    (("--cp", "2", "-L", "64"), "ring attention is not planned yet"),
+    (("--zero", "1"), "--zero 1 shards over the data-parallel copies: give --dp 2 or more"),
+    (("--zero", "2", "--dp", "2"), "--zero 2 shards training state"),
+    (("--zero", "4", "--dp", "2", "--train"), "--zero must be 0, 1, 2 or 3, got 4"),
+    (("--sp",), "--sp splits the sequence over the --tp ranks"),
+    (("--sp", "--tp", "2", "-L", "63"), "--sp with --tp 2 does not divide the length 63"),
+    (("--recompute", "full", "--dp", "2"), "--recompute full trades a training step's"),
+    (("--recompute", "bogus"), "Invalid value for '--recompute'"),
+    (("--tp", "0"), "--tp must be a positive integer, got 0"),
+    (("--dp", "-1"), "--dp must be a positive integer, got -1"),
+    (("--tp", str(2**21)), "--tp 2097152 is more than 1,048,576 devices"),
+    (("--dp", "1024", "--pp", "1024", "--tp", "2"), "devices, more than 1,048,576"),
+    (("--micro-batch", "3", "--batch", "4", "--tp", "2"), "--micro-batch 3 does not divide"),
+    (("--micro-batch", "0", "--tp", "2"), "--micro-batch must be a positive integer"),
+    (("--measure", "--tp", "2"), "--measure of a split"),
+    (("--measure", "--pp", "2"), "--pp and --dp are estimated only"),
+    (("--tp", "2", "-L", "64,128"), "one --seq-len"),
+    (("--tp", "2", "--context-len", "8"), "cross-attention (--context-len)"),
+    (("--tp", "2", "--dropout", "0.1", "--train", "--impl", "math"), "attention dropout"),
+    (("--tp", "2", "--pos", "alibi"), "--tp with ALiBi is not modelled yet"),
+    (("--tp", "2", "--budget", "1GiB", "--fit"), "give --budget SIZE or --fit, not both"),
+    (("--tp", "2", "--budget", "lots"), "cannot read size 'lots'"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), REFUSALS)
+def test_each_refusal_is_one_line_exit_2_nothing_on_stdout(invoke, args, message):
+    result = invoke("memory", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnctl: error: "), result.stderr
+    assert message in lines[0]
+
+
+def test_a_model_refusal_names_its_heads(invoke, llama):
+    result = invoke("memory", "--model", llama, "--tp", "3")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--tp 3 does not divide the 32 attention heads" in result.stderr
+    result = invoke("memory", "--model", llama, "--pp", "33")
+    assert "--pp 33 is more pipeline stages than the 32 blocks" in result.stderr
+    result = invoke("memory", "--model", llama, "--tp", "2", "--generate", "4")
+    assert result.exit_code == 2 and "--generate with a split" in result.stderr
+
+
+def test_help_names_every_split_option_at_60_columns(invoke):
+    result = invoke("memory", "--help", columns=60)
+    assert result.exit_code == 0
+    assert all(len(line) <= 60 for line in result.output.splitlines())
+    for option in ("--tp", "--sp", "--cp", "--pp", "--dp", "--zero", "--micro-batch"):
+        assert option in result.output
+    assert "--recompute" in result.output and "selective" in result.output
+
+
+# ---------------------------------------------------------------- one device, exactly
+
+
+def _layer(**values):
+    return build_config(None, **values)
+
+
+def _split(layer, layout, train=False, layers=1, model=None) -> Split:
+    description = model.with_run(layer) if model is not None else seeded_model(layer, 9000)
+    return Split(layer, model, description, layout, train, layers)
+
+
+LAYERS = st.fixed_dictionaries(
+    {
+        "d_model": st.sampled_from([32, 64]),
+        "heads": st.sampled_from([2, 4]),
+        "norm": st.sampled_from(["pre", "post"]),
+        "pos": st.sampled_from(["sinusoidal", "learned", "rope"]),
+        "mask": st.sampled_from(["none", "causal"]),
+        "bias": st.booleans(),
+        "dtype": st.sampled_from(["float32", "float16", "bfloat16"]),
+        "impl": st.sampled_from(["math", "sdpa"]),
+    }
+)
+
+
+@FAST
+@given(
+    values=LAYERS,
+    length=st.integers(1, 24),
+    batch=st.integers(1, 3),
+    layers=st.integers(1, 3),
+    train=st.booleans(),
+)
+def test_one_device_layout_equals_the_single_device_estimate(values, length, batch, layers, train):
+    """T = C = P = D = 1: weights, activations, KV cache (and the training state and the
+    saved activations) are the single-device estimate's, to the byte."""
+    layer = _layer(**values)
+    plan = sized_plan(layer, length, batch)
+    split = Split(layer, None, plan.description, Layout(), train, layers)
+    (row,) = split.per_device(length, batch, 1, length, batch)
+    single = estimate(plan, layers)
+    if train:
+        training = estimate_training(plan, layers)
+        assert row.weights_bytes == training.parameter_bytes
+        assert row.gradients_bytes == training.gradient_bytes
+        assert row.optimizer_bytes == training.optimizer_bytes + training.master_bytes
+        assert row.master_bytes == training.master_bytes
+        assert row.activations_bytes == training.saved_bytes
+        assert row.kv_cache_bytes == 0
+    else:
+        assert row.weights_bytes == single.parameter_bytes
+        assert row.activations_bytes == single.peak_activation_bytes
+        assert row.kv_cache_bytes == kv_cache_bytes(plan, length, layers)
+        assert row.peak_bytes == single.peak_bytes + row.kv_cache_bytes
+    assert (row.kind, row.blocks, row.in_flight) == ("all", (0, layers - 1), 1)
+
+
+def test_a_model_on_one_device_equals_its_estimate(llama):
+    model = read_model(llama)
+    layer = model.layer_config(dtype="float16", impl="math")
+    plan = sized_plan(layer, 256, 2, model=model)
+    for train in (False, True):
+        (row,) = _split(layer, Layout(), train, model=model).per_device(256, 2, 1, 256, 2)
+        if train:
+            training = estimate_training(plan)
+            assert row.gradients_bytes == training.gradient_bytes
+            assert row.optimizer_bytes == training.optimizer_bytes + training.master_bytes
+            assert row.activations_bytes == training.saved_bytes
+        else:
+            assert row.weights_bytes == estimate(plan).parameter_bytes
+            assert row.activations_bytes == estimate(plan).peak_activation_bytes
+
+
+def test_the_cli_split_over_copies_alone_keeps_the_single_device_numbers(invoke):
+    """--dp 2 without ZeRO: each copy holds what one device holds."""
+    document = _json(invoke, "--dp", "2", "-L", "48", "--layers", "2")
+    (device,) = document["per_device"]
+    (whole,) = document["results"]
+    assert device["weights_bytes"] == whole["parameters_bytes"]
+    assert device["activations_bytes"] == whole["peak_activation_bytes"]
+    assert device["kv_cache_bytes"] == whole["kv_cache_bytes"]
+    assert device["peak_bytes"] == whole["peak_bytes"] + whole["kv_cache_bytes"]
+    assert document["layout"]["devices"] == 2 and document["measured_per_rank"] is None
+    plain = _json(invoke, "-L", "48")
+    assert plain["per_device"] is None and plain["layout"] is None
+    assert plain.keys() == document.keys()
+
+
+# ---------------------------------------------------------------- the weights' shares
+
+
+def _seeded_extras(layer, tp: int, layers: int, vocab: int) -> int:
+    """What T ranks hold beyond the whole layer: the replicated weights' copies, the kv
+    heads' replicas, the vocabulary's pad rows (worked out here from the config)."""
+    d, kv, d_k = layer.d_model, layer.kv_heads, layer.d_k
+    per_layer = 2 * d if layer.norm != "none" else 0  # the norm's weight and bias
+    if layer.bias and layer.output_bias:
+        per_layer += d  # W_o's bias
+    extra = (tp - 1) * per_layer * layers
+    if layer.pos == "learned":
+        extra += (tp - 1) * layer.max_positions * d
+    if tp > kv:
+        kv_values = 2 * kv * d_k * d + (2 * kv * d_k if layer.bias else 0)
+        extra += (tp // kv - 1) * kv_values * layers
+    return extra + (tp * vocab_rows(vocab, tp) - vocab) * d
+
+
+@FAST
+@given(
+    heads=st.sampled_from([4, 8]),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.integers(1, 3),
+    layers=st.integers(3, 5),
+    pos=st.sampled_from(["sinusoidal", "learned"]),
+    bias=st.booleans(),
+    vocab=st.integers(100, 131),
+)
+def test_weights_over_every_rank_are_the_whole_plus_the_copies(
+    heads, kv_heads, tp, pp, layers, pos, bias, vocab
+):
+    if heads % tp or kv_heads > heads:
+        return
+    layer = _layer(d_model=64, heads=heads, kv_heads=kv_heads, pos=pos, bias=bias)
+    description = seeded_model(layer, vocab)
+    layout = Layout(tp=tp, pp=pp)
+    held = sum(
+        tp * share.values * share.copies
+        for stage in range(pp)
+        for share in rank_weights(description, layout, stage, layers)
+    )
+    parameters = layer_parameters(layer, vocab)
+    shared = sum(p.count for p in parameters if p.name.startswith(("embedding.", "positions.")))
+    whole = shared + layers * (sum(p.count for p in parameters) - shared)
+    assert held == whole + _seeded_extras(layer, tp, layers, vocab)
+
+
+def test_llama_tp_and_pp_weights_are_the_whole_plus_the_replicated_norms(llama):
+    model = read_model(llama)
+    layer = model.layer_config(dtype="float16")
+    d, blocks = 4096, 32
+    whole = 6_738_415_616
+    for tp, pp in ((1, 1), (2, 1), (2, 2), (4, 4), (8, 3)):
+        split = _split(layer, Layout(tp=tp, pp=pp), model=model)
+        held = sum(tp * split.weight_values(stage) for stage in range(pp))
+        norms = (2 * blocks + 1) * d  # each block's two RMSNorms and the final one
+        assert held == whole + (tp - 1) * norms
+
+
+def test_the_tied_head_is_copied_to_the_last_stage(gpt2):
+    model = read_model(gpt2)
+    layer = model.layer_config(dtype="float16")
+    split = _split(layer, Layout(tp=2, pp=2), model=model)
+    names = [s.name for s in split.shares[1]]
+    assert any(name.startswith("lm_head (tied") for name in names)
+    tied = next(s for s in split.shares[1] if s.name.startswith("lm_head (tied"))
+    assert tied.values == vocab_rows(50257, 2) * 768
+    assert any("tied LM head" in note for note in split.notes(()))
+    # the copy is held but not trained (the step's loss is the last block's output)
+    assert split.trained_values(1) == split.weight_values(1) - tied.values - 2 * 768
+
+
+# ---------------------------------------------------------------- ZeRO
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_llama_tp2_pp2_dp4_zero_stages(llama, zero):
+    model = read_model(llama)
+    layer = model.layer_config(dtype="bfloat16")
+    layout = Layout(tp=2, pp=2, dp=4, zero=zero)
+    split = _split(layer, layout, train=True, model=model)
+    for stage in (0, 1):
+        trained = split.trained_values(stage)
+        shard = math.ceil(trained / 4)
+        weights, gradients, optimizer, masters, gathered = split.state(stage)
+        n = shard if zero else trained
+        assert optimizer == 12 * n and masters == 4 * n
+        assert gradients == 2 * (shard if zero >= 2 else trained)
+        untrained = split.weight_values(stage) - trained
+        assert weights == 2 * ((shard if zero == 3 else trained) + untrained)
+        # a shard times D covers the whole, padded by less than D values
+        assert 0 <= 4 * shard - trained < 4
+        if zero == 3:  # a block on one of 2 TP ranks: half its projections, both norms
+            block = (4 * 4096 * 4096 + 3 * 4096 * 11008) // 2 + 2 * 4096
+            assert gathered == 2 * block
+        else:
+            assert gathered == 0
+
+
+@FAST
+@given(dp=st.integers(2, 9), zero=st.sampled_from([1, 2, 3]), tp=st.sampled_from([1, 2]))
+def test_zero_state_times_the_copies_covers_the_whole(dp, zero, tp):
+    layer = _layer(d_model=64, heads=4, dtype="float16")
+    whole = _split(layer, Layout(tp=tp), train=True, layers=3)
+    sharded = _split(layer, Layout(tp=tp, dp=dp, zero=zero), train=True, layers=3)
+    w0, g0, o0, _, _ = whole.state(0)
+    w, g, o, _, _ = sharded.state(0)
+    assert o * dp >= o0 and o * dp - o0 < 12 * dp
+    assert (g * dp >= g0) if zero >= 2 else g == g0
+    assert (w * dp >= w0) if zero == 3 else w == w0
+
+
+def test_context_parallel_ranks_share_the_zero_shards_and_the_sequence():
+    """--cp is refused before planning (ring attention comes with another change), but
+    its other factors are counted: D·C optimizer shards, L / C positions of the cache."""
+    layer = _layer(d_model=64, heads=4, dtype="float16")
+    split = _split(layer, Layout(cp=2, dp=2, zero=1), train=True, layers=2)
+    assert split.state_ranks == 4
+    plain = _split(layer, Layout(), layers=2)
+    halved = _split(layer, Layout(cp=2), layers=2)
+    assert halved.kv_cache_bytes(64, 1, 0) * 2 == plain.kv_cache_bytes(64, 1, 0)
+    assert halved.kv_cache_bytes(63, 1, 0) == plain.kv_cache_bytes(64, 1, 0) // 2
+
+
+def test_kv_cache_shards_kv_heads_and_replicates_past_them(llama):
+    model = read_model(llama)
+    layer = model.layer_config(dtype="float16")
+    whole = 2 * 3 * 1000 * 32 * 128 * 2  # one block: K and V, B 3, 1000 tokens
+    for tp in (1, 2, 4):
+        split = _split(layer, Layout(tp=tp, pp=2), model=model)
+        assert split.kv_cache_bytes(1000, 3, 0) == 16 * whole // tp
+    gqa = _layer(d_model=64, heads=8, kv_heads=2)
+    split = _split(gqa, Layout(tp=8), layers=1)
+    assert split.kv_cache_bytes(10, 1, 0) == 2 * 10 * 1 * 8 * 4  # one kv-head on each
+    assert any("replicated on 4 ranks" in note for note in split.notes(()))
+
+
+# ---------------------------------------------------------------- Korthikanti et al. 2022
+
+
+def _gpt2_block(gpt2, layout: Layout, length: int = 1024):
+    model = read_model(gpt2)
+    layer = model.layer_config(dtype="float16", impl="math")
+    plan = rank_plan(layer, length, 1, model.vocab_size, layout, model=model)
+    return plan, saved_activations(plan)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_korthikanti_without_sequence_parallelism(gpt2, tp):
+    """sbh(10 + 24/t + 5as/(ht)) bytes a block, their GPT block in fp16 on the math path.
+    attnctl's GPT-2 has no dropout, so their dropout terms are not held (the attention
+    dropout's 1-byte mask and 2-byte output, 3as²b/t; the two sbh masks after the
+    attention and the MLP); it keeps what they leave out: the causal mask masked_fill
+    keeps (L·L bools a block) and each LayerNorm's mean and rstd (2·b·s in fp16)."""
+    s, b, h, a = 1024, 1, 768, 12
+    _, saved = _gpt2_block(gpt2, Layout(tp=tp))
+    formula = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    dropout = 3 * a * s * s * b / tp + 2 * s * b * h
+    kept = s * s + 2 * (2 * b * s * 2)
+    assert saved.block_bytes == formula - dropout + kept
+    # GPT-2 small at s = 1024: about 40 % of the formula is dropout's
+    assert round(dropout / formula, 2) == {1: 0.44, 2: 0.42, 4: 0.39}[tp]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_korthikanti_with_sequence_parallelism(gpt2, tp):
+    """(sbh/t)(34 + 5as/h): all divided by t. attnctl's projections keep the
+    all-gathered (B, L, D) input (Megatron keeps each rank's L/T and gathers it again in
+    the backward): 2·2sbh(1 − 1/t) more."""
+    s, b, h, a = 1024, 1, 768, 12
+    plan, saved = _gpt2_block(gpt2, Layout(tp=tp, sp=True))
+    formula = s * b * h / tp * (34 + 5 * a * s / h)
+    dropout = (3 * a * s * s * b + 2 * s * b * h) / tp
+    kept = s * s + 2 * (2 * b * s * 2) / tp
+    gathered = 2 * 2 * s * b * h * (1 - 1 / tp)
+    assert saved.block_bytes == formula - dropout + kept + gathered
+    # selective recompute: 34sbh/t, less the two dropout masks; no B·H·L·L kept
+    selective = saved.block_bytes - attention_matrix_bytes(plan, saved.block_by_stage)
+    assert (
+        selective == 34 * s * b * h / tp - 2 * s * b * h / tp + 2 * (2 * b * s * 2) / tp + gathered
+    )
+
+
+def test_recompute_on_the_cli(invoke, gpt2):
+    base = ("--model", gpt2, "--dtype", "float16", "--impl", "math", "--train", "-L", "256")
+    plan, saved = _gpt2_block(gpt2, Layout(tp=2, sp=True), 256)
+    matrices = attention_matrix_bytes(plan, saved.block_by_stage)
+    for recompute, expected in (
+        ("none", saved.total(12)),
+        ("selective", saved.total(12) - 12 * matrices + matrices),
+        (
+            "full",
+            saved.embedding_bytes + 12 * (128 * 768 * 2) + saved.loss_bytes + saved.block_bytes,
+        ),
+    ):
+        document = _json(invoke, *base, "--tp", "2", "--sp", "--recompute", recompute)
+        (device,) = document["per_device"]
+        assert device["activations_bytes"] == expected, recompute
+
+
+# ---------------------------------------------------------------- pipelines
+
+
+def test_uneven_pipeline_stages_are_named_and_1f1b_holds_p_minus_p(invoke):
+    args = ("--layers", "5", "--pp", "3", "--train", "--batch", "8", "--micro-batch", "2")
+    document = _json(invoke, *args, "-L", "32")
+    stages = document["per_device"]
+    assert [d["kind"] for d in stages] == ["first", "middle", "last"]
+    assert [d["blocks"] for d in stages] == [[0, 1], [2, 3], [4, 4]]
+    assert [d["micro_batches_in_flight"] for d in stages] == [3, 2, 1]
+    assert document["layout"]["micro_batches"] == 4
+    text = invoke("memory", *args, "-L", "32").output
+    assert "uneven split of 5 blocks over 3 stages" in text
+    assert "first stage" in text and "middle stage" in text and "last stage" in text
+    two = _json(invoke, "--layers", "4", "--pp", "2", "-L", "32")
+    assert [d["kind"] for d in two["per_device"]] == ["first", "last"]
+
+
+# ---------------------------------------------------------------- --budget
+
+
+def test_budget_finds_the_longest_length_and_micro_batch_per_device(invoke, llama):
+    args = ("--model", llama, "--tp", "2", "--sp", "--pp", "2", "--dtype", "float16")
+    document = _json(invoke, *args, "-L", "512", "--budget", "8GiB")
+    fit = document["per_device_fit"]
+    budget = 8 * 2**30
+    assert fit["budget_bytes"] == budget
+    longest = fit["max_seq_len"]
+    assert longest % 2 == 0 and longest > 0
+    peaks = [
+        max(d["peak_bytes"] for d in _json(invoke, *args, "-L", str(n))["per_device"])
+        for n in (longest, longest + 2)
+    ]
+    assert peaks[0] <= budget < peaks[1]
+    micro = fit["max_micro_batch"]
+    at = [
+        max(d["peak_bytes"] for d in _json(invoke, *args, "-L", "512", "-B", str(n))["per_device"])
+        for n in (micro, micro + 1)
+    ]
+    assert at[0] <= budget < at[1]
+    assert document["max_seq_len"] is None  # the single-device fit is not asked for
+
+
+# ---------------------------------------------------------------- the views
+
+
+@FAST
+@given(width=st.integers(min_value=24, max_value=160))
+def test_per_device_tables_never_cut_a_number(width):
+    args = ("memory", "--layers", "5", "--pp", "3", "--tp", "2", "--sp", "--train", "--dtype",
+            "bfloat16", "--dp", "4", "--zero", "3", "--batch", "4", "--micro-batch", "1",
+            "-L", "64", "--budget", "64MiB")  # fmt: skip
+    document = json.loads(invoke_at((*args, "--json"), "200").stdout)
+    values = []
+    for device in document["per_device"]:
+        if device["kind"] == "middle":
+            continue  # the busiest middle stage is shown (one here)
+        for key in ("weights_bytes", "gradients_bytes", "optimizer_bytes", "gathered_bytes",
+                    "activations_bytes", "peak_bytes"):  # fmt: skip
+            if device[key]:
+                values.append(format_bytes(device[key]))
+    result = invoke_at(args, str(width))
+    assert result.exit_code == 0, result.output
+    assert_fits(result.stdout, width, values)
+
+
+def test_measured_per_rank_shows_when_a_report_carries_it():
+    """Another change measures the split; a hand-made report's list is shown and kept."""
+    from rich.console import Console
+
+    from attnctl.render.json import parallel_fields
+    from attnctl.render.json_memory import memory_document
+
+    request = MemoryRequest(LayerRequest(), seq_len="32", layout=Layout(tp=2))
+    command = memory_use_case(request)
+    measured = [
+        {"rank": 0, "peak_bytes": 1_234_567, "measured_peak_bytes": 1_234_000},
+        {"rank": 1, "peak_bytes": 1_234_567, "measured_peak_bytes": 1_235_000},
+    ]
+    parallel = dataclasses.replace(command.parallel, measured_per_rank=measured)
+    command = dataclasses.replace(command, parallel=parallel)
+    console = Console(width=70, record=True, color_system=None)
+    console.print(parallel_view(command, 70))
+    text = console.export_text()
+    assert "measured on torch.distributed, per rank" in text
+    assert "+567 B" in text and "-433 B" in text
+    assert parallel_fields(parallel)["measured_per_rank"] == measured
+    document = json.loads(json.dumps(memory_document(command)))
+    json_contract.check(document, "memory")  # the schema takes the list too
+    assert document["measured_per_rank"] == measured
+    broken = {**document, "measured_per_rank": [{"rank": 0, "peak_bytes": 1}]}
+    assert json_contract.problems(broken, "memory")
+
+
+def test_json_per_device_keys(invoke):
+    document = _json(invoke, "--tp", "2", "--pp", "2", "--layers", "3", "--train", "-L", "32")
+    keys = {"stage", "kind", "blocks", "weights_bytes", "gradients_bytes", "optimizer_bytes",
+            "activations_bytes", "kv_cache_bytes", "peak_bytes"}  # fmt: skip
+    for device in document["per_device"]:
+        assert keys <= device.keys()
+        parts = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "gathered_bytes",
+                 "activations_bytes", "kv_cache_bytes")  # fmt: skip
+        assert device["peak_bytes"] == sum(device[k] for k in parts)
+    assert document["layout"] == {
+        "tp": 2, "sp": False, "cp": 1, "pp": 2, "dp": 1, "zero": 0, "micro_batch": 1,
+        "recompute": "none", "devices": 4, "micro_batches": 1, "kv_replicas": 1,
+    }  # fmt: skip
+
+
+def test_a_sliding_stack_keeps_its_windows_per_stage():
+    """--sliding ssf over 7 layers: the stages' caches add up to the single device's, each
+    counted by the pattern (never a loop over the stack's height)."""
+    layer = _layer(d_model=64, heads=4, mask="causal", window=8, window_pattern="ssf")
+    plan = sized_plan(layer, 20, 2)
+    whole = kv_cache_bytes(plan, 20, 7)
+    for pp in (1, 2, 3, 7):
+        split = _split(layer, Layout(pp=pp), layers=7)
+        assert sum(split.kv_cache_bytes(20, 2, stage) for stage in range(pp)) == whole
+    tall = _split(layer, Layout(pp=2), layers=10**12)
+    start, stop = 10**12 // 2, 10**12  # the last stage's blocks
+
+    def count(rest: int) -> int:  # blocks n of the stage with n % 3 == rest
+        return (stop - 1 - rest) // 3 - (start - 1 - rest) // 3
+
+    full = count(2)
+    per_token = 2 * 1 * 4 * 16 * 4  # K and V, B 1, 4 kv-heads of 16, float32
+    expected = per_token * (8 * (stop - start - full) + 20 * full)
+    assert tall.kv_cache_bytes(20, 1, 1) == expected
+
+
+@FAST
+@given(
+    values=LAYERS, tp=st.sampled_from([2, 4]), length=st.integers(2, 16), batch=st.integers(1, 2)
+)
+def test_the_collectives_keep_nothing_for_the_backward(values, tp, length, batch):
+    """Tensor parallel alone: a rank's block saves what the same block with H / T heads on
+    one device saves (all_reduce adds in place, keeps nothing)."""
+    from attnctl.plan import build_plan
+    from attnctl.plan_parallel import rank_config
+
+    layer = _layer(**{**values, "heads": 4})
+    on_rank = saved_activations(rank_plan(layer, length, batch, 9000, Layout(tp=tp)))
+    alone = saved_activations(build_plan(rank_config(layer, tp), length, batch, 9000))
+    assert on_rank.block_bytes == alone.block_bytes
+    assert on_rank.block_by_stage == alone.block_by_stage
+
+
+def test_a_negative_kv_cache_is_refused_with_a_split(invoke):
+    result = invoke("memory", "--tp", "2", "--kv-cache", "-1")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--kv-cache must be a number of tokens >= 0, got -1" in result.stderr
