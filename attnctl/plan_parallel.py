@@ -42,6 +42,8 @@ from attnctl.stages.embeddings import check_positions
 
 SHARED_FIRST = ("embedding.", "positions.", "segment.", "embedding_norm.")  # first stage's
 SHARED_LAST = ("final_norm.", "lm_head.")  # the last stage's
+# ring attention is planned step by step (C steps, each its stages): the ranks it plans for
+MOST_RING_RANKS = 256
 _RING_KERNEL = (
     "--cp with --impl sdpa is not modelled: ring attention runs the math path's online "
     "softmax, chunk by chunk"
@@ -63,6 +65,11 @@ def check_split(
         raise AttnctlError(
             "a split of an encoder–decoder (--tp, --sp, --cp, --pp, --dp) is not modelled "
             "yet: attnctl splits decoder-only models and the seeded layer"
+        )
+    if layout.cp > MOST_RING_RANKS:
+        raise AttnctlError(
+            f"--cp {layout.cp} is more than the {MOST_RING_RANKS} ranks attnctl plans ring "
+            "attention for (each of the C steps is planned)"
         )
     blocks = description.blocks
     for index, block in enumerate(blocks):

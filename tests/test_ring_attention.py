@@ -7,6 +7,8 @@ The processes are started once per ring size (``ring_ranks.py``) for every case.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from ring_ranks import VOCAB, Case, run_ring, token_ids
@@ -173,10 +175,41 @@ def test_what_ring_attention_does_not_model_is_refused_by_name(options, padded, 
     check_split(Layout(), description, [8], padded=padded)  # one device: fine
 
 
+def test_a_relative_position_bias_is_refused_by_name():
+    """T5's bias comes from checkpoints only (encoder–decoders, refused whole): a block
+    description with it stands in for a decoder-only model that had one."""
+    description = seeded_model(build_config(), VOCAB)
+    block = description.blocks[0]
+    attention = dataclasses.replace(
+        block.attention, config=dataclasses.replace(block.attention.config, pos="relative")
+    )
+    blocks = (dataclasses.replace(block, sublayers=(attention, *block.sublayers[1:])),)
+    relative = dataclasses.replace(description, blocks=blocks)
+    with pytest.raises(AttnctlError, match="--cp with T5's relative position bias"):
+        check_split(Layout(cp=2), relative, [8])
+
+
 def test_a_length_the_ranks_do_not_divide_is_refused():
     description = seeded_model(build_config(), VOCAB)
     with pytest.raises(AttnctlError, match="--cp 4 does not divide the length 10"):
         check_split(Layout(cp=4), description, [10])
+    with pytest.raises(AttnctlError, match="--cp 512 is more than the 256 ranks"):
+        check_split(Layout(cp=512), description, [512 * 8])
     config = build_config(pos="learned", max_positions=8)
     with pytest.raises(AttnctlError, match="16 is longer than the 8 learned positions"):
         rank_plan(config, 16, 1, VOCAB, Layout(cp=2))  # each chunk fits; the whole does not
+
+
+def test_the_torch_ring_refuses_what_it_does_not_run():
+    """No process group is needed: each refusal comes before anything is sent."""
+    from attnctl.layer import AttentionLayer
+    from attnctl.nn.ring_attention import Ring, attend, running
+
+    layer = AttentionLayer(build_config(d_model=16, heads=4), VOCAB)
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with running(Ring(rank=0, size=2, length=8)), pytest.raises(AttnctlError, match="unpadded"):
+        layer(ids, padding=torch.ones(1, 4, dtype=torch.bool))
+    windowed = build_config(d_model=16, heads=4, mask="causal", window=2)
+    q = torch.zeros(1, 4, 4, 4)
+    with pytest.raises(AttnctlError, match="ring attention runs the math path"):
+        attend(windowed, [q, q, q], Ring(0, 2, 8), lambda *_: None)

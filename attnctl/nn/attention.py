@@ -122,6 +122,9 @@ def attention(
     cross = sublayer.kind == "cross_attention"
     context = context.pop() if context is not None else None
     reused = cross and past is not None and past.keys is not None  # K, V made at step 0
+    ring = ring_attention.current()  # context parallel: this rank holds L / C of the tokens
+    if ring is not None and (cross or past is not None or padding is not None):
+        raise AttnctlError("ring attention (--cp) runs self-attention over unpadded sequences")
     heads, d_k, d_model = config.heads, config.d_k, config.d_model
     key_len_dim = "Lc" if cross else "L"
     batch, seq_len = x.shape[:2]
@@ -186,7 +189,6 @@ def attention(
     record("k_heads", k, kv_split)
     v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
     record("v_heads", v, kv_split)
-    ring = ring_attention.current()  # context parallel: this rank holds L / C of the tokens
     if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
         # the new tokens' positions only (a decoding step; a context-parallel rank's chunk),
         # at the frequencies of the whole sequence

@@ -88,10 +88,11 @@ def attend(config: LayerConfig, held: list[torch.Tensor], ring: Ring, record: Re
     grouped = config.kv_heads != config.heads
     chunk = f"B {'Hkv' if grouped else 'H'} L/C d_k"
     causal = config.mask == "causal"
-    if config.window or config.pos in ("alibi", "relative") or config.softcap or config.dropout:
+    unmodelled = config.window or config.pos in ("alibi", "relative") or config.softcap
+    if unmodelled or config.dropout or config.impl == "sdpa":  # plan_parallel.check_split
         raise AttnctlError(
-            "ring attention runs the causal or no mask, without biases"
-        )  # check_split
+            "ring attention runs the math path with the causal or no mask, without biases"
+        )
     k = k.contiguous()  # (B, Hkv, L/C, d_k): what is sent is one block of memory
     record("ring_k", k, chunk)
     v = v.contiguous()  # (B, Hkv, L/C, d_k)

@@ -83,13 +83,14 @@ def plan_ring_attention(
         name = f"ring{step}."
         source = (rank - step) % ranks  # whose K and V this step holds
         receiving = receives(ranks, rank, step, causal)
+        arriving = (source - 1) % ranks  # whose chunk the next step holds
         if receiving:
             receive_k = plan.add(
                 name + "recv_k", chunk,
-                what=f"receive buffer: rank {before}'s K chunk (irecv)",
+                what=f"receive buffer: rank {arriving}'s K chunk, from rank {before} (irecv)",
             )  # fmt: skip
             receive_v = plan.add(
-                name + "recv_v", chunk, what=f"receive buffer: rank {before}'s V chunk"
+                name + "recv_v", chunk, what=f"receive buffer: rank {arriving}'s V chunk"
             )
         keys, values = current_k, current_v
         if grouped:
@@ -186,11 +187,11 @@ def plan_ring_attention(
         if receiving:
             current_k = plan.add(
                 name + "received_k", chunk, (receive_k,), view_of=receive_k,
-                what=f"rank {before}'s K chunk, arrived",
+                what=f"rank {arriving}'s K chunk, arrived",
             )  # fmt: skip
             current_v = plan.add(
                 name + "received_v", chunk, (receive_v,), view_of=receive_v,
-                what=f"rank {before}'s V chunk, arrived",
+                what=f"rank {arriving}'s V chunk, arrived",
             )  # fmt: skip
     divided = "accumulator / running sum, in place: softmax(Q·Kᵀ)·V over all L keys"
     if not narrow:
