@@ -178,14 +178,15 @@ def rank_plan(
     chunk, by default the busiest rank's (the one whose peak is the largest).
     """
     tp, cp = layout.tp, layout.cp
+    if cp_rank is None and cp == 1:
+        cp_rank = 0
     if cp_rank is None:
         # without a mask every rank runs the same steps; under the causal mask rank r runs
         # r + 1 of them, sending and receiving alike, but the last never sends: the
         # busiest is C - 2 or C - 1
-        candidates = (cp - 1,) if cp == 1 or config.mask != "causal" else (cp - 2, cp - 1)
         plans = [
             rank_plan(config, seq_len, batch, vocab_size, layout, model, layer_index, device, r)
-            for r in candidates
+            for r in (cp - 2, cp - 1)
         ]
         return max(plans, key=lambda plan: max(live_bytes_per_stage(plan)))
     if not 0 <= cp_rank < cp:

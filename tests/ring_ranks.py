@@ -24,9 +24,11 @@ TIMEOUT_S = 60
 
 @dataclass(frozen=True)
 class Case:
-    options: dict  # build_config's keyword arguments
+    options: dict  # build_config's keyword arguments (a checkpoint's: its run settings)
     seq_len: int
     batch: int = 1
+    model: str = ""  # a checkpoint folder: its block ``layer`` (after blocks 0 … layer - 1)
+    layer: int = 0
 
 
 @dataclass
@@ -40,10 +42,24 @@ class RankResult:
     ops: list[str]  # the aten / c10d ops the dispatch mode saw, once each
 
 
-def token_ids(case: Case) -> torch.Tensor:
+def token_ids(case: Case, vocab_size: int = VOCAB) -> torch.Tensor:
     """The case's (B, L) input, the same in every process."""
     generator = torch.Generator().manual_seed(1234)
-    return torch.randint(0, VOCAB, (case.batch, case.seq_len), generator=generator)
+    return torch.randint(0, vocab_size, (case.batch, case.seq_len), generator=generator)
+
+
+def setting(case: Case):
+    """(the run's config, the checkpoint's description or None, the vocabulary size)."""
+    from attnctl.config import build_config
+
+    if not case.model:
+        return build_config(device="cpu", **case.options), None, VOCAB
+    from pathlib import Path
+
+    from attnctl.families import read_model
+
+    spec = read_model(Path(case.model))
+    return spec.layer_config(device="cpu", **case.options), spec, spec.vocab_size
 
 
 def free_port() -> int:
@@ -108,7 +124,6 @@ def _rank_main(rank: int, size: int, port: int, cases: list[Case], results) -> N
 
 
 def _run_case(rank: int, size: int, case: Case) -> RankResult:
-    from attnctl.config import build_config
     from attnctl.measure import LiveStorages, _measure_dispatch
     from attnctl.nn.model import forward
     from attnctl.nn.ring_attention import Ring, running
@@ -116,13 +131,17 @@ def _run_case(rank: int, size: int, case: Case) -> RankResult:
     from attnctl.parallel import Layout
     from attnctl.plan_parallel import rank_plan
 
-    config = build_config(device="cpu", **case.options)
-    plan = rank_plan(config, case.seq_len, case.batch, VOCAB, Layout(cp=size), cp_rank=rank)
+    config, model, vocab_size = setting(case)
+    layout = Layout(cp=size)
+    plan = rank_plan(
+        config, case.seq_len, case.batch, vocab_size, layout, model, case.layer, cp_rank=rank
+    )
     description = plan.description
     torch.manual_seed(config.seed)
     weights = model_weights(description, plan.config, torch.device("cpu"), blocks=None)
     chunk = case.seq_len // size
-    ids = token_ids(case)[:, rank * chunk : (rank + 1) * chunk].clone()  # (B, L/C)
+    ids = token_ids(case, vocab_size)[:, rank * chunk : (rank + 1) * chunk].clone()  # (B, L/C)
+    blocks = dict(last=case.layer, recorded=case.layer)
     ring = Ring(rank, size, case.seq_len)
     outputs: list[torch.Tensor] = []
     stages: list[tuple[str, tuple[int, ...], str]] = []
@@ -134,7 +153,9 @@ def _run_case(rank: int, size: int, case: Case) -> RankResult:
             record(name, tensor, dims)
 
         with running(ring):
-            result = forward(description, weights.named, ids, record=both, offset=ring.offset)
+            result = forward(
+                description, weights.named, ids, record=both, offset=ring.offset, **blocks
+            )
         outputs.append(result.output)
 
     original = LiveStorages.__torch_dispatch__
@@ -150,7 +171,9 @@ def _run_case(rank: int, size: int, case: Case) -> RankResult:
         LiveStorages.__torch_dispatch__ = original
     cache: list[torch.Tensor] = []
     with torch.inference_mode(), running(ring):
-        forward(description, weights.named, ids, recorded=None, cache=cache, offset=ring.offset)
+        last = description.layers - 1  # every block's K and V, as measure_forward keeps them
+        forward(description, weights.named, ids, last=last, recorded=None, cache=cache,
+                offset=ring.offset)  # fmt: skip
     return RankResult(
         outputs[0].float().tolist(),
         measured.peak_activation_bytes,

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from ring_ranks import VOCAB, Case, run_ring, token_ids
+from ring_ranks import VOCAB, Case, run_ring, setting, token_ids
 
 from attnctl.config import build_config
 from attnctl.describe import seeded_model
@@ -53,40 +53,67 @@ def _cases():
 
 
 def _one_device(case: Case) -> torch.Tensor:
+    """The layer's output (a checkpoint's: block ``case.layer``'s) on one device."""
     from attnctl.nn.model import forward
     from attnctl.nn.weights import model_weights
 
-    config = build_config(device="cpu", **case.options)
-    plan = build_plan(config, case.seq_len, case.batch, VOCAB)
+    config, model, vocab_size = setting(case)
+    plan = build_plan(config, case.seq_len, case.batch, vocab_size, model=model)
     torch.manual_seed(config.seed)
     weights = model_weights(plan.description, plan.config, torch.device("cpu"), blocks=None)
+    ids = token_ids(case, vocab_size)
     with torch.inference_mode():
-        return forward(plan.description, weights.named, token_ids(case)).output  # (B, L, D)
+        return forward(plan.description, weights.named, ids, last=case.layer).output  # (B, L, D)
 
 
-@pytest.mark.parametrize("size,index", _cases(), ids=[f"C{s}-{n}" for s, n in _cases()])
-def test_ring_output_equals_one_device(rings, size, index):
-    case = RINGS[size][index]
-    gathered = torch.cat([torch.tensor(r.output) for r in rings[size][index]], dim=1)
+def _check_output(case: Case, results) -> None:
+    """The ranks' chunks of the output, put together, as one device's."""
+    gathered = torch.cat([torch.tensor(r.output) for r in results], dim=1)
     expected = _one_device(case).float()  # (B, L, D)
     assert gathered.shape == expected.shape
     tolerance = 1e-5 if case.options.get("dtype", "float32") in EXACT else 3e-2
     torch.testing.assert_close(gathered, expected, atol=tolerance, rtol=0)
 
 
+def _check_bytes(case: Case, size: int, results) -> None:
+    """Each rank's recorded stages and live bytes, stage by stage, as its rank plan's."""
+    config, model, vocab_size = setting(case)
+    for rank, result in enumerate(results):
+        plan = rank_plan(
+            config, case.seq_len, case.batch, vocab_size, Layout(cp=size), model, case.layer,
+            cp_rank=rank,
+        )  # fmt: skip
+        predicted = estimate(plan)
+        planned = [(s.name, s.shape, s.dtype) for s in plan.stages]
+        assert result.stages == planned, f"rank {rank}"
+        # a later block's input: its window holds the blocks before it, run in full
+        after = next((n + 1 for n, s in enumerate(plan.stages) if s.name == "hidden"), 0)
+        measured, estimated = result.stage_peak_bytes[after:], predicted.live_bytes[after:]
+        assert measured == estimated, f"rank {rank}"
+        assert result.peak_bytes == predicted.peak_activation_bytes, f"rank {rank}"
+        assert result.kv_cache_bytes == kv_cache_bytes(plan)  # its L/C tokens, every block
+
+
+@pytest.mark.parametrize("size,index", _cases(), ids=[f"C{s}-{n}" for s, n in _cases()])
+def test_ring_output_equals_one_device(rings, size, index):
+    _check_output(RINGS[size][index], rings[size][index])
+
+
 @pytest.mark.parametrize("size,index", _cases(), ids=[f"C{s}-{n}" for s, n in _cases()])
 def test_each_rank_holds_its_plan_to_the_byte(rings, size, index):
-    case = RINGS[size][index]
-    config = build_config(device="cpu", **case.options)
-    for rank, result in enumerate(rings[size][index]):
-        plan = rank_plan(config, case.seq_len, case.batch, VOCAB, Layout(cp=size), cp_rank=rank)
-        predicted = estimate(plan)
-        recorded = [(name, shape, dtype) for name, shape, dtype in result.stages]
-        planned = [(s.name, s.shape, s.dtype) for s in plan.stages]
-        assert recorded == planned, f"rank {rank}"
-        assert result.stage_peak_bytes == predicted.live_bytes, f"rank {rank}"
-        assert result.peak_bytes == predicted.peak_activation_bytes, f"rank {rank}"
-        assert result.kv_cache_bytes == kv_cache_bytes(plan)  # its L/C tokens
+    _check_bytes(RINGS[size][index], size, rings[size][index])
+
+
+def test_a_checkpoints_blocks_under_ring_attention(tmp_path):
+    """A tiny Llama (GQA, RoPE, RMSNorm, a gated feed-forward): block 0 with the
+    embeddings, and block 1 after it (its input the block before's output)."""
+    import tiny_models
+
+    directory = str(tiny_models.write("llama", tmp_path / "llama"))
+    cases = [Case({"impl": "math"}, 8, 2, directory, 0), Case({"impl": "math"}, 8, 1, directory, 1)]
+    for case, results in zip(cases, run_ring(2, cases), strict=True):
+        _check_output(case, results)
+        _check_bytes(case, 2, results)
 
 
 def test_point_to_point_ops_allocate_nothing_the_measure_sees(rings):
