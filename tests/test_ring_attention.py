@@ -11,6 +11,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ring_ranks import VOCAB, Case, run_ring, setting, token_ids
 
 from attnctl.config import build_config
@@ -20,6 +22,7 @@ from attnctl.memory import estimate, kv_cache_bytes
 from attnctl.parallel import Layout
 from attnctl.plan import build_plan
 from attnctl.plan_parallel import check_split, rank_plan
+from attnctl.stages.ring_attention import last_step, receives, sends
 
 CAUSAL_ROPE = dict(d_model=16, heads=4, mask="causal", pos="rope", norm="pre")
 GQA = dict(CAUSAL_ROPE, kv_heads=2, norm_type="rms")
@@ -155,6 +158,31 @@ def test_causal_ranks_skip_the_later_chunks_and_pass_only_what_is_needed():
     assert (
         sum(n.endswith(".recv_k") for n in names) == 3 == sum(n.endswith(".sent_k") for n in names)
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(ranks=st.integers(2, 40), causal=st.booleans())
+def test_the_ring_schedule_brings_each_rank_exactly_the_keys_it_sees(ranks, causal):
+    """Simulated over every rank: each step holds the chunk that arrived (or its own),
+    every receive meets a send, and rank r scores every chunk, or under the causal
+    mask chunks 0 … r, each once."""
+    held = {rank: rank for rank in range(ranks)}  # step 0: each its own chunk
+    scored: dict[int, list[int]] = {rank: [] for rank in range(ranks)}
+    for step in range(ranks):
+        arriving = {}
+        for rank in range(ranks):
+            if step <= last_step(ranks, rank, causal):
+                assert held.get(rank) == (rank - step) % ranks
+                scored[rank].append(held[rank])
+            if sends(ranks, rank, step, causal):
+                assert rank in held and step <= last_step(ranks, rank, causal)
+                arriving[(rank + 1) % ranks] = held[rank]
+        receivers = {r for r in range(ranks) if receives(ranks, r, step, causal)}
+        assert receivers == set(arriving)
+        held = arriving
+    for rank, chunks in scored.items():
+        expected = range(rank + 1) if causal else range(ranks)
+        assert sorted(chunks) == list(expected)
 
 
 def test_rank_plan_names_the_chunk_and_divides_with_tp_and_sp():
