@@ -87,10 +87,13 @@ def plan_ring_attention(
         if receiving:
             receive_k = plan.add(
                 name + "recv_k", chunk,
-                what=f"receive buffer: rank {arriving}'s K chunk, from rank {before} (irecv)",
+                what=f"receive buffer: rank {arriving}'s K chunk, from rank {before} (irecv); "
+                "with the one held, two K chunks alive",
             )  # fmt: skip
             receive_v = plan.add(
-                name + "recv_v", chunk, what=f"receive buffer: rank {arriving}'s V chunk"
+                name + "recv_v",
+                chunk,
+                what=f"receive buffer: rank {arriving}'s V chunk; two V chunks alive",
             )
         keys, values = current_k, current_v
         if grouped:
