@@ -56,15 +56,21 @@ def check_split(
     lengths: list[int],
     layers: int = 1,
     padded: bool = False,
+    train: bool = False,
 ) -> None:
     """Every check of the layout against the model and the lengths, before any planning:
     what does not divide, and what attnctl does not model split (refused by name).
     ``layers``: the seeded layer's stack (a checkpoint has its own blocks); ``padded``:
-    padded keys are masked (``--pad``)."""
+    padded keys are masked (``--pad``); ``train``: a training step (``--train``)."""
     if description.is_encoder_decoder:
         raise AttnctlError(
             "a split of an encoder–decoder (--tp, --sp, --cp, --pp, --dp) is not modelled "
             "yet: attnctl splits decoder-only models and the seeded layer"
+        )
+    if layout.cp > 1 and train:
+        raise AttnctlError(
+            "--cp with --train is not modelled yet: ring attention's backward pass is not "
+            "planned (the forward and the KV cache are)"
         )
     if layout.cp > MOST_RING_RANKS:
         raise AttnctlError(
