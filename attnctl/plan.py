@@ -108,6 +108,8 @@ def build_plan(
     layer_index: int = 0,
     tensor_parallel: int = 1,
     sequence_parallel: bool = False,
+    context_parallel: int = 1,
+    context_rank: int = 0,
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens.
 
@@ -122,6 +124,8 @@ def build_plan(
     ``tensor_parallel``, ``sequence_parallel``: one rank's stages when the model (already
     cut to one rank's heads and columns, ``plan_parallel.py``) is split over that many
     ranks: the collectives between sublayers, and the L / T tokens between them with SP.
+    ``context_parallel``, ``context_rank``: ``seq_len`` is the chunk of rank
+    ``context_rank`` of that many (L/C), whose attention is ring attention.
     """
     description = model.with_run(resolve_impl(validate(config))) if model is not None else None
     # an encoder–decoder's decoder block: cross-attention over the encoder output (B, Lc, D)
@@ -171,12 +175,16 @@ def build_plan(
         sizes["I"] = feed_forward.inner
     if sequence_parallel:
         sizes["L/T"] = seq_len // tensor_parallel  # between the sublayers
+    if context_parallel > 1:
+        sizes["L/C"] = seq_len  # this rank's chunk, in the ring attention's stages
     plan = PlanBuilder(
         sizes,
         config.dtype,
         device,
         tensor_parallel=tensor_parallel,
         sequence_parallel=sequence_parallel,
+        context_parallel=context_parallel,
+        context_rank=context_rank,
     )
 
     plan.add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")

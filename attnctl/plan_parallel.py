@@ -23,8 +23,10 @@ from attnctl.describe import (
     Block,
     FeedForward,
     ModelDescription,
+    seeded_model,
 )
 from attnctl.errors import AttnctlError
+from attnctl.memory import live_bytes_per_stage
 from attnctl.parallel import (
     Layout,
     check_blocks,
@@ -36,21 +38,44 @@ from attnctl.parallel import (
     vocab_rows,
 )
 from attnctl.plan import Plan, build_plan, layer_parameters
+from attnctl.stages.embeddings import check_positions
 
 SHARED_FIRST = ("embedding.", "positions.", "segment.", "embedding_norm.")  # first stage's
 SHARED_LAST = ("final_norm.", "lm_head.")  # the last stage's
+# ring attention is planned step by step (C steps, each its stages): the ranks it plans for
+MOST_RING_RANKS = 256
+_RING_KERNEL = (
+    "--cp with --impl sdpa is not modelled: ring attention runs the math path's online "
+    "softmax, chunk by chunk"
+)
 
 
 def check_split(
-    layout: Layout, description: ModelDescription, lengths: list[int], layers: int = 1
+    layout: Layout,
+    description: ModelDescription,
+    lengths: list[int],
+    layers: int = 1,
+    padded: bool = False,
+    train: bool = False,
 ) -> None:
     """Every check of the layout against the model and the lengths, before any planning:
     what does not divide, and what attnctl does not model split (refused by name).
-    ``layers``: the seeded layer's stack (a checkpoint has its own blocks)."""
+    ``layers``: the seeded layer's stack (a checkpoint has its own blocks); ``padded``:
+    padded keys are masked (``--pad``); ``train``: a training step (``--train``)."""
     if description.is_encoder_decoder:
         raise AttnctlError(
             "a split of an encoder–decoder (--tp, --sp, --cp, --pp, --dp) is not modelled "
             "yet: attnctl splits decoder-only models and the seeded layer"
+        )
+    if layout.cp > 1 and train:
+        raise AttnctlError(
+            "--cp with --train is not modelled yet: ring attention's backward pass is not "
+            "planned (the forward and the KV cache are)"
+        )
+    if layout.cp > MOST_RING_RANKS:
+        raise AttnctlError(
+            f"--cp {layout.cp} is more than the {MOST_RING_RANKS} ranks attnctl plans ring "
+            "attention for (each of the C steps is planned)"
         )
     blocks = description.blocks
     for index, block in enumerate(blocks):
@@ -75,11 +100,33 @@ def check_split(
                     )
                 if layout.tp > 1 and config.dropout:
                     raise AttnctlError("--tp with attention dropout is not modelled yet")
+                if layout.cp > 1:
+                    _check_ring(config, padded)
             elif isinstance(sublayer, FeedForward):
                 check_inner(layout, sublayer.inner, where)
     for length in lengths:
         check_length(layout, length)
     check_blocks(layout, len(blocks) if description.checkpoint is not None else layers)
+
+
+def _check_ring(config: LayerConfig, padded: bool) -> None:
+    """What ring attention (``--cp``) does not model, refused by name."""
+    refused = [
+        (config.impl == "sdpa", _RING_KERNEL),
+        (bool(config.window), "--cp with a sliding window is not modelled yet: ring "
+         "attention masks only the causal diagonal chunk"),
+        (config.pos == "alibi", "--cp with ALiBi is not modelled yet: each chunk's bias "
+         "would depend on the distance between the chunks"),
+        (config.pos == "relative", "--cp with T5's relative position bias is not "
+         "modelled yet"),
+        (bool(config.softcap), "--cp with soft-capped scores is not modelled yet"),
+        (bool(config.dropout), "--cp with attention dropout is not modelled yet"),
+        (padded, "--cp with padded keys is not modelled yet: ring attention masks no "
+         "padding"),
+    ]  # fmt: skip
+    for refuse, message in refused:
+        if refuse:
+            raise AttnctlError(message)
 
 
 def rank_config(config: LayerConfig, tp: int) -> LayerConfig:
@@ -124,47 +171,74 @@ def rank_plan(
     model: ModelDescription | None = None,
     layer_index: int = 0,
     device: str = "",
+    cp_rank: int | None = None,
 ) -> Plan:
     """The stages one rank computes for block ``layer_index`` (with the embeddings when it
     is block 0, else from the block before's output) of ``batch`` sequences of
-    ``seq_len`` tokens, under ``layout``'s tensor (and sequence) parallelism.
+    ``seq_len`` tokens, under ``layout``'s tensor (and sequence) and context parallelism.
 
     ``config``: the seeded layer, or a checkpoint's run settings (as :func:`build_plan`).
-    The caller has run :func:`check_split`. Context parallelism is not planned here yet.
+    The caller has run :func:`check_split`. Under context parallelism the rank holds
+    L / C tokens (``seq_len``, ``sizes["L"]`` are its chunk's; dims named ``L/C``) and
+    its attention is ring attention (``stages/ring_attention.py``); ``cp_rank``: which
+    chunk, by default the busiest rank's (the one whose peak is the largest).
     """
-    if layout.cp > 1:
-        raise AttnctlError("--cp is not planned yet")
-    tp = layout.tp
+    tp, cp = layout.tp, layout.cp
+    if cp_rank is None and cp == 1:
+        cp_rank = 0
+    if cp_rank is None:
+        # without a mask every rank runs the same steps; under the causal mask rank r runs
+        # r + 1 of them, sending and receiving alike, but the last never sends: the
+        # busiest is C - 2 or C - 1
+        plans = [
+            rank_plan(config, seq_len, batch, vocab_size, layout, model, layer_index, device, r)
+            for r in (cp - 2, cp - 1)
+        ]
+        return max(plans, key=lambda plan: max(live_bytes_per_stage(plan)))
+    if not 0 <= cp_rank < cp:
+        raise AttnctlError(f"context-parallel rank {cp_rank} is not one of the {cp} ranks")
+    chunk = seq_len // cp  # check_split: C divides the length
+    if cp > 1:  # the positions are the whole sequence's: a learned table must hold them
+        description = model if model is not None else seeded_model(config, vocab_size)
+        check_positions(description.embeddings, seq_len)
+    ring = dict(context_parallel=cp, context_rank=cp_rank)
     if model is not None:
         local = rank_description(model.with_run(config), tp)
         plan = build_plan(
-            config, seq_len, batch, vocab_size, device, model=local, layer_index=layer_index,
-            tensor_parallel=tp, sequence_parallel=layout.sp,
+            config, chunk, batch, vocab_size, device, model=local, layer_index=layer_index,
+            tensor_parallel=tp, sequence_parallel=layout.sp, **ring,
         )  # fmt: skip
         parameters = plan.parameters  # the model's tensors, cut per rank by rank_weights
     else:
         local_config = rank_config(config, tp)
         plan = build_plan(
-            local_config, seq_len, batch, vocab_size, device,
-            tensor_parallel=tp, sequence_parallel=layout.sp,
+            local_config, chunk, batch, vocab_size, device,
+            tensor_parallel=tp, sequence_parallel=layout.sp, **ring,
         )  # fmt: skip
         parameters = layer_parameters(local_config, vocab_rows(vocab_size, tp))
+    if cp > 1 and plan.config.impl != "math":
+        raise AttnctlError(_RING_KERNEL)
     full = model.config if model is not None else config
-    return _renamed(dataclasses.replace(plan, parameters=parameters), full, tp)
+    return _renamed(dataclasses.replace(plan, parameters=parameters), full, tp, cp)
 
 
-def _renamed(plan: Plan, full: LayerConfig, tp: int) -> Plan:
-    """The plan's stages with their dims named as divided: H -> H/T, I -> I/T, ..."""
-    if tp == 1:
+def _renamed(plan: Plan, full: LayerConfig, tp: int, cp: int = 1) -> Plan:
+    """The plan's stages with their dims named as divided: H -> H/T, I -> I/T, L -> L/C,
+    ..."""
+    if tp == 1 and cp == 1:
         return plan
     replicated = tp > full.kv_heads
-    names = {
-        "H": "H/T",
-        "Hkv": "1" if replicated else "Hkv/T",
-        "D_q": "D_q/T" if full.q_width != full.d_model else "D/T",
-        "D_kv": "d_k" if replicated else "D_kv/T",
-        "I": "I/T",
-    }
+    names = {}
+    if tp > 1:
+        names = {
+            "H": "H/T",
+            "Hkv": "1" if replicated else "Hkv/T",
+            "D_q": "D_q/T" if full.q_width != full.d_model else "D/T",
+            "D_kv": "d_k" if replicated else "D_kv/T",
+            "I": "I/T",
+        }
+    if cp > 1:  # sizes["L"] stays the rank's chunk, as sizes["H"] its heads
+        names.update({"L": "L/C", "L/T": "L/(C·T)"})
     sizes = dict(plan.sizes)
     for old, new in names.items():
         if old in sizes:

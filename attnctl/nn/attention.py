@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from attnctl.config import LayerConfig
 from attnctl.describe import Attention
 from attnctl.errors import AttnctlError
-from attnctl.nn import Record, no_record, positions
+from attnctl.nn import Record, no_record, positions, ring_attention
 from attnctl.rope import attention_scaling
 
 
@@ -122,6 +122,9 @@ def attention(
     cross = sublayer.kind == "cross_attention"
     context = context.pop() if context is not None else None
     reused = cross and past is not None and past.keys is not None  # K, V made at step 0
+    ring = ring_attention.current()  # context parallel: this rank holds L / C of the tokens
+    if ring is not None and (cross or past is not None or padding is not None):
+        raise AttnctlError("ring attention (--cp) runs self-attention over unpadded sequences")
     heads, d_k, d_model = config.heads, config.d_k, config.d_model
     key_len_dim = "Lc" if cross else "L"
     batch, seq_len = x.shape[:2]
@@ -187,9 +190,12 @@ def attention(
     v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
     record("v_heads", v, kv_split)
     if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
-        angles = positions.rotary_angles(offset + seq_len, d_k, q.device, config)  # float32
-        if offset:  # a decoding step: the new tokens' positions only
-            angles = angles[offset:]  # (L, d_k)
+        # the new tokens' positions only (a decoding step; a context-parallel rank's chunk),
+        # at the frequencies of the whole sequence
+        length = ring.length if ring is not None else offset + seq_len
+        angles = positions.rotary_angles(
+            length, d_k, q.device, config, start=offset, stop=offset + seq_len
+        )  # (L, d_k), float32
         record("rope_angles", angles, "L d_k")
         scaling = attention_scaling(config.rope)  # yarn, longrope: cos and sin times it
         cos = _scaled(angles.cos(), scaling).to(q.dtype)  # (L, d_k)
@@ -217,7 +223,7 @@ def attention(
             sublayer, weights, x, q, k, v, padding, record, keep_weights, window, offset,
             position_bias, past, key_start, (key_len_dim, q_width),
         )  # fmt: skip
-    if grouped and config.impl == "math":  # each K/V head serves `groups` query heads
+    if grouped and config.impl == "math" and ring is None:  # each K/V head serves `groups`
         k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
         record("k_repeated", k, f"B H {key_len_dim} d_k")
         v = v.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
@@ -226,7 +232,11 @@ def attention(
     # 2. scaled dot-product attention, per head
     causal = config.mask == "causal"
     kept = shown = None
-    if config.impl == "math":
+    if ring is not None:  # ring attention over every rank's K, V chunk (nn/ring_attention.py)
+        held = [q, k, v]
+        q = k = v = None  # the ring takes them: each freed when it is done with it
+        attended = ring_attention.attend(config, held, ring, record)  # (B, H, L, d_k)
+    elif config.impl == "math":
         scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L, Lk)
         del q, k
         if config.softcap:  # Gemma 2: cap·tanh(scores/cap), before any mask or bias

@@ -118,9 +118,16 @@ def relative_bias(
 
 
 def rotary_angles(
-    seq_len: int, d_k: int, device: torch.device | None = None, config: LayerConfig | None = None
+    seq_len: int,
+    d_k: int,
+    device: torch.device | None = None,
+    config: LayerConfig | None = None,
+    start: int = 0,
+    stop: int | None = None,
 ) -> torch.Tensor:
-    """RoPE angles pos·θ_i, θ_i = theta^(-2i/d_k), laid out for half-rotation: (L, d_k).
+    """RoPE angles pos·θ_i, θ_i = theta^(-2i/d_k), laid out for half-rotation: (L, d_k),
+    for positions ``start`` … ``stop`` - 1 (default: all ``seq_len``) of a sequence of
+    ``seq_len`` tokens (a decoding step's new tokens; a context-parallel rank's chunk).
 
     ``config`` gives the base (rope_theta) and any long-context scaling (rope_type):
     linear and llama3 here, dynamic, yarn and longrope from ``attnctl.rope`` (which depend
@@ -137,7 +144,8 @@ def rotary_angles(
     if config is not None and config.rope_type in ("linear", "llama3"):
         scaled = [scaled_frequency(f, config) for f in inv_freq.tolist()]
         inv_freq = torch.tensor(scaled, device=device, dtype=torch.float32)  # (d_k/2,)
-    position = torch.arange(seq_len, device=device, dtype=torch.float32)  # (L,)
+    stop = seq_len if stop is None else stop
+    position = torch.arange(start, stop, device=device, dtype=torch.float32)  # (L,)
     angles = torch.outer(position, inv_freq)  # (L, d_k/2)
     return torch.cat((angles, angles), dim=-1)  # (L, d_k): dims i and i + d_k/2 share θ_i
 

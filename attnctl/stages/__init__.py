@@ -32,6 +32,10 @@ class PlanBuilder:
     # over, and whether the tensors between the sublayers hold L / T tokens (SP)
     tensor_parallel: int = 1
     sequence_parallel: bool = False
+    # context parallel (``stages/ring_attention.py``): the C ranks the sequence is cut
+    # over, L / C consecutive tokens each, and which of them this is
+    context_parallel: int = 1
+    context_rank: int = 0
 
     @contextmanager
     def scoped(self, prefix: str) -> Iterator[None]:

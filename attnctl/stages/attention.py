@@ -10,6 +10,7 @@ from attnctl.describe import NORM_NAMES, Attention
 from attnctl.rope import attention_scaling
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 from attnctl.stages.collectives import gather_sequence, reduce_partial
+from attnctl.stages.ring_attention import plan_ring_attention
 
 
 def plan_attention(
@@ -100,12 +101,15 @@ def plan_attention(
             what=turn,
             scratch=2 * plan.nbytes(k_dims),
         )
-    if grouped and config.impl == "math":  # each K/V head serves H / Hkv query heads
+    ring = plan.context_parallel > 1  # context parallel: ring attention over the chunks
+    if grouped and config.impl == "math" and not ring:  # each K/V head serves H/Hkv heads
         repeat = f"repeat_interleave({config.groups}, dim=1): one copy per query head"
         k = plan.add("k_repeated", f"B H {key_len} d_k", (k,), what=repeat)
         v = plan.add("v_repeated", f"B H {key_len} d_k", (v,), what=repeat)
 
-    if config.impl == "math":
+    if ring:
+        attended = plan_ring_attention(plan, config, q, k, v, scale)
+    elif config.impl == "math":
         scores = plan.add(
             "scores",
             f"B H L {key_len}",

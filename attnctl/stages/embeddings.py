@@ -13,7 +13,7 @@ from attnctl.stages.collectives import reduce_partial
 
 def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> str:
     """The text's embeddings (B, L, D); returns the last stage's name."""
-    _check_length(embeddings, length)
+    check_positions(embeddings, length)
     lookup = (
         "token embedding lookup"
         if embeddings.trained_by
@@ -89,7 +89,7 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
 def plan_context_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> str:
     """The context's embeddings (B, Lc, D), embedded as the text is: the keys and values
     of a cross-attention."""
-    _check_length(embeddings, length)
+    check_positions(embeddings, length)
     x = plan.add(
         "context_embeddings",
         "B Lc D",
@@ -142,7 +142,8 @@ def _halves_scratch(plan: PlanBuilder, length: int) -> int:
     return ids + max(moments) - table
 
 
-def _check_length(embeddings: Embeddings, length: int) -> None:
+def check_positions(embeddings: Embeddings, length: int) -> None:
+    """A learned (or Marian's) position table must hold every one of ``length`` positions."""
     limited = embeddings.positions in ("learned", "sinusoidal_halves")
     if not limited or length <= embeddings.max_positions:
         return

@@ -1,0 +1,234 @@
+"""Ring attention in torch: one context-parallel rank's queries against every rank's K, V.
+
+Under context parallelism (``--cp C``, ``attnctl/parallel.py``) rank r holds the r-th of C
+consecutive chunks of L / C tokens throughout the layer. Its attention sublayer projects
+its own chunk's Q, K and V (rotated at the chunk's own positions) as on one device; then
+:func:`attend` runs C steps: at step s the rank holds the K and V chunk of rank
+(r - s) mod C, scores its queries against it with an online softmax (a running max and
+sum per query row, float32, and a float32 accumulator of the weighted values), and
+meanwhile sends the chunk it holds to rank r + 1 and receives rank r - 1's into a buffer
+of the same size (``torch.distributed`` point-to-point: ``batch_isend_irecv``). Under the
+causal mask the chunks after the rank's own are skipped (never computed, only passed on),
+and the diagonal one, its own, is masked as one device masks it.
+
+The plan of these stages is ``attnctl/stages/ring_attention.py``; the stages keep their
+names there and here (``ring0.scores``: step 0's scores). ``nn/attention.py`` calls
+:func:`attend` when a rank runs under :func:`running`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from attnctl.config import LayerConfig
+from attnctl.errors import AttnctlError
+from attnctl.nn import Record, positions
+from attnctl.stages.ring_attention import last_step, receives, sends
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The context-parallel ring a rank runs in: its place, the ring's size, the whole
+    sequence's length (L; the rank holds L / C tokens from position rank · L / C)."""
+
+    rank: int
+    size: int
+    length: int
+    group: Any = None  # a torch.distributed ProcessGroup; None: the default (world) group
+
+    @property
+    def chunk(self) -> int:
+        return self.length // self.size
+
+    @property
+    def offset(self) -> int:
+        """The position of the rank's first token."""
+        return self.rank * self.chunk
+
+    def peer(self, rank_in_ring: int) -> int:
+        """The global rank of the ring's ``rank_in_ring`` (mod C)."""
+        rank_in_ring %= self.size
+        if self.group is None:
+            return rank_in_ring
+        return dist.get_global_rank(self.group, rank_in_ring)
+
+
+_RING: ContextVar[Ring | None] = ContextVar("attnctl_ring", default=None)
+
+
+@contextmanager
+def running(ring: Ring) -> Iterator[None]:
+    """Every attention sublayer run inside is this rank's share of ring attention."""
+    token = _RING.set(ring)
+    try:
+        yield
+    finally:
+        _RING.reset(token)
+
+
+def current() -> Ring | None:
+    """The ring this process runs in, or None (one device, or no context parallelism)."""
+    return _RING.get()
+
+
+def attend(config: LayerConfig, held: list[torch.Tensor], ring: Ring, record: Record):
+    """``held = [q, k, v]``, Q heads (B, H, L/C, d_k) and this rank's K, V heads
+    (B, Hkv, L/C, d_k), taken out: the attended values (B, H, L/C, d_k) in the dtype,
+    equal to one device's softmax(Q·Kᵀ)·V over the whole sequence's keys."""
+    q, k, v = held
+    held.clear()
+    dtype = q.dtype
+    grouped = config.kv_heads != config.heads
+    chunk = f"B {'Hkv' if grouped else 'H'} L/C d_k"
+    causal = config.mask == "causal"
+    unmodelled = config.window or config.pos in ("alibi", "relative") or config.softcap
+    if unmodelled or config.dropout or config.impl == "sdpa":  # plan_parallel.check_split
+        raise AttnctlError(
+            "ring attention runs the math path with the causal or no mask, without biases"
+        )
+    k = k.contiguous()  # (B, Hkv, L/C, d_k): what is sent is one block of memory
+    record("ring_k", k, chunk)
+    v = v.contiguous()  # (B, Hkv, L/C, d_k)
+    record("ring_v", v, chunk)
+    ranks, rank = ring.size, ring.rank
+    last = last_step(ranks, rank, causal)
+    queries = [q]  # taken out by the last step, the last to score them
+    del q
+    state: dict[str, torch.Tensor] = {}  # the running max and sum, the accumulator
+    for step in range(last + 1):  # each scores the chunk it holds
+        name = f"ring{step}."
+        receiving = receives(ranks, rank, step, causal)
+        sending = sends(ranks, rank, step, causal)
+        operations = []
+        if sending:  # the chunk held, to the next rank
+            after = ring.peer(rank + 1)
+            operations += [
+                dist.P2POp(dist.isend, k, after, ring.group, tag=0),
+                dist.P2POp(dist.isend, v, after, ring.group, tag=1),
+            ]
+        if receiving:  # the one before's chunk, held at the next step
+            k_next = torch.empty_like(k)  # (B, Hkv, L/C, d_k)
+            record(name + "recv_k", k_next, chunk)
+            v_next = torch.empty_like(v)  # (B, Hkv, L/C, d_k)
+            record(name + "recv_v", v_next, chunk)
+            before = ring.peer(rank - 1)
+            operations += [
+                dist.P2POp(dist.irecv, k_next, before, ring.group, tag=0),
+                dist.P2POp(dist.irecv, v_next, before, ring.group, tag=1),
+            ]
+        works = dist.batch_isend_irecv(operations) if operations else []
+        operations.clear()  # (the works hold the tensors while they travel)
+        chunks = [k, v]
+        if not sending:  # the step takes the chunk out: freed once it is done with it
+            k = v = None
+        diagonal = step == 0  # the rank's own chunk: the causal mask within it
+        _step(config, name, queries, step == last, chunks, state, causal and diagonal, record)
+        while works:  # each work holds its tensor: dropped once waited on
+            works.pop(0).wait()
+        if sending:  # sent: freed
+            record(name + "sent_k", k, chunk)
+            k = None
+            record(name + "sent_v", v, chunk)
+            v = None
+        if receiving:
+            record(name + "received_k", k_next, chunk)
+            k = k_next
+            del k_next
+            record(name + "received_v", v_next, chunk)
+            v = v_next
+            del v_next
+    del k, v
+    accumulated = state.pop("output")  # (B, H, L/C, d_k), float32
+    attended = accumulated.div_(state.pop("sum").unsqueeze(-1))  # (B, H, L/C, d_k), in place
+    del accumulated
+    state.clear()  # the running max
+    if dtype != torch.float32:
+        record("ring_attended", attended, "B H L/C d_k")
+        attended = attended.to(dtype)  # (B, H, L/C, d_k)
+    return attended
+
+
+def _step(
+    config: LayerConfig,
+    name: str,
+    queries: list[torch.Tensor],
+    last: bool,
+    chunks: list[torch.Tensor],
+    state: dict[str, torch.Tensor],
+    masked: bool,
+    record: Record,
+) -> None:
+    """One ring step's online softmax: the local queries' scores against the K, V chunk
+    held now, folded into ``state`` (``max``, ``sum``: (B, H, L/C); ``output``:
+    (B, H, L/C, d_k), all float32). ``last``: the queries are taken out after it."""
+    from attnctl.nn.attention import scale_scores  # (nn/attention.py imports this module)
+
+    q = queries.pop() if last else queries[0]
+    k, v = chunks  # (B, Hkv, L/C, d_k) each
+    chunks.clear()
+    dtype = q.dtype
+    first = not state
+    if config.kv_heads != config.heads:  # each K/V head serves `groups` query heads
+        k = k.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
+        record(name + "k_repeated", k, "B H L/C d_k")
+    scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L/C, L/C)
+    del q, k
+    record(name + "scores", scores, "B H L/C L/C")
+    if masked:  # the diagonal chunk: query i sees keys j <= i of the same chunk
+        allowed = positions.visible_keys(scores.shape[-1], 0, scores.device)  # (L/C, L/C)
+        scores.masked_fill_(allowed.logical_not(), float("-inf"))
+        record(name + "mask", allowed, "L/C L/C")  # recorded once applied
+        del allowed
+    if dtype != torch.float32:  # the softmax in float32, as torch.softmax computes it
+        scores = scores.float()  # (B, H, L/C, L/C)
+        record(name + "scores_float32", scores, "B H L/C L/C")
+    block_max = scores.amax(dim=-1)  # (B, H, L/C)
+    record(name + "block_max", block_max, "B H L/C")
+    correction = None
+    if first:
+        state["max"] = block_max
+    else:
+        row_max = torch.maximum(state["max"], block_max)  # (B, H, L/C)
+        del block_max
+        record(name + "max", row_max, "B H L/C")
+        correction = state["max"].sub_(row_max).exp_()  # (B, H, L/C): exp(old - new max)
+        record(name + "correction", correction, "B H L/C")
+        state["max"] = row_max
+        del row_max
+    if first:
+        del block_max  # (kept as the running max)
+    probabilities = scores.sub_(state["max"].unsqueeze(-1)).exp_()  # (B, H, L/C, L/C)
+    del scores
+    if last:  # no later step reads the running max
+        del state["max"]
+    record(name + "probabilities", probabilities, "B H L/C L/C")
+    block_sum = probabilities.sum(dim=-1)  # (B, H, L/C)
+    if first:
+        state["sum"] = block_sum
+    else:
+        record(name + "block_sum", block_sum, "B H L/C")
+        state["sum"].mul_(correction).add_(block_sum)  # (B, H, L/C), in place
+    del block_sum
+    record(name + "sum", state["sum"], "B H L/C")
+    if dtype != torch.float32:
+        probabilities = probabilities.to(dtype)  # (B, H, L/C, L/C)
+        record(name + "weights", probabilities, "B H L/C L/C")
+    if config.kv_heads != config.heads:
+        v = v.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
+        record(name + "v_repeated", v, "B H L/C d_k")
+    partial = torch.matmul(probabilities, v)  # (B, H, L/C, d_k), in the dtype
+    del probabilities, v
+    record(name + "partial", partial, "B H L/C d_k")
+    if first:
+        state["output"] = partial if dtype == torch.float32 else partial.float()
+    else:
+        state["output"].mul_(correction.unsqueeze(-1)).add_(partial)  # in place
+    del partial, correction
+    record(name + "output", state["output"], "B H L/C d_k")

@@ -1,0 +1,211 @@
+"""The plan of ring attention: one context-parallel rank's attention over every rank's K, V.
+
+Under ``--cp C`` each rank holds L / C consecutive tokens (its chunk, dim ``L/C``) in every
+stage; its Q, K and V are its own chunk's, rotated at the chunk's own positions (rank r's
+start at r · L / C). Its queries then meet every chunk's keys in C steps around a ring:
+at step s the rank holds rank (r - s) mod C's K and V chunk and
+
+- (except at the last step) allocates a receive buffer for each of K and V (``recv_k``,
+  ``recv_v``), sends the chunk it holds to rank r + 1 and receives rank r - 1's: two K
+  and two V chunks are alive at once, the one held and the one arriving;
+- scores its L/C queries against that chunk, (B, H, L/C, L/C), and folds them into an
+  online softmax: a running max and sum per query row (B, H, L/C) and an accumulator of
+  the weighted values (B, H, L/C, d_k), all float32, rescaled by exp(old - new max)
+  whenever the max grows;
+- under the causal mask, the rank's own chunk (step 0) is masked as one device masks it,
+  and the chunks of the ranks after it (steps r + 1 … C - 1) are skipped, only passed on
+  (so rank C - 1 scores every chunk, rank 0 only its own: the last rank is the busiest).
+
+At the end the accumulator divided by the sum is the attended values (B, H, L/C, d_k),
+what one device's softmax(Q·Kᵀ)·V gives for these queries. The torch twin is
+``attnctl/nn/ring_attention.py``; ``stages/attention.py`` calls this for ``--cp`` > 1.
+"""
+
+from __future__ import annotations
+
+from attnctl.config import LayerConfig
+from attnctl.stages import PlanBuilder
+
+
+def scores_step(ranks: int, rank: int, step: int, causal: bool) -> bool:
+    """Whether rank ``rank`` scores the chunk it holds at ``step`` (that of rank
+    (rank - step) mod C): always, but under the causal mask not the later ranks' chunks."""
+    return not causal or (rank - step) % ranks <= rank
+
+
+def last_step(ranks: int, rank: int, causal: bool) -> int:
+    """The rank's last step: C - 1, or under the causal mask ``rank`` (steps 0 … rank
+    score chunks rank … 0; the later chunks are never needed here)."""
+    return rank if causal else ranks - 1
+
+
+def receives(ranks: int, rank: int, step: int, causal: bool) -> bool:
+    """Whether the rank receives at ``step`` the chunk it holds at the next one: when it
+    scores it. (Under the causal mask chunk j is needed by ranks j … C - 1 only, which it
+    reaches first: a chunk a rank does not score, no rank after it scores either.)"""
+    return step < ranks - 1 and scores_step(ranks, rank, step + 1, causal)
+
+
+def sends(ranks: int, rank: int, step: int, causal: bool) -> bool:
+    """Whether the rank sends the chunk it holds at ``step`` on: when the next receives it."""
+    return receives(ranks, (rank + 1) % ranks, step, causal)
+
+
+def plan_ring_attention(
+    plan: PlanBuilder, config: LayerConfig, q: str, k: str, v: str, scale: str
+) -> str:
+    """The ring's stages from Q heads ``q`` (B, H, L/C, d_k) and this rank's K, V heads
+    ``k``, ``v`` (B, Hkv, L/C, d_k); returns ``weighted_values`` (B, H, L/C, d_k)."""
+    sizes = plan.sizes
+    ranks, rank = plan.context_parallel, plan.context_rank
+    grouped = config.kv_heads != config.heads
+    kv_heads = "Hkv" if grouped else "H"
+    chunk = f"B {kv_heads} L/C d_k"
+    causal = config.mask == "causal"
+    narrow = plan.dtype != "float32"
+    after, before = (rank + 1) % ranks, (rank - 1) % ranks
+    # what is sent must be one block of memory: the split heads (rotated or not) keep the
+    # (B, L/C, Hkv, d_k) order of the projection, (B, Hkv, L/C, d_k) only with one head or
+    # one token
+    in_order = sizes[kv_heads] == 1 or sizes["L/C"] == 1
+    copied = "contiguous(): a copy, to be sent"
+    held = "already one block: no copy"
+    current_k = plan.add(
+        "ring_k", chunk, (k,), view_of=None if not in_order else k,
+        what=f"this rank's K chunk; {held if in_order else copied}",
+    )  # fmt: skip
+    current_v = plan.add(
+        "ring_v", chunk, (v,), view_of=None if not in_order else v,
+        what=f"this rank's V chunk; {held if in_order else copied}",
+    )  # fmt: skip
+    row_max = row_sum = output = None
+    for step in range(last_step(ranks, rank, causal) + 1):  # each scores a chunk
+        name = f"ring{step}."
+        source = (rank - step) % ranks  # whose K and V this step holds
+        receiving = receives(ranks, rank, step, causal)
+        arriving = (source - 1) % ranks  # whose chunk the next step holds
+        if receiving:
+            receive_k = plan.add(
+                name + "recv_k", chunk,
+                what=f"receive buffer: rank {arriving}'s K chunk, from rank {before} (irecv); "
+                "with the one held, two K chunks alive",
+            )  # fmt: skip
+            receive_v = plan.add(
+                name + "recv_v",
+                chunk,
+                what=f"receive buffer: rank {arriving}'s V chunk; two V chunks alive",
+            )
+        keys, values = current_k, current_v
+        if grouped:
+            keys = plan.add(
+                name + "k_repeated", "B H L/C d_k", (keys,),
+                what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
+            )  # fmt: skip
+        start = source * sizes["L/C"]
+        scores = plan.add(
+            name + "scores", "B H L/C L/C", (q, keys),
+            what=f"Q · Kᵀ {scale} against rank {source}'s keys (positions {start}…)",
+        )  # fmt: skip
+        if causal and step == 0:
+            plan.add(
+                name + "mask", "L/C L/C", (scores,), dtype="bool",
+                what="causal within the rank's own chunk, blocked scores set to -inf in "
+                "place; later chunks skipped",
+                scratch=plan.nbytes("L/C L/C", "bool"),  # its negation, for masked_fill_
+            )  # fmt: skip
+        if narrow:
+            scores = plan.add(
+                name + "scores_float32", "B H L/C L/C", (scores,), dtype="float32",
+                what="the scores in float32, for the online softmax",
+            )  # fmt: skip
+        block_max = plan.add(
+            name + "block_max", "B H L/C", (scores,), dtype="float32",
+            what="each query row's largest score in this chunk",
+        )  # fmt: skip
+        correction = None
+        if row_max is None:
+            row_max = block_max
+        else:
+            new_max = plan.add(
+                name + "max", "B H L/C", (row_max, block_max), dtype="float32",
+                what="the running max: max(old, this chunk's)",
+            )  # fmt: skip
+            correction = plan.add(
+                name + "correction", "B H L/C", (row_max, new_max), view_of=row_max,
+                dtype="float32", what="exp(old max - new max), in place on the old max",
+            )  # fmt: skip
+            row_max = new_max
+        probabilities = plan.add(
+            name + "probabilities", "B H L/C L/C", (scores, row_max), view_of=scores,
+            dtype="float32", what="exp(scores - running max), in place",
+        )  # fmt: skip
+        if row_sum is None:
+            row_sum = plan.add(
+                name + "sum", "B H L/C", (probabilities,), dtype="float32",
+                what="the running sum of exp over the keys so far",
+            )  # fmt: skip
+        else:
+            block_sum = plan.add(
+                name + "block_sum", "B H L/C", (probabilities,), dtype="float32",
+                what="this chunk's sum of exp",
+            )  # fmt: skip
+            row_sum = plan.add(
+                name + "sum", "B H L/C", (row_sum, correction, block_sum), view_of=row_sum,
+                dtype="float32", what="sum · correction + this chunk's, in place",
+            )  # fmt: skip
+        weights = probabilities
+        if narrow:
+            weights = plan.add(
+                name + "weights", "B H L/C L/C", (probabilities,),
+                what=f"the unnormalised weights in {plan.dtype}",
+            )  # fmt: skip
+        if grouped:
+            values = plan.add(
+                name + "v_repeated", "B H L/C d_k", (values,),
+                what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
+            )  # fmt: skip
+        partial = plan.add(name + "partial", "B H L/C d_k", (weights, values), what="weights · V")
+        if output is None:
+            output = plan.add(
+                name + "output", "B H L/C d_k", (partial,), dtype="float32",
+                view_of=None if narrow else partial,
+                what="the accumulator" + (", in float32" if narrow else ""),
+            )  # fmt: skip
+        else:
+            output = plan.add(
+                name + "output", "B H L/C d_k", (output, correction, partial),
+                view_of=output, dtype="float32",
+                what="accumulator · correction + this chunk's, in place",
+            )  # fmt: skip
+        # the sends and receives waited on
+        if sends(ranks, rank, step, causal):  # alive until sent, then freed
+            plan.add(
+                name + "sent_k", chunk, (current_k,), view_of=current_k,
+                what=f"rank {source}'s K chunk, sent to rank {after} (isend) meanwhile",
+            )  # fmt: skip
+            plan.add(
+                name + "sent_v", chunk, (current_v,), view_of=current_v,
+                what=f"rank {source}'s V chunk, sent to rank {after}",
+            )  # fmt: skip
+        if receiving:
+            current_k = plan.add(
+                name + "received_k", chunk, (receive_k,), view_of=receive_k,
+                what=f"rank {arriving}'s K chunk, arrived",
+            )  # fmt: skip
+            current_v = plan.add(
+                name + "received_v", chunk, (receive_v,), view_of=receive_v,
+                what=f"rank {arriving}'s V chunk, arrived",
+            )  # fmt: skip
+    divided = "accumulator / running sum, in place: softmax(Q·Kᵀ)·V over all L keys"
+    if not narrow:
+        return plan.add(
+            "weighted_values", "B H L/C d_k", (output, row_sum), view_of=output,
+            dtype="float32", what=divided,
+        )  # fmt: skip
+    output = plan.add(
+        "ring_attended", "B H L/C d_k", (output, row_sum), view_of=output, dtype="float32",
+        what=divided,
+    )  # fmt: skip
+    return plan.add(
+        "weighted_values", "B H L/C d_k", (output,), what=f"the attended values in {plan.dtype}"
+    )
