@@ -61,7 +61,7 @@ REFUSALS = [
     (("--pp", "2"), "--pp 2 is more pipeline stages than the 1 block"),
     (("--pp", "5", "--layers", "4"), "--pp 5 is more pipeline stages than the 4 blocks"),
     (("--cp", "3", "-L", "64"), "--cp 3 does not divide the length 64"),
-    (("--cp", "2", "-L", "64"), "ring attention is not planned yet"),
+    (("--cp", "2", "-L", "64", "--train"), "--cp with --train is not modelled yet"),
     (("--zero", "1"), "--zero 1 shards over the data-parallel copies: give --dp 2 or more"),
     (("--zero", "2", "--dp", "2"), "--zero 2 shards training state"),
     (("--zero", "4", "--dp", "2", "--train"), "--zero must be 0, 1, 2 or 3, got 4"),
@@ -319,8 +319,8 @@ def test_zero_state_times_the_copies_covers_the_whole(dp, zero, tp):
 
 
 def test_context_parallel_ranks_share_the_zero_shards_and_the_sequence():
-    """--cp is refused before planning (ring attention comes with another change), but
-    its other factors are counted: D·C optimizer shards, L / C positions of the cache."""
+    """--cp's factors besides ring attention: D·C optimizer shards, L / C positions of the
+    cache."""
     layer = _layer(d_model=64, heads=4, dtype="float16")
     split = _split(layer, Layout(cp=2, dp=2, zero=1), train=True, layers=2)
     assert split.state_ranks == 4
@@ -328,6 +328,24 @@ def test_context_parallel_ranks_share_the_zero_shards_and_the_sequence():
     halved = _split(layer, Layout(cp=2), layers=2)
     assert halved.kv_cache_bytes(64, 1, 0) * 2 == plain.kv_cache_bytes(64, 1, 0)
     assert halved.kv_cache_bytes(63, 1, 0) == plain.kv_cache_bytes(64, 1, 0) // 2
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_on_the_cli_is_the_busiest_ring_rank_s_plan(invoke, cp):
+    layer = ("--d-model", "64", "--heads", "8", "--kv-heads", "2", "--pos", "rope",
+             "--mask", "causal", "--norm", "pre")  # fmt: skip
+    document = _json(invoke, *layer, "--cp", str(cp), "-L", "64", "--batch", "2")
+    (device,) = document["per_device"]
+    single = _json(invoke, *layer, "-L", "64", "--batch", "2")["results"][0]
+    assert device["kv_cache_bytes"] * cp == single["kv_cache_bytes"]  # L / C positions
+    config = _layer(d_model=64, heads=8, kv_heads=2, pos="rope", mask="causal", norm="pre")
+    plans = [
+        rank_plan(config, 64, 2, 9000, Layout(cp=cp), cp_rank=r)  # any V
+        for r in range(cp)
+    ]
+    busiest = max(estimate(plan).peak_activation_bytes for plan in plans)
+    assert device["activations_bytes"] == busiest
+    assert busiest < single["peak_activation_bytes"]
 
 
 def test_kv_cache_shards_kv_heads_and_replicates_past_them(llama):

@@ -123,18 +123,6 @@ class ParallelReport:
 # ---------------------------------------------------------------- checks
 
 
-def check_planned(layout: Layout) -> None:
-    """The one place that refuses what the rank's plan cannot plan yet: context
-    parallelism's ring attention (another change plans it in ``rank_plan``; then this
-    refusal goes). Every other factor of --cp (L / C tokens, the KV cache sharded by
-    sequence, the optimizer shards over D·C) is counted here already."""
-    if layout.cp > 1:
-        raise AttnctlError(
-            f"--cp {layout.cp}: context parallelism's ring attention is not planned yet, "
-            "so its per-device memory is not estimated; --tp, --sp, --pp and --dp are"
-        )
-
-
 def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescription | None):
     """Every refusal of a split's request, before any planning: (length, micro-batches
     per step, the model's description)."""
@@ -161,14 +149,13 @@ def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescri
     length = lengths[0] if lengths else min(2048, longest_input(layer, model) or 2048)
     micro_batches = check_batch(layout, request.batch)
     description = _description(layer, model, length)
-    check_split(layout, description, [length], request.layers)
+    check_split(layout, description, [length], request.layers, train=request.train)
     if request.kv_cache is not None and request.kv_cache < 0:
         raise AttnctlError(f"--kv-cache must be a number of tokens >= 0, got {request.kv_cache}")
     if request.kv_cache is not None and request.kv_cache >= LARGEST_SIZE:
         raise AttnctlError(
             f"--kv-cache must be below 2^63 (torch's largest size), got {request.kv_cache}"
         )
-    check_planned(layout)
     return length, micro_batches, description
 
 
