@@ -46,7 +46,7 @@ from attnctl.cli_options import (
     svg_option,
 )
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
-from attnctl.parallel import RECOMPUTE, Layout
+from attnctl.parallel import RECOMPUTE, Layout, parse_stage_sizes
 from attnctl.render.text import printable
 from attnctl.window import DEFAULT_ROWS
 
@@ -549,6 +549,15 @@ def memory(
         int, typer.Option("--cp", help="Context parallel: L over C.", rich_help_panel=SPLIT)
     ] = 1,
     pp: Annotated[int, typer.Option("--pp", help="Pipeline stages P.", rich_help_panel=SPLIT)] = 1,
+    pp_blocks: Annotated[
+        str | None,
+        typer.Option(
+            "--pp-blocks",
+            metavar="LIST",
+            help="Blocks per stage, e.g. 7,8x14,7. Default even.",
+            rich_help_panel=SPLIT,
+        ),
+    ] = None,
     dp: Annotated[
         int, typer.Option("--dp", help="Data-parallel copies D.", rich_help_panel=SPLIT)
     ] = 1,
@@ -576,7 +585,10 @@ def memory(
     layer: LayerRequest,
 ) -> None:
     """Estimate memory: parameters, every activation, the B·H·L·L matrices, peak, per dtype."""
-    layout = Layout(tp, sp, cp, pp, dp, zero, micro_batch, recompute.value)
+    stage_sizes = parse_stage_sizes(pp_blocks) if pp_blocks is not None else ()
+    if stage_sizes and pp == 1:
+        pp = len(stage_sizes)
+    layout = Layout(tp, sp, cp, pp, dp, zero, micro_batch, recompute.value, stage_sizes)
     request = MemoryRequest(
         layer=layer,
         seq_len=seq_len,

@@ -21,6 +21,7 @@ says which number does not divide which. The names follow Megatron-LM:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from attnctl.errors import AttnctlError
@@ -44,6 +45,9 @@ class Layout:
     zero: int = 0
     micro_batch: int | None = None
     recompute: str = "none"
+    # the blocks of each pipeline stage, when not the even split (Llama 3: one fewer on the
+    # first and last stages); () = stage_blocks' split
+    pp_blocks: tuple[int, ...] = ()
 
     @property
     def is_split(self) -> bool:
@@ -59,6 +63,10 @@ class Layout:
     def model_ranks(self) -> int:
         """Processes one copy of one pipeline stage runs on: T · C."""
         return self.tp * self.cp
+
+    def stage_ranges(self, blocks: int) -> tuple[range, ...]:
+        """The blocks of each pipeline stage: ``pp_blocks`` when given, else even."""
+        return stage_blocks(blocks, self.pp, self.pp_blocks)
 
     def summary(self) -> str:
         """'TP 2 + SP · CP 2 · PP 4 · DP 8 (ZeRO 1)': only what is split."""
@@ -182,7 +190,38 @@ def check_length(layout: Layout, length: int) -> None:
         )
 
 
+def parse_stage_sizes(text: str) -> tuple[int, ...]:
+    """'7,8x14,7' -> (7, 8, …, 8, 7): each stage's blocks, ``NxK`` for K stages of N."""
+    sizes: list[int] = []
+    for part in text.split(","):
+        count, by, times = part.strip().partition("x")
+        if not count.isdigit() or (by and not times.isdigit()):
+            raise AttnctlError(
+                f"cannot read --pp-blocks {text!r}: write each stage's blocks, e.g. 7,8x14,7"
+            )
+        repeat = int(times) if times else 1
+        if len(sizes) + repeat > LARGEST_SPLIT:
+            raise AttnctlError(f"--pp-blocks {text!r} is more than {LARGEST_SPLIT:,} stages")
+        if int(count) < 1 or repeat < 1:
+            raise AttnctlError(f"--pp-blocks {text!r}: every stage needs one block at least")
+        sizes.extend([int(count)] * repeat)
+    return tuple(sizes)
+
+
 def check_blocks(layout: Layout, blocks: int) -> None:
+    if layout.pp_blocks:
+        given = layout.pp_blocks
+        if len(given) != layout.pp:
+            raise AttnctlError(
+                f"--pp-blocks gives {len(given)} stages and --pp {layout.pp}: give one of them, "
+                "or the same count"
+            )
+        if sum(given) != blocks:
+            noun = "block" if blocks == 1 else "blocks"
+            raise AttnctlError(
+                f"--pp-blocks adds up to {sum(given)} blocks; the model has {blocks} {noun}"
+            )
+        return
     if layout.pp > blocks:
         noun = "block" if blocks == 1 else "blocks"
         raise AttnctlError(
@@ -218,9 +257,13 @@ def vocab_rows(vocab: int, tp: int) -> int:
     return -(-vocab // tp)
 
 
-def stage_blocks(blocks: int, pp: int) -> tuple[range, ...]:
+def stage_blocks(blocks: int, pp: int, sizes: tuple[int, ...] = ()) -> tuple[range, ...]:
     """The blocks of each pipeline stage: consecutive, the first ``blocks % pp`` stages
-    one block more than the others (Megatron's even split when P divides the blocks)."""
+    one block more than the others (Megatron's even split when P divides the blocks), or
+    ``sizes`` blocks each (checked by :func:`check_blocks`)."""
+    if sizes:
+        ends = tuple(itertools.accumulate(sizes))
+        return tuple(range(end - size, end) for end, size in zip(ends, sizes, strict=True))
     base, extra = divmod(blocks, pp)
     ranges, start = [], 0
     for stage in range(pp):

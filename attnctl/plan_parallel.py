@@ -34,7 +34,6 @@ from attnctl.parallel import (
     check_inner,
     check_length,
     kv_replicas,
-    stage_blocks,
     vocab_rows,
 )
 from attnctl.plan import Plan, build_plan, layer_parameters
@@ -318,7 +317,7 @@ def rank_weights(
     pp, tp = layout.pp, layout.tp
     if description.checkpoint is None:
         return _seeded_weights(description, layout, stage, layers)
-    owned = stage_blocks(description.layers, pp)[stage]
+    owned = layout.stage_ranges(description.layers)[stage]
     source = description.source
     shares = []
     last = stage == pp - 1
@@ -360,7 +359,7 @@ def _seeded_weights(
     description: ModelDescription, layout: Layout, stage: int, layers: int
 ) -> list[WeightShare]:
     config = description.stack or description.config
-    owned = stage_blocks(layers, layout.pp)[stage]
+    owned = layout.stage_ranges(layers)[stage]
     shares = []
     for parameter in layer_parameters(config, description.vocab_size):
         shared = parameter.name.startswith(SHARED_FIRST)

@@ -3,6 +3,8 @@ what each rank holds adds up to the whole model, and T = 1 is the single device.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import tiny_models
 from hypothesis import given, settings
@@ -15,9 +17,11 @@ from attnctl.families import read_model
 from attnctl.memory import estimate
 from attnctl.parallel import (
     Layout,
+    check_blocks,
     check_layout,
     in_flight,
     kv_replicas,
+    parse_stage_sizes,
     rank_heads,
     stage_blocks,
     stage_kind,
@@ -204,3 +208,39 @@ def test_what_a_split_does_not_model_is_refused_by_name():
         check_split(Layout(tp=2), seeded_model(modern(pos="alibi"), 10), [8])
     with pytest.raises(AttnctlError, match="OLMo 2"):
         check_split(Layout(tp=2), seeded_model(modern(qk_norm="all"), 10), [8])
+
+
+def test_pipeline_stages_can_be_given_their_blocks():
+    assert parse_stage_sizes("7,8x2,7") == (7, 8, 8, 7)
+    layout = Layout(pp=4, pp_blocks=(7, 8, 8, 7))
+    check_blocks(layout, 30)
+    assert layout.stage_ranges(30) == (range(0, 7), range(7, 15), range(15, 23), range(23, 30))
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("1,2x,3", "cannot read --pp-blocks"),
+        ("a", "cannot read --pp-blocks"),
+        ("0,4", "every stage needs one block at least"),
+        ("2x0", "every stage needs one block at least"),
+        ("2x1000000000000", "more than 1,048,576 stages"),
+    ],
+)
+def test_unreadable_stage_blocks_are_refused(text, message):
+    with pytest.raises(AttnctlError, match=message):
+        parse_stage_sizes(text)
+
+
+def test_stage_blocks_must_match_the_stages_and_the_blocks(invoke):
+    with pytest.raises(AttnctlError, match="gives 4 stages and --pp 3"):
+        check_blocks(Layout(pp=3, pp_blocks=(1, 1, 1, 1)), 4)
+    with pytest.raises(AttnctlError, match="adds up to 4 blocks; the model has 5 blocks"):
+        check_blocks(Layout(pp=4, pp_blocks=(1, 1, 1, 1)), 5)
+    result = invoke("memory", "-L", "8", "--layers", "6", "--pp-blocks", "1,3,2", "--json")
+    assert result.exit_code == 0, result.output
+    blocks = [device["blocks"] for device in json.loads(result.stdout)["per_device"]]
+    assert blocks == [[0, 0], [1, 3], [4, 5]]
+    refused = invoke("memory", "-L", "8", "--layers", "6", "--pp-blocks", "2,2")
+    assert refused.exit_code == 2 and refused.stdout == ""
+    assert "adds up to 4 blocks; the model has 6 blocks" in refused.stderr

@@ -40,7 +40,6 @@ from attnctl.parallel import (
     check_layout,
     in_flight,
     kv_replicas,
-    stage_blocks,
     stage_kind,
 )
 from attnctl.plan import Plan, seeded_model
@@ -239,7 +238,7 @@ class Split:
         self.layout, self.train = layout, train
         self.layers = layers  # the seeded layer's stack
         self.block_count = model.layers if model is not None else layers
-        self.ranges = stage_blocks(self.block_count, layout.pp)
+        self.ranges = layout.stage_ranges(self.block_count)
         self.element = DTYPE_BYTES[layer.dtype]
         self.shares = [
             rank_weights(description, layout, stage, layers) for stage in range(layout.pp)
@@ -514,9 +513,7 @@ class Split:
                 )
         counts = {len(r) for r in self.ranges}
         if len(counts) > 1:
-            spread = ", ".join(
-                f"stage {i}: blocks {r[0]}–{r[-1]}" for i, r in enumerate(self.ranges)
-            )
+            spread = _stage_runs([len(r) for r in self.ranges])
             said.append(
                 f"uneven split of {self.block_count} blocks over {layout.pp} stages ({spread})"
             )
@@ -598,3 +595,20 @@ def attention_matrix_bytes(plan: Plan, saved_by_stage: dict[str, int]) -> int:
     does not keep."""
     square = {s.name for s in plan.stages if sum(d == "L" for d in s.dims) >= 2}
     return sum(n for name, n in saved_by_stage.items() if name in square)
+
+
+def _stage_runs(sizes: list[int]) -> str:
+    """[8, 8, 8, 7, 7] -> 'stages 0–2: 8 blocks each, stages 3–4: 7 each'."""
+    runs: list[tuple[int, int, int]] = []  # (first stage, last stage, blocks)
+    for stage, size in enumerate(sizes):
+        if runs and runs[-1][2] == size:
+            runs[-1] = (runs[-1][0], stage, size)
+        else:
+            runs.append((stage, stage, size))
+    parts = []
+    for n, (first, last, size) in enumerate(runs):
+        where = f"stage {first}" if first == last else f"stages {first}–{last}"
+        noun = "block" if size == 1 else "blocks"
+        each = "" if first == last else " each"
+        parts.append(f"{where}: {size} {noun}{each}" if n == 0 else f"{where}: {size}{each}")
+    return ", ".join(parts)
