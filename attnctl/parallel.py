@@ -100,7 +100,7 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
         )
     if layout.zero not in (0, 1, 2, 3):
         raise AttnctlError(f"--zero must be 0, 1, 2 or 3, got {layout.zero}")
-    if layout.zero and layout.dp == 1:
+    if layout.zero and layout.dp * layout.cp == 1:  # Megatron shards over DP·CP ranks
         raise AttnctlError(
             f"--zero {layout.zero} shards over the data-parallel copies: give --dp 2 or more"
         )

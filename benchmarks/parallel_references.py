@@ -158,6 +158,7 @@ class Configuration:
     zero: int  # the ZeRO stage attnctl is asked for: the closest to what the run shards
     sources: dict[str, str]
     assumptions: tuple[str, ...] = ()
+    pp_blocks: str = ""  # each stage's blocks when not even (attnctl's --pp-blocks)
 
     @property
     def gpus(self) -> int:
@@ -203,30 +204,36 @@ CONFIGURATIONS = (
         seq_len=8192, micro_batch=1, global_batch=64 * 32, sp=True, vpp=None,
         recompute="none", distributed_optimizer=True, zero=2,
         sources={"GPUs, TP, CP, PP, DP, seq, batch/DP 32": "llama3-paper",
-                 "no recompute at 8K": "llama3-paper", "model": "hf-llama-3.1-405b"},
+                 "no recompute at 8K": "llama3-paper", "model": "hf-llama-3.1-405b",
+                 "one block fewer on the first and last stages": "llama3-paper"},
         assumptions=("micro-batch 1 (not published)", "SP on (not published; Megatron's "
                      "activation formula assumes it)", "interleaved schedule, V not "
                      "published: computed as 1F1B", "FSDP as ZeRO-2 for attnctl: gradients "
                      "and optimizer sharded, weights kept whole between forward and backward"),
+        pp_blocks="7,8x14,7",
     ),
     Configuration(
         "llama-3.1-405b paper 8k/16384", "llama-3.1-405b", tp=8, pp=16, cp=1, dp=128,
         seq_len=8192, micro_batch=1, global_batch=128 * 16, sp=True, vpp=None,
         recompute="none", distributed_optimizer=True, zero=2,
         sources={"GPUs, TP, CP, PP, DP, seq, batch/DP 16": "llama3-paper",
-                 "model": "hf-llama-3.1-405b"},
+                 "model": "hf-llama-3.1-405b",
+                 "one block fewer on the first and last stages": "llama3-paper"},
         assumptions=("micro-batch 1", "SP on", "computed as 1F1B", "FSDP as ZeRO-2"),
+        pp_blocks="7,8x14,7",
     ),
     Configuration(
         "llama-3.1-405b paper 128k/16384", "llama-3.1-405b", tp=8, pp=16, cp=16, dp=8,
         seq_len=131072, micro_batch=1, global_batch=8 * 16, sp=True, vpp=None,
         recompute="none", distributed_optimizer=True, zero=2,
         sources={"GPUs, TP, CP, PP, seq, batch/DP 16": "llama3-paper",
-                 "model": "hf-llama-3.1-405b"},
+                 "model": "hf-llama-3.1-405b",
+                 "one block fewer on the first and last stages": "llama3-paper"},
         assumptions=("DP 8 = 16,384 / (8 · 16 · 16), which the 16M tokens per batch also "
                      "give (131,072 · 16 · 8); the arXiv HTML's Table 4 prints 4",
                      "micro-batch 1", "SP on", "recompute none (the paper says so for 8K "
                      "only)", "computed as 1F1B", "FSDP as ZeRO-2"),
+        pp_blocks="7,8x14,7",
     ),
 )  # fmt: skip
 
@@ -453,7 +460,11 @@ def attnctl_command(folder: Path, layout: Configuration, recompute: str) -> list
                "--dp", str(layout.dp), "--zero", str(layout.zero), "--train",
                "--batch", str(layout.batch_per_dp_rank),
                "--micro-batch", str(layout.micro_batch), "--recompute", recompute,
-               "--seq-len", str(layout.seq_len), "--json"]  # fmt: skip
+               "--seq-len", str(layout.seq_len), "--json",
+               # the runs use fused attention kernels: no B·H·L·L tensor saved
+               "--impl", "sdpa"]  # fmt: skip
+    if layout.pp_blocks:
+        command += ["--pp-blocks", layout.pp_blocks]
     return command + (["--sp"] if layout.sp else [])
 
 
