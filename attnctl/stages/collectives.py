@@ -18,6 +18,18 @@ from __future__ import annotations
 
 from attnctl.stages import PlanBuilder
 
+# What gloo allocates inside a collective, beyond what it returns (measured on the CPU
+# as the rise of the process's peak resident memory over one collective of 32 MiB, 2 and
+# 4 ranks; docs/parallel.md): all_gather flattens its output into a buffer of its own,
+# then copies it into the (B, L, D) views; reduce_scatter flattens its (B, L, D) input
+# likewise; all_reduce reduces in place with a few small buffers (under 2 MiB at 32 MiB,
+# not growing with the tensor). Bounded here by the whole (B, L, D) per collective.
+COLLECTIVE_BUFFERS = {
+    "all_gather": "one flat (B, L, D) copy of the gathered output",
+    "reduce_scatter": "one flat (B, L, D) copy of the partial sums",
+    "all_reduce": "none that grows with the tensor (a few small buffers)",
+}
+
 
 def gather_sequence(plan: PlanBuilder, h: str, prefix: str = "") -> str:
     """What a sublayer's column-parallel projections read: ``h`` itself, or under sequence
