@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from attnctl.config import DTYPE_BYTES, LayerConfig
@@ -36,9 +36,10 @@ from attnctl.parallel import MOST_PROCESSES, Layout, check_layout, rank_heads
 from attnctl.plan import Plan
 
 # What one rank costs beyond its tensors: the interpreter with torch and attnctl
-# imported and a gloo group joined. Measured: 226 MiB peak resident (VmHWM) for a rank
-# of 2 or 4 running a tiny layer on CPU with torch 2.13; rounded up.
-PROCESS_OVERHEAD_BYTES = 256 * 2**20
+# imported and a gloo group joined. Measured (benchmarks/distributed.py): a rank's peak
+# resident memory (VmHWM) is 319 MiB on the CPU with torch 2.13 when its tensors are
+# under 9 MiB (torch's import alone: 219 MiB); rounded up.
+PROCESS_OVERHEAD_BYTES = 320 * 2**20
 # a rank's start: torch imported (0.8 s warm on this machine, ~20 s from a cold disk),
 # then the group joined; the work's own time is added by the caller's estimate
 START_SECONDS = 60.0
@@ -64,6 +65,12 @@ class RankMeasurement:
     # bounded by the plan (the largest of them, as they run one after another)
     collective_buffer_bytes: int
     collective_buffers: str  # in words
+    # the rank process's seconds: to import torch and attnctl, to join the group, to work
+    timings: dict[str, float] = field(default_factory=dict)
+    # the whole process's peak resident memory (Linux VmHWM): its tensors, torch itself
+    # and the whole weights it loaded before cutting its share; PROCESS_OVERHEAD_BYTES
+    # is what a tiny layer's rank holds here
+    resident_peak_bytes: int | None = None
 
     @property
     def equal(self) -> bool:
@@ -75,6 +82,7 @@ class RankReply:
     rank: int
     results: list[dict[str, Any]]
     timings: dict[str, float]
+    resident_peak_bytes: int | None = None  # the process's peak resident memory (Linux)
 
 
 # ---------------------------------------------------------------- checks
@@ -277,7 +285,7 @@ def _reply(rank: int, code: int, out: Any, err: Any) -> RankReply:
         said = f": {lines[-1].strip()}" if lines else ""
         raise AttnctlError(f"rank {rank} {how} without a result{said}", exit_code=RUNTIME)
     timings = {k: float(v) for k, v in document.items() if k.endswith("_seconds")}
-    return RankReply(rank, document["results"], timings)
+    return RankReply(rank, document["results"], timings, document.get("resident_peak_bytes"))
 
 
 # ---------------------------------------------------------------- memory --measure --tp
@@ -398,7 +406,7 @@ def measure_splits(
     preflight_split(peaks, whole, resolved, force)
     replies = run_ranks(world, tasks, str(resolved), timeout)
     return [
-        [_rank_measurement(reply.results[index], *prepared[index]) for reply in replies]
+        [_rank_measurement(reply.results[index], *prepared[index], reply) for reply in replies]
         for index in range(len(cases))
     ]
 
@@ -415,7 +423,11 @@ def whole_weight_bytes(description: ModelDescription, config: LayerConfig) -> in
 
 
 def _rank_measurement(
-    result: dict[str, Any], plan: Plan, predicted: Any, parameter_bytes: int
+    result: dict[str, Any],
+    plan: Plan,
+    predicted: Any,
+    parameter_bytes: int,
+    reply: RankReply,
 ) -> RankMeasurement:
     measured_parameters = result["parameter_bytes"]
     return RankMeasurement(
@@ -430,6 +442,8 @@ def _rank_measurement(
         method=result["method"] + " per rank (gloo's buffers inside a collective not seen)",
         collective_buffer_bytes=collective_bound(plan),
         collective_buffers="; ".join(_buffer_words(plan)),
+        timings=reply.timings,
+        resident_peak_bytes=reply.resident_peak_bytes,
     )
 
 

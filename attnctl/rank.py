@@ -159,6 +159,18 @@ def run_task(task: dict[str, Any], group, device) -> dict[str, Any]:
     }
 
 
+def _resident_peak() -> int | None:
+    """This process's peak resident memory (Linux's VmHWM), or None elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _fault(rank: int, phase: str) -> None:
     fault = os.environ.get(FAULT_VARIABLE, "")
     kind, _, which = fault.partition(":")
@@ -215,6 +227,7 @@ def main() -> int:
             "import_seconds": imported - STARTED,
             "join_seconds": joined - imported,
             "work_seconds": time.perf_counter() - joined,
+            "resident_peak_bytes": _resident_peak(),
         }
     except Exception as error:  # one line for the parent, whatever it was
         from attnctl.errors import AttnctlError

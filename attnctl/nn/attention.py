@@ -319,9 +319,7 @@ def attention(
     if has_norm:  # (without a residual x was freed already)
         residual.append(x)
         del x
-    output, attention_output = _output(
-        sublayer, weights, held, residual, record, q_width, group
-    )
+    output, attention_output = _output(sublayer, weights, held, residual, record, q_width, group)
     return AttentionResult(output, attention_output, kept, shown)
 
 

@@ -1,0 +1,327 @@
+"""The split run for real: 2 and 4 gloo processes on the CPU (issue 14).
+
+Each rank's stages equal its plan (``plan_parallel.rank_plan``) and its live bytes equal
+the plan's to the byte; ``run --tp`` gives one device's output and weights. The ranks
+of a --tp are started once per module (each process imports torch once) and run every
+task of that size in turn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tiny_models
+import torch
+
+from attnctl.config import LayerConfig, resolve_impl, validate
+from attnctl.distributed import measure_splits, run_ranks
+from attnctl.errors import AttnctlError
+from attnctl.parallel import Layout, rank_heads
+from attnctl.plan_parallel import rank_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 120  # seconds a start of the ranks may take at most, here
+
+GQA = LayerConfig(d_model=64, heads=8, kv_heads=2, norm="pre", pos="rope", mask="causal",
+                  device="cpu")  # fmt: skip
+LEARNED = LayerConfig(d_model=32, heads=4, pos="learned", device="cpu")  # post-norm, MHA
+SDPA = LayerConfig(d_model=32, heads=4, kv_heads=1, norm="pre", pos="rope", mask="causal",
+                   impl="sdpa", dtype="bfloat16", device="cpu")  # fmt: skip
+
+
+def _key(stage):
+    return (stage.name, tuple(stage.dims), tuple(stage.shape), stage.dtype, stage.bytes,
+            stage.view_of)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from attnctl.app.calls import load_model, model_layer
+
+    folder = tiny_models.write("llama", tmp_path_factory.mktemp("llama") / "llama")
+    model = load_model(str(folder))
+    return model, model_layer(model, {"device": "cpu", "impl": "math"})
+
+
+def _cases(tp: int, llama):
+    model, layer = llama
+    return [
+        (GQA, 16, 2, 100, Layout(tp=tp), None),
+        (GQA, 16, 2, 100, Layout(tp=tp, sp=True), None),
+        (LEARNED, 8, 1, 50, Layout(tp=tp, sp=True), None),
+        (SDPA, 8, 2, 50, Layout(tp=tp), None),
+        (layer, 8, 2, model.vocab_size, Layout(tp=tp, sp=True), model),
+    ]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
+def measured(request, llama):
+    cases = _cases(request.param, llama)
+    return cases, measure_splits(cases, timeout=TIMEOUT)
+
+
+def test_every_rank_measures_its_plan_to_the_byte(measured):
+    cases, results = measured
+    for case, ranks in zip(cases, results, strict=True):
+        config, layout = case[0], case[4]
+        assert [r.rank for r in ranks] == list(range(layout.tp))
+        for rank in ranks:
+            where = f"{layout.summary()} {config.impl} rank {rank.rank}"
+            assert rank.measured_parameter_bytes == rank.parameter_bytes, where
+            assert rank.measured_peak_bytes == rank.peak_bytes, where
+            assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
+            if layout.sp:  # gloo's own buffers, named and bounded
+                assert rank.collective_buffer_bytes > 0 and "all_gather" in rank.collective_buffers
+
+
+def test_the_split_holds_less_than_one_device(measured):
+    from attnctl.measure import measure_forward
+    from attnctl.plan import build_plan
+
+    cases, results = measured
+    config, seq_len, batch, vocab, _layout, _ = cases[0]
+    one = measure_forward(build_plan(resolve_impl(validate(config)), seq_len, batch, vocab))
+    for rank in results[0]:
+        assert rank.measured_parameter_bytes < one.parameter_bytes
+        assert rank.measured_peak_bytes < one.peak_bytes
+
+
+def test_rank_stages_are_the_plan_with_its_collectives(measured):
+    cases, results = measured
+    config, seq_len, batch, vocab, layout, model = cases[1]  # TP + SP
+    plan = rank_plan(resolve_impl(validate(config)), seq_len, batch, vocab, layout, model)
+    names = [s.name for s in plan.stages]
+    for collective in ("embedding_reduce_scatter", "all_gather", "reduce_scatter"):
+        assert collective in names
+    assert len(results[1][0].stage_names) == len(plan.stages)
+
+
+# ---------------------------------------------------------------- run --tp
+
+
+def _single_device(config, model, token_ids, block, heads, rows):
+    """One device's output and shown weights, by nn/model.py directly."""
+    from attnctl.describe import seeded_model
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
+
+    description = seeded_model(config, 50) if model is None else model.with_run(config)
+    weights = model_weights(description, config, torch.device("cpu"), blocks=block + 1)
+    with torch.inference_mode():
+        result = forward(description, weights.named, token_ids, last=block, shown=[block],
+                         window=(heads, rows))  # fmt: skip
+    return result.output, result.windows[block]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
+def split_runs(request, llama):
+    """Each case's rank results from one start of ``tp`` ranks."""
+    from attnctl.distributed import run_task
+
+    tp = request.param
+    model, layer = llama
+    generator = torch.Generator().manual_seed(1)
+    seeded = resolve_impl(validate(dataclasses_replace(GQA, impl="math")))
+    cases = [
+        (seeded, None, 0, Layout(tp=tp)),
+        (seeded, None, 0, Layout(tp=tp, sp=True)),
+        (layer, model, 2, Layout(tp=tp)),  # the last of its 3 blocks
+        (layer, model, 1, Layout(tp=tp, sp=True)),
+    ]
+    tasks, inputs = [], []
+    for config, mdl, block, layout in cases:
+        vocab = 50 if mdl is None else mdl.vocab_size
+        token_ids = torch.randint(0, vocab, (2, 8), generator=generator)
+        heads = list(range(config.heads if mdl is None else 4))
+        rows = list(range(8))
+        tasks.append(run_task(config, token_ids.tolist(), vocab, layout, mdl, block, heads,
+                              rows, None))  # fmt: skip
+        inputs.append((token_ids, heads, rows))
+    replies = run_ranks(tp, tasks, timeout=TIMEOUT)
+    return cases, inputs, replies
+
+
+def dataclasses_replace(config, **values):
+    import dataclasses
+
+    return dataclasses.replace(config, **values)
+
+
+def test_split_run_equals_one_device(split_runs):
+    cases, inputs, replies = split_runs
+    for index, ((config, model, block, layout), (token_ids, heads, rows)) in enumerate(
+        zip(cases, inputs, strict=True)
+    ):
+        output, window = _single_device(config, model, token_ids, block, heads, rows)
+        results = [reply.results[index] for reply in replies]
+        pieces = [torch.tensor(r["output"]) for r in results]
+        if layout.sp:  # each rank its L / T tokens
+            assert all(p.shape[1] == 8 // layout.tp for p in pieces)
+            split_output = torch.cat(pieces, dim=1)
+        else:  # every rank the whole, equal
+            split_output = pieces[0]
+            for piece in pieces[1:]:
+                torch.testing.assert_close(piece, split_output, rtol=0, atol=1e-5)
+        # 1e-5 of the output's scale: a checkpoint's grows to ~25 over its blocks, where
+        # float32 sums taken in another order differ by a few 1e-6 of it
+        scale = max(1.0, output.abs().max().item())
+        torch.testing.assert_close(split_output, output, rtol=0, atol=1e-5 * scale)
+        attention = model.with_run(config).blocks[block].attention.config if model else config
+        for rank, result in enumerate(results):
+            mine, _kv = rank_heads(attention.heads, attention.kv_heads, layout.tp, rank)
+            assert result["heads"] == list(mine)
+            got = torch.tensor(result["weights"])  # (B, h, r, Lk)
+            torch.testing.assert_close(got, window[:, list(mine)], rtol=0, atol=1e-5)
+
+
+def test_split_run_records_the_rank_plan(split_runs):
+    from attnctl.plan_parallel import _renamed
+    from attnctl.trace import Stage
+
+    cases, inputs, replies = split_runs
+    for index, (config, model, block, layout) in enumerate(cases):
+        token_ids = inputs[index][0]
+        vocab = 50 if model is None else model.vocab_size
+        plan = rank_plan(config, 8, token_ids.shape[0], vocab, layout, model, block)
+        recorded = [Stage(**{**s, "dims": tuple(s["dims"]), "shape": tuple(s["shape"])})
+                    for s in replies[0].results[index]["stages"]]  # fmt: skip
+        full = model.config if model is not None else config
+        import dataclasses
+
+        renamed = _renamed(dataclasses.replace(plan, stages=recorded), full, layout.tp).stages
+        assert [_key(s) for s in renamed] == [_key(s) for s in plan.stages], layout.summary()
+
+
+def test_run_tp_json_has_one_devices_attention(invoke):
+    args = ("run", "the cat sat on the mat", "--d-model", "64", "--heads", "4", "--mask",
+            "causal", "--device", "cpu", "--json")  # fmt: skip
+    one = invoke(*args)
+    split = invoke(*args, "--tp", "2", "--sp")
+    assert one.exit_code == 0 and split.exit_code == 0, split.output
+    a, b = json.loads(one.stdout), json.loads(split.stdout)
+    assert a.keys() == b.keys()
+    assert a["attention_heads"] == b["attention_heads"] == [0, 1, 2, 3]
+    torch.testing.assert_close(torch.tensor(b["attention"]), torch.tensor(a["attention"]),
+                               rtol=0, atol=1e-5)  # fmt: skip
+    names = [s["name"] for s in b["stages"]]
+    assert "all_gather" in names and "reduce_scatter" in names
+    assert b["config"] == a["config"]
+
+
+def test_run_tp_shows_heads_per_rank(invoke, llama):
+    model, _ = llama
+    result = invoke("run", "the cat sat", "--model", str(model.source.path), "--tp", "4",
+                    "--layer", "1", "--device", "cpu", columns=120)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "TP 4 over 4 processes (gloo)" in out
+    assert "rank 0: heads 0 (kv-head 0)" in out and "rank 3: heads 3 (kv-head 1)" in out
+    assert "all_reduce" in out and "ffn_all_reduce" in out
+
+
+# ---------------------------------------------------------------- failures
+
+
+def test_a_failing_rank_is_one_line(invoke, monkeypatch):
+    monkeypatch.setenv("ATTNCTL_TEST_RANK_FAULT", "error:1")
+    result = invoke("run", "a b c d", "--d-model", "32", "--heads", "4", "--tp", "2",
+                    "--device", "cpu")  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "attnctl: error: rank 1: a failure asked for by ATTNCTL_TEST_RANK_FAULT"
+    ]
+
+
+def _children(parent: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process table in /proc")
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill"])
+def test_no_rank_outlives_attnctl(how):
+    env = {**os.environ, "ATTNCTL_TEST_RANK_FAULT": "hang", "PYTHONPATH": str(ROOT)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "from attnctl.cli import main; main()", "run", "a b c d",
+         "--d-model", "32", "--heads", "4", "--tp", "2", "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        ranks: set[int] = set()
+        while len(ranks) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            ranks = _children(parent.pid)
+            time.sleep(0.05)
+        assert len(ranks) == 2, parent.stderr.read() if parent.poll() is not None else ranks
+        parent.send_signal(how)
+        _, err = parent.communicate(timeout=30)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    if how == signal.SIGINT:  # it kills the ranks itself, then Ctrl-C's own status
+        assert parent.returncode == 130
+        assert "Traceback" not in err.decode()
+    else:  # no time to: each rank asked the kernel for SIGKILL when its parent dies
+        assert parent.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in ranks)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--heads", "8", "--tp", "3"], "--tp 3 does not divide the 8 attention heads"),
+        (["--heads", "6", "--kv-heads", "3", "--tp", "2"], "--tp 2 and the 3 kv-heads"),
+        (["--sp"], "--sp splits the sequence over the --tp ranks"),
+        (["--tp", "65"], "attnctl starts at most 64 on one machine"),
+        (["--tp", "2", "--generate", "2"], "run --tp does not run --generate"),
+        (["--tp", "2", "--sp"], "does not divide the length 5"),
+    ],
+)
+def test_bad_splits_are_refused_before_any_process(invoke, monkeypatch, args, message):
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    result = invoke("run", "abcde", "--d-model", "48", "--tokenizer", "char", *args)
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_measure_split_refuses_before_any_process(monkeypatch):
+    from attnctl.distributed import measure_split
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    with pytest.raises(AttnctlError, match="--tp 3 does not divide the 8 attention heads"):
+        measure_split(GQA, 16, 1, 100, Layout(tp=3))
+    with pytest.raises(AttnctlError, match="--sp with --tp 2 does not divide the length 15"):
+        measure_split(GQA, 15, 1, 100, Layout(tp=2, sp=True))
+    with pytest.raises(AttnctlError, match="--pp and --dp are estimated only"):
+        measure_split(GQA, 16, 1, 100, Layout(tp=2, pp=2))
