@@ -126,6 +126,20 @@ def check_split_run(
     return description
 
 
+def check_devices(device: Any, tp: int) -> None:
+    """On CUDA each rank takes a GPU of its own (NCCL): there must be T of them."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < tp:
+        raise AttnctlError(
+            f"--tp {tp} on CUDA runs one rank a GPU; torch sees {count}: use --device cpu "
+            "(gloo) or a smaller --tp"
+        )
+
+
 def threads_per_rank(ranks: int) -> int:
     """OMP_NUM_THREADS for each rank: the cores shared out, one at least."""
     return max(1, (os.cpu_count() or 1) // ranks)
@@ -340,16 +354,18 @@ def estimated_ranks(
     return plan, predicted, parameter_bytes
 
 
-def collective_bound(plan: Plan) -> int:
+def collective_bound(plan: Plan, tp: int) -> int:
     """The most gloo allocates inside one of the plan's collectives (they run one at a
-    time): a flat (B, L, D) for an all_gather or a reduce_scatter, nothing that grows with
-    the tensor for an all_reduce (``nn/collectives.COLLECTIVE_BUFFERS``)."""
-    flat = [
-        plan.sizes["B"] * plan.sizes["L"] * plan.sizes["D"] * DTYPE_BYTES[plan.config.dtype]
-        for stage in plan.stages
-        if stage.name.endswith(("all_gather", "reduce_scatter"))
-    ]
-    return max(flat, default=0)
+    time, and each frees its buffers before it returns): the whole (B, L, D) for an
+    all_gather, (T - 1) / T of it for a reduce_scatter, nothing that grows with the
+    tensor for an all_reduce (``stages/collectives.COLLECTIVE_BUFFERS``)."""
+    whole = plan.sizes["B"] * plan.sizes["L"] * plan.sizes["D"] * DTYPE_BYTES[plan.config.dtype]
+    names = [stage.name for stage in plan.stages]
+    if any(name.endswith("all_gather") for name in names):
+        return whole
+    if any(name.endswith("reduce_scatter") for name in names):
+        return whole * (tp - 1) // tp
+    return 0
 
 
 def measure_split(
@@ -389,6 +405,7 @@ def measure_splits(
     peaks, whole = [0] * world, 0
     device = "cpu"
     for config, seq_len, batch, vocab_size, layout, model in cases:
+        check_layout(layout, train=False, measure=True)  # --measure's own refusals first
         config = resolve_impl(validate(config))
         vocab = model.vocab_size if model is not None else vocab_size
         description = check_split_run(layout, config, model, [seq_len], vocab)
@@ -403,10 +420,14 @@ def measure_splits(
     from attnctl.layer import resolve_device
 
     resolved = resolve_device(device)
+    check_devices(resolved, world)
     preflight_split(peaks, whole, resolved, force)
     replies = run_ranks(world, tasks, str(resolved), timeout)
     return [
-        [_rank_measurement(reply.results[index], *prepared[index], reply) for reply in replies]
+        [
+            _rank_measurement(reply.results[index], *prepared[index], reply, world)
+            for reply in replies
+        ]
         for index in range(len(cases))
     ]
 
@@ -428,6 +449,7 @@ def _rank_measurement(
     predicted: Any,
     parameter_bytes: int,
     reply: RankReply,
+    tp: int,
 ) -> RankMeasurement:
     measured_parameters = result["parameter_bytes"]
     return RankMeasurement(
@@ -440,7 +462,7 @@ def _rank_measurement(
         stage_peak_bytes=tuple(predicted.live_bytes),
         measured_stage_peak_bytes=tuple(result["stage_peak_bytes"]),
         method=result["method"] + " per rank (gloo's buffers inside a collective not seen)",
-        collective_buffer_bytes=collective_bound(plan),
+        collective_buffer_bytes=collective_bound(plan, tp),
         collective_buffers="; ".join(_buffer_words(plan)),
         timings=reply.timings,
         resident_peak_bytes=reply.resident_peak_bytes,

@@ -213,6 +213,7 @@ def split_run(
     """``run --tp T [--sp]``: the same run over T processes (``distributed.run_split``),
     reported as one device's run is, with the heads each rank holds."""
     from attnctl.distributed import (
+        check_devices,
         check_split_run,
         estimated_ranks,
         preflight_split,
@@ -228,8 +229,9 @@ def split_run(
     peak = rank_weights + rank_estimate.peak_activation_bytes + shown_bytes
     from attnctl.layer import resolve_device
 
-    preflight_split([peak] * layout.tp, whole_weight_bytes(whole, layer), resolve_device(
-        layer.device), request.force)  # fmt: skip
+    device = resolve_device(layer.device)
+    check_devices(device, layout.tp)
+    preflight_split([peak] * layout.tp, whole_weight_bytes(whole, layer), device, request.force)
     what = "the layer" if model is None else model.name
     with hooks.progress(
         f"running {what} over {len(texts)} x {seq_len} tokens on {layout.tp} processes"

@@ -18,16 +18,17 @@ from __future__ import annotations
 
 from attnctl.stages import PlanBuilder
 
-# What gloo allocates inside a collective, beyond what it returns (measured on the CPU
-# as the rise of the process's peak resident memory over one collective of 32 MiB, 2 and
-# 4 ranks; docs/parallel.md): all_gather flattens its output into a buffer of its own,
-# then copies it into the (B, L, D) views; reduce_scatter flattens its (B, L, D) input
-# likewise; all_reduce reduces in place with a few small buffers (under 2 MiB at 32 MiB,
-# not growing with the tensor). Bounded here by the whole (B, L, D) per collective.
+# What gloo allocates inside a collective, on its own threads, beyond the tensors it is
+# given (measured on the CPU with torch 2.13 as the rise of a rank's peak resident
+# memory over one collective of a 32 and a 128 MiB (B, L, D), 2 and 4 ranks; see
+# docs/memory.md, "Measured on torch.distributed"): all_gather gathers into a flat
+# buffer of the whole (B, L, D), then copies it into the views of the output; the
+# reduce_scatter of views flattens the (T - 1) / T of the partial sums other ranks keep;
+# all_reduce adds in place, with at most 2 MiB of buffers whatever the size.
 COLLECTIVE_BUFFERS = {
-    "all_gather": "one flat (B, L, D) copy of the gathered output",
-    "reduce_scatter": "one flat (B, L, D) copy of the partial sums",
-    "all_reduce": "none that grows with the tensor (a few small buffers)",
+    "all_gather": "a flat buffer of the whole (B, L, D)",
+    "reduce_scatter": "a flat copy of the (T - 1) / T of the (B, L, D) sent to the others",
+    "all_reduce": "none that grows with the tensor (at most 2 MiB measured)",
 }
 
 
