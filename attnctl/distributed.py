@@ -358,13 +358,18 @@ def collective_bound(plan: Plan, tp: int) -> int:
     """The most gloo allocates inside one of the plan's collectives (they run one at a
     time, and each frees its buffers before it returns): the whole (B, L, D) for an
     all_gather, (T - 1) / T of it for a reduce_scatter, nothing that grows with the
-    tensor for an all_reduce (``stages/collectives.COLLECTIVE_BUFFERS``)."""
+    tensor for an all_reduce, each with COLLECTIVE_FIXED_BYTES beside it
+    (``stages/collectives.COLLECTIVE_BUFFERS``)."""
+    from attnctl.stages.collectives import COLLECTIVE_FIXED_BYTES
+
     whole = plan.sizes["B"] * plan.sizes["L"] * plan.sizes["D"] * DTYPE_BYTES[plan.config.dtype]
     names = [stage.name for stage in plan.stages]
     if any(name.endswith("all_gather") for name in names):
-        return whole
+        return whole + COLLECTIVE_FIXED_BYTES
     if any(name.endswith("reduce_scatter") for name in names):
-        return whole * (tp - 1) // tp
+        return whole * (tp - 1) // tp + COLLECTIVE_FIXED_BYTES
+    if any(name.endswith("all_reduce") for name in names):
+        return COLLECTIVE_FIXED_BYTES
     return 0
 
 
@@ -597,3 +602,14 @@ def _device(config: LayerConfig) -> Any:
     from attnctl.layer import resolve_device
 
     return resolve_device(config.device)
+
+
+def collective_buffers(tp: int, mebibytes: int, timeout: float = DEFAULT_TIMEOUT_SECONDS):
+    """What gloo allocates inside each collective, measured on ``tp`` ranks over a float32
+    (B, L, D) of ``mebibytes`` (Linux only: it reads and resets VmHWM): per rank
+    ``{"bytes": the (B, L, D)'s, "buffers": {collective: bytes}}``."""
+    if not sys.platform.startswith("linux"):
+        raise AttnctlError("measuring gloo's buffers reads /proc/self/status: Linux only")
+    task = {"kind": "buffers", "sp": True, "mebibytes": mebibytes}
+    replies = run_ranks(tp, [task], "cpu", timeout)
+    return [reply.results[0] for reply in replies]

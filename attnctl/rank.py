@@ -12,6 +12,7 @@ or ``run`` (blocks 0..N over given token ids, the output and the shown weights b
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -159,6 +160,41 @@ def run_task(task: dict[str, Any], group, device) -> dict[str, Any]:
     }
 
 
+def buffers_task(task: dict[str, Any], group, device) -> dict[str, Any]:
+    """What the backend allocates inside each collective of ``nn/collectives.py``, beyond
+    the tensors it is given: the rise of this process's peak resident memory (VmHWM,
+    reset first; Linux) over one collective of a float32 (B, L, D) of ``mebibytes``,
+    with every tensor it is handed already in memory."""
+    import torch
+    import torch.distributed as dist
+
+    from attnctl.nn.collectives import TensorGroup, gather_sequence, reduce_partial
+
+    width, batch = 64, 2
+    length = task["mebibytes"] * 2**20 // 4 // batch // width
+    length -= length % group.size
+    split = TensorGroup(group.rank, group.size, sequence_parallel=True)
+    whole = TensorGroup(group.rank, group.size)
+    partial = torch.ones(batch, length, width, device=device)  # (B, L, D)
+    mine = torch.ones(batch, length // group.size, width, device=device)  # (B, L/T, D)
+    risen = {}
+    for name, collective in (
+        ("all_gather", lambda: gather_sequence(split, mine)),
+        ("reduce_scatter", lambda: reduce_partial(split, partial)),
+        ("all_reduce", lambda: reduce_partial(whole, partial)),
+    ):
+        dist.barrier()
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # the peak resident memory starts again from here
+        before = _resident_peak()
+        returned = collective()
+        after = _resident_peak()
+        made = 0 if returned is partial else returned.numel() * returned.element_size()
+        risen[name] = after - before - made  # what it returned is not the backend's own
+        del returned
+    return {"rank": group.rank, "bytes": batch * length * width * 4, "buffers": risen}
+
+
 def _resident_peak() -> int | None:
     """This process's peak resident memory (Linux's VmHWM), or None elsewhere."""
     try:
@@ -171,19 +207,23 @@ def _resident_peak() -> int | None:
     return None
 
 
-def _fault(rank: int, phase: str) -> None:
+def _fault(rank: int) -> None:
+    """A test's fault, before a task runs (FAULT_VARIABLE; unset: nothing)."""
     fault = os.environ.get(FAULT_VARIABLE, "")
     kind, _, which = fault.partition(":")
     if not fault or (which and int(which) != rank):
         return
-    if kind == "hang" and phase == "run":
+    if kind == "hang":
         time.sleep(3600)
-    if kind == "error" and phase == "run":
+    if kind == "error":
         from attnctl.errors import AttnctlError
 
         raise AttnctlError("a failure asked for by " + FAULT_VARIABLE)
-    if kind == "crash" and phase == "run":
+    if kind == "crash":
         os._exit(3)  # no JSON at all: the parent says how it ended
+
+
+TASKS = {"measure": measure_task, "run": run_task, "buffers": buffers_task}
 
 
 def main() -> int:
@@ -211,14 +251,14 @@ def main() -> int:
             init_method=f"tcp://127.0.0.1:{document['port']}",
             rank=rank,
             world_size=world,
-            timeout=__import__("datetime").timedelta(seconds=document["timeout"]),
+            timeout=datetime.timedelta(seconds=document["timeout"]),
         )
         joined = time.perf_counter()
         results = []
         for task in document["tasks"]:
             group = TensorGroup(rank, world, bool(task["sp"]))
-            _fault(rank, "run")
-            work = measure_task if task["kind"] == "measure" else run_task
+            _fault(rank)
+            work = TASKS[task["kind"]]
             results.append(work(task, group, device))
         dist.barrier()  # every rank done with every collective before any leaves
         reply = {

@@ -17,7 +17,7 @@ import sys
 import time
 
 from attnctl.config import build_config, resolve_impl, validate
-from attnctl.distributed import measure_split, threads_per_rank
+from attnctl.distributed import collective_buffers, measure_split, threads_per_rank
 from attnctl.measure import measure_forward
 from attnctl.memory import estimate, format_bytes
 from attnctl.parallel import Layout
@@ -60,6 +60,11 @@ def main() -> int:
                   f"{t['import_seconds']:.2f} / {t['join_seconds']:.2f} / "
                   f"{t['work_seconds']:.2f} s; resident peak "
                   f"{format_bytes(ranks[0].resident_peak_bytes or 0)}", flush=True)  # fmt: skip
+    if sys.platform.startswith("linux"):  # gloo's own buffers, which no rank's count sees
+        for mebibytes in (32, 128):
+            found = collective_buffers(args.tp, mebibytes)[0]["buffers"]
+            print(f"gloo's buffers inside a collective of a {mebibytes} MiB (B, L, D), rank 0: "
+                  + ", ".join(f"{k} {format_bytes(v)}" for k, v in found.items()))  # fmt: skip
     print(f"every rank equal to its estimate: {'PASS' if exact else 'FAIL'}")
     return 0 if exact else 1
 

@@ -8,6 +8,7 @@ task of that size in turn.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from attnctl.plan_parallel import rank_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 120  # seconds a start of the ranks may take at most, here
+LINUX = sys.platform.startswith("linux")
 
 GQA = LayerConfig(d_model=64, heads=8, kv_heads=2, norm="pre", pos="rope", mask="causal",
                   device="cpu")  # fmt: skip
@@ -128,7 +130,7 @@ def split_runs(request, llama):
     tp = request.param
     model, layer = llama
     generator = torch.Generator().manual_seed(1)
-    seeded = resolve_impl(validate(dataclasses_replace(GQA, impl="math")))
+    seeded = resolve_impl(validate(dataclasses.replace(GQA, impl="math")))
     cases = [
         (seeded, None, 0, Layout(tp=tp)),
         (seeded, None, 0, Layout(tp=tp, sp=True)),
@@ -144,14 +146,28 @@ def split_runs(request, llama):
         tasks.append(run_task(config, token_ids.tolist(), vocab, layout, mdl, block, heads,
                               rows, None))  # fmt: skip
         inputs.append((token_ids, heads, rows))
+    if LINUX:  # gloo's own buffers, last (the probe reads and resets VmHWM)
+        tasks.append({"kind": "buffers", "sp": True, "mebibytes": 16})
     replies = run_ranks(tp, tasks, timeout=TIMEOUT)
     return cases, inputs, replies
 
 
-def dataclasses_replace(config, **values):
-    import dataclasses
+@pytest.mark.skipif(not LINUX, reason="the probe reads the peak resident memory in /proc")
+def test_gloos_own_buffers_are_within_their_bound(split_runs):
+    """What gloo allocates inside a collective (no rank's count sees it) is what
+    ``collective_bound`` bounds: the whole (B, L, D) for an all_gather, (T - 1) / T of it
+    for a reduce_scatter, nothing that grows for an all_reduce, a few MiB beside each."""
+    from attnctl.stages.collectives import COLLECTIVE_FIXED_BYTES
 
-    return dataclasses.replace(config, **values)
+    _, _, replies = split_runs
+    tp = len(replies)
+    for reply in replies:
+        probe = reply.results[-1]
+        whole, found = probe["bytes"], probe["buffers"]
+        assert 0.9 * whole <= found["all_gather"] <= whole + COLLECTIVE_FIXED_BYTES
+        share = whole * (tp - 1) // tp
+        assert 0.9 * share <= found["reduce_scatter"] <= share + COLLECTIVE_FIXED_BYTES
+        assert found["all_reduce"] <= COLLECTIVE_FIXED_BYTES
 
 
 def test_split_run_equals_one_device(split_runs):
@@ -193,8 +209,6 @@ def test_split_run_records_the_rank_plan(split_runs):
         recorded = [Stage(**{**s, "dims": tuple(s["dims"]), "shape": tuple(s["shape"])})
                     for s in replies[0].results[index]["stages"]]  # fmt: skip
         full = model.config if model is not None else config
-        import dataclasses
-
         renamed = _renamed(dataclasses.replace(plan, stages=recorded), full, layout.tp).stages
         assert [_key(s) for s in renamed] == [_key(s) for s in plan.stages], layout.summary()
 
@@ -229,15 +243,20 @@ def test_run_tp_shows_heads_per_rank(invoke, llama):
 # ---------------------------------------------------------------- failures
 
 
-def test_a_failing_rank_is_one_line(invoke, monkeypatch):
-    monkeypatch.setenv("ATTNCTL_TEST_RANK_FAULT", "error:1")
+@pytest.mark.parametrize(
+    "fault,line",
+    [
+        ("error:1", "rank 1: a failure asked for by ATTNCTL_TEST_RANK_FAULT"),
+        ("crash:1", "rank 1 exited with status 3 without a result"),
+    ],
+)
+def test_a_failing_rank_is_one_line(invoke, monkeypatch, fault, line):
+    monkeypatch.setenv("ATTNCTL_TEST_RANK_FAULT", fault)
     result = invoke("run", "a b c d", "--d-model", "32", "--heads", "4", "--tp", "2",
                     "--device", "cpu")  # fmt: skip
     assert result.exit_code == 1
     assert result.stdout == ""
-    assert result.stderr.strip().splitlines() == [
-        "attnctl: error: rank 1: a failure asked for by ATTNCTL_TEST_RANK_FAULT"
-    ]
+    assert result.stderr.strip().splitlines() == [f"attnctl: error: {line}"]
 
 
 def _children(parent: int) -> set[int]:

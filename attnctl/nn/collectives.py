@@ -120,8 +120,11 @@ def _released(sent: list[torch.Tensor], seconds: float = 2.0) -> None:
     alive while C++ still holds it, so a weak reference dies exactly when the backend
     is done with it.
     """
+    on_cpu = all(t.device.type == "cpu" for t in sent)
     refs = [weakref.ref(t) for t in sent]
     sent.clear()
+    if not on_cpu:  # NCCL keeps its work until its watchdog sees it done: not waited for
+        return
     deadline = time.monotonic() + seconds
     while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
         time.sleep(0.0001)
