@@ -140,6 +140,18 @@ def check_devices(device: Any, tp: int) -> None:
         )
 
 
+def split_timeout(plan: Plan, device: Any, blocks: int = 1) -> float:
+    """How long to wait for the ranks: DEFAULT_TIMEOUT_SECONDS, or for a long run the
+    start plus 20 times one device's whole forward pass at the speed measured here
+    (each rank does 1 / T of it, on 1 / T of the cores)."""
+    from attnctl.resources import estimated_seconds
+
+    seconds = estimated_seconds(plan, device, blocks)
+    if seconds is None:
+        return DEFAULT_TIMEOUT_SECONDS
+    return max(DEFAULT_TIMEOUT_SECONDS, START_SECONDS + 20 * seconds)
+
+
 def threads_per_rank(ranks: int) -> int:
     """OMP_NUM_THREADS for each rank: the cores shared out, one at least."""
     return max(1, (os.cpu_count() or 1) // ranks)
@@ -380,20 +392,21 @@ def measure_split(
     vocab_size: int,
     layout: Layout,
     model: ModelDescription | None = None,
-    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    timeout: float | None = None,
     force: bool = False,
 ) -> list[RankMeasurement]:
     """``memory --measure --tp T [--sp]``: each rank's forward of block 0 (embeddings and
     block 0, as ``measure.measure_forward`` on one device) run in T processes, each under
     ``measure.LiveStorages``, beside its plan. ``config``: the seeded layer, or with
     ``model`` a checkpoint's run settings (dtype, device, impl). Checked, pre-flighted,
-    then run; on the CPU equal to the byte per rank."""
+    then run; on the CPU equal to the byte per rank. ``timeout`` None: ``split_timeout``
+    of one device's plan."""
     return measure_splits([(config, seq_len, batch, vocab_size, layout, model)], timeout, force)[0]
 
 
 def measure_splits(
     cases: list[tuple[LayerConfig, int, int, int, Layout, ModelDescription | None]],
-    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+    timeout: float | None = None,
     force: bool = False,
 ) -> list[list[RankMeasurement]]:
     """Several :func:`measure_split` of one --tp in one start of the ranks (each process
@@ -427,6 +440,13 @@ def measure_splits(
     resolved = resolve_device(device)
     check_devices(resolved, world)
     preflight_split(peaks, whole, resolved, force)
+    if timeout is None:  # the cases one after another
+        from attnctl.plan import build_plan
+
+        timeout = sum(
+            split_timeout(build_plan(resolve_impl(validate(c)), n, b, v, model=m), resolved)
+            for c, n, b, v, _, m in cases
+        )
     replies = run_ranks(world, tasks, str(resolved), timeout)
     return [
         [

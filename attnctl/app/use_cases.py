@@ -218,6 +218,7 @@ def split_run(
         estimated_ranks,
         preflight_split,
         run_split,
+        split_timeout,
         whole_weight_bytes,
     )
 
@@ -237,7 +238,8 @@ def split_run(
         f"running {what} over {len(texts)} x {seq_len} tokens on {layout.tp} processes"
     ):
         split = run_split(batch, layer, model, block, list(heads), query_rows, layout,
-                          padding_mask_needed(batch, layer))  # fmt: skip
+                          padding_mask_needed(batch, layer),
+                          split_timeout(plan, device, block + 1))  # fmt: skip
     hidden = None
     if not request.heads and layer.heads > len(heads):
         hidden = (len(heads), layer.heads - 1)
