@@ -52,20 +52,32 @@ def llama(tmp_path_factory):
     return model, model_layer(model, {"device": "cpu", "impl": "math"})
 
 
-def _cases(tp: int, llama):
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """Fused, transposed W_q/W_k/W_v (Conv1D), learned positions, biases everywhere."""
+    from attnctl.app.calls import load_model, model_layer
+
+    folder = tiny_models.write("gpt2", tmp_path_factory.mktemp("gpt2") / "gpt2")
+    model = load_model(str(folder))
+    return model, model_layer(model, {"device": "cpu", "impl": "math"})
+
+
+def _cases(tp: int, llama, gpt2):
     model, layer = llama
+    fused, fused_layer = gpt2
     return [
         (GQA, 16, 2, 100, Layout(tp=tp), None),
         (GQA, 16, 2, 100, Layout(tp=tp, sp=True), None),
         (LEARNED, 8, 1, 50, Layout(tp=tp, sp=True), None),
         (SDPA, 8, 2, 50, Layout(tp=tp), None),
         (layer, 8, 2, model.vocab_size, Layout(tp=tp, sp=True), model),
+        (fused_layer, 8, 1, fused.vocab_size, Layout(tp=tp, sp=True), fused),
     ]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def measured(request, llama):
-    cases = _cases(request.param, llama)
+def measured(request, llama, gpt2):
+    cases = _cases(request.param, llama, gpt2)
     return cases, measure_splits(cases, timeout=TIMEOUT)
 
 
@@ -123,12 +135,13 @@ def _single_device(config, model, token_ids, block, heads, rows):
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def split_runs(request, llama):
+def split_runs(request, llama, gpt2):
     """Each case's rank results from one start of ``tp`` ranks."""
     from attnctl.distributed import run_task
 
     tp = request.param
     model, layer = llama
+    fused, fused_layer = gpt2
     generator = torch.Generator().manual_seed(1)
     seeded = resolve_impl(validate(dataclasses.replace(GQA, impl="math")))
     cases = [
@@ -136,6 +149,7 @@ def split_runs(request, llama):
         (seeded, None, 0, Layout(tp=tp, sp=True)),
         (layer, model, 2, Layout(tp=tp)),  # the last of its 3 blocks
         (layer, model, 1, Layout(tp=tp, sp=True)),
+        (fused_layer, fused, 2, Layout(tp=tp, sp=True)),
     ]
     tasks, inputs = [], []
     for config, mdl, block, layout in cases:
