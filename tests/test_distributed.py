@@ -358,3 +358,15 @@ def test_measure_split_refuses_before_any_process(monkeypatch):
         measure_split(GQA, 15, 1, 100, Layout(tp=2, sp=True))
     with pytest.raises(AttnctlError, match="--pp and --dp are estimated only"):
         measure_split(GQA, 16, 1, 100, Layout(tp=2, pp=2))
+
+
+def test_the_ranks_memory_together_is_checked_before_any_process(monkeypatch):
+    import attnctl.resources
+    from attnctl.distributed import PROCESS_OVERHEAD_BYTES, measure_split
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    free = attnctl.resources.Available(3 * PROCESS_OVERHEAD_BYTES, "MemAvailable")
+    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
+    with pytest.raises(AttnctlError, match=r"is more than the 960\.00 MiB free") as refused:
+        measure_split(GQA, 16, 1, 100, Layout(tp=4))  # 4 processes of 320 MiB each
+    assert refused.value.exit_code == 1
