@@ -9,6 +9,7 @@ task of that size in turn.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -62,10 +63,35 @@ def gpt2(tmp_path_factory):
     return model, model_layer(model, {"device": "cpu", "impl": "math"})
 
 
+def _sweep(tp: int) -> list:
+    """Small layers over norm, positions, mask, kernel and the options that change the
+    stages (per-head q/k norm, head_dim, a window, a soft cap, bfloat16 without biases,
+    one kv-head), with and without SP: every 3rd of those validate accepts (8th for 4)."""
+    from attnctl.errors import AttnctlError
+
+    variants = [{}, {"qk_norm": "head", "norm_type": "rms"}, {"head_dim": 12}, {"window": 3},
+                {"softcap": 5.0, "impl": "math"}, {"dtype": "bfloat16", "bias": False},
+                {"kv_heads": 1}]  # fmt: skip
+    cases = []
+    for norm, pos, mask, impl, extra, sp in itertools.product(
+        ["pre", "post", "none"], ["sinusoidal", "learned", "rope", "none"], ["none", "causal"],
+        ["math", "sdpa"], variants, [False, True],
+    ):  # fmt: skip
+        values = {"d_model": 32, "heads": 4, "norm": norm, "pos": pos, "mask": mask,
+                  "impl": impl, "device": "cpu", **extra}  # fmt: skip
+        try:
+            config = resolve_impl(validate(LayerConfig(**values)))
+        except AttnctlError:  # a window without the causal mask, ...
+            continue
+        cases.append((config, 8, 2, 50, Layout(tp=tp, sp=sp), None))
+    return cases[:: 3 if tp == 2 else 8]  # 4 ranks on 2 cores: fewer
+
+
 def _cases(tp: int, llama, gpt2):
     model, layer = llama
     fused, fused_layer = gpt2
     return [
+        *_sweep(tp),
         (GQA, 16, 2, 100, Layout(tp=tp), None),
         (GQA, 16, 2, 100, Layout(tp=tp, sp=True), None),
         (LEARNED, 8, 1, 50, Layout(tp=tp, sp=True), None),
@@ -100,6 +126,8 @@ def test_the_split_holds_less_than_one_device(measured):
     from attnctl.plan import build_plan
 
     cases, results = measured
+    first = len(_sweep(len(results[0])))  # the named cases after the sweep
+    cases, results = cases[first:], results[first:]
     config, seq_len, batch, vocab, _layout, _ = cases[0]
     one = measure_forward(build_plan(resolve_impl(validate(config)), seq_len, batch, vocab))
     for rank in results[0]:
@@ -109,6 +137,8 @@ def test_the_split_holds_less_than_one_device(measured):
 
 def test_rank_stages_are_the_plan_with_its_collectives(measured):
     cases, results = measured
+    first = len(_sweep(len(results[0])))  # the named cases after the sweep
+    cases, results = cases[first:], results[first:]
     config, seq_len, batch, vocab, layout, model = cases[1]  # TP + SP
     plan = rank_plan(resolve_impl(validate(config)), seq_len, batch, vocab, layout, model)
     names = [s.name for s in plan.stages]

@@ -143,6 +143,10 @@ def attention(
         h = norm(config, x, norm_weight, norm_bias)  # (B, L, D)
         record("norm", h, hidden)
     h = gather_sequence(group, h, record)  # sequence parallel: (B, L, D) from every rank
+    x_freed = False
+    if group is not None and group.sequence_parallel and not has_norm:
+        del x  # no residual: the gathered sequence is all that is read from here
+        x_freed = True
     q = F.linear(h, weights["W_q.weight"], weights.get("W_q.bias"))  # (B, L, H·d_k)
     q_width = "D" if config.q_width == d_model else "D_q"  # D_q: head_dim is not D / H
     record("q", q, f"B L {q_width}")
@@ -178,7 +182,7 @@ def attention(
         record("k_norm", k, kv_dims)
     v = F.linear(h, weights["W_v.weight"], weights.get("W_v.bias"))  # (B, Lk, Hkv·d_k)
     del h
-    if not has_norm and not cross:
+    if not has_norm and not cross and not x_freed:
         del x  # no residual: x is not needed again
     record("v", v, kv_dims)
     q = q.view(batch, seq_len, heads, d_k)  # (B, L, H, d_k)
