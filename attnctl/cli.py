@@ -331,12 +331,33 @@ def run(
     as_json: JsonOption = False,
     save: SaveOption = None,
     html: HtmlOption = None,
+    tp: Annotated[
+        int,
+        typer.Option(
+            "--tp",
+            help="Tensor parallel: run split over this many processes on this machine "
+            "(torch.distributed: gloo on the CPU, NCCL on CUDA), each with its share of the "
+            "heads and feed-forward columns; the output equals one device's.",
+            rich_help_panel="Parallel",
+        ),
+    ] = 1,
+    sp: Annotated[
+        bool,
+        typer.Option(
+            "--sp",
+            help="With --tp: sequence parallel, the norms and residuals on L/T tokens each.",
+            rich_help_panel="Parallel",
+        ),
+    ] = False,
     *,
     layer: LayerRequest,
 ) -> None:
     """Run one attention layer on TEXT (a batch for several) and show every stage and weights."""
     from attnctl.app.save import checked_save_path, save_run
     from attnctl.output_files import refuse_same_file
+
+    if (tp != 1 or sp) and html is not None:  # before any file is claimed or process started
+        raise AttnctlError("run --tp does not write --html yet: leave one of them out")
 
     save_target = None if save is None else checked_save_path(save)
     html_target = None
@@ -360,6 +381,8 @@ def run(
         generate=generate,
         encoder_block=encoder_block,
         save=save,
+        tp=tp,
+        sp=sp,
     )
     heatmap = view == View.heatmap
     if heatmap and as_json:

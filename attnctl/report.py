@@ -66,6 +66,7 @@ class RunReport:
     windows: list[TextWindow]  # per text, of the first trace
     blocks: list[BlockSummary]  # --layer all: one per trace, else empty
     heads_not_shown: tuple[int, int] | None  # the range of heads left out by default
+    split: Any = None  # run --tp: a distributed.SplitRun (heads per rank, rank 0's plan)
 
     @property
     def trace(self) -> Trace:

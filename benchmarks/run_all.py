@@ -14,6 +14,7 @@ SCRIPTS = [
     "pretrained.py",
     "generate.py",
     "html_report.py",
+    "distributed.py",
 ]
 
 

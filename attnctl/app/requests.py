@@ -58,6 +58,8 @@ class RunRequest:
     generate: int | None = None  # --generate N: N greedy tokens after the text
     encoder_block: str | None = None  # --encoder-layer N: an encoder–decoder's encoder block
     save: str | None = None  # --save FILE.safetensors: keep the stages' tensors too
+    tp: int = 1  # --tp T: split over T processes (tensor parallel, torch.distributed)
+    sp: bool = False  # --sp: sequence parallel over those T
 
 
 @dataclass(frozen=True)

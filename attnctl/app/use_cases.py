@@ -40,6 +40,7 @@ from attnctl.config import LARGEST_SIZE, LayerConfig, build_config, resolve_impl
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
 from attnctl.memory import allowed_impls, fit, longest_input, parse_size
+from attnctl.parallel import Layout
 from attnctl.plan import Plan
 from attnctl.report import (
     LengthReport,
@@ -86,6 +87,9 @@ def run_use_case(
     layer, model = resolve_layer(request.layer)
     if layer.dropout:
         raise AttnctlError("dropout acts only in training; see memory --train")
+    layout = Layout(tp=request.tp, sp=request.sp)
+    if layout.is_split:  # what a split does not run yet, refused before anything starts
+        refuse_split(request, layout, layer, model)
     if model is not None and model.is_encoder_decoder:  # it always generates
         from attnctl.app.generation import translation_use_case
 
@@ -153,6 +157,9 @@ def run_use_case(
             need += kept_stage_bytes([block_plan(layer_index=n) for n in blocks])
         else:
             need += kept_stage_bytes([plan])
+    if layout.is_split:
+        return split_run(request, layout, layer, model, batch, heads, query_rows, plan,
+                         memory, shown_block, texts, hooks, shown_bytes)  # fmt: skip
     preflight(plan, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
     what = "the layer" if model is None else model.name
     with hooks.progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
@@ -163,6 +170,81 @@ def run_use_case(
     return run_report(
         texts, contexts, plan, memory, traces, heads, request.digits, every_block, hidden
     )
+
+
+def refuse_split(
+    request: RunRequest, layout: Layout, layer: LayerConfig, model: ModelDescription | None
+) -> None:
+    """``run --tp``: the options a split does not run, each refused by name (exit 2)."""
+    from attnctl.parallel import check_layout
+
+    check_layout(layout, train=False)
+    if model is not None and model.is_encoder_decoder:
+        raise AttnctlError(
+            "run --tp splits decoder-only models and the seeded layer; "
+            f"{model.name} is an encoder–decoder"
+        )
+    for given, option in (
+        (request.generate is not None, "--generate"),
+        (request.encoder_block is not None, "--encoder-layer"),
+        (request.block == "all", "--layer all"),
+        (request.save is not None, "--save"),
+        (bool(request.contexts) or request.context_file is not None, "--context"),
+    ):
+        if given:
+            raise AttnctlError(f"run --tp does not run {option} yet: leave one of them out")
+
+
+def split_run(
+    request: RunRequest,
+    layout: Layout,
+    layer: LayerConfig,
+    model: ModelDescription | None,
+    batch,
+    heads,
+    query_rows: list[int],
+    plan: Plan,
+    memory,
+    block: int,
+    texts: list[str],
+    hooks: Hooks,
+    shown_bytes: int,
+) -> RunReport:
+    """``run --tp T [--sp]``: the same run over T processes (``distributed.run_split``),
+    reported as one device's run is, with the heads each rank holds."""
+    from attnctl.distributed import (
+        check_devices,
+        check_split_run,
+        estimated_ranks,
+        preflight_split,
+        run_split,
+        split_timeout,
+        whole_weight_bytes,
+    )
+
+    seq_len, vocab = batch.seq_len, (batch.vocab_size if model is None else model.vocab_size)
+    whole = check_split_run(layout, layer, model, [seq_len], vocab)
+    _, rank_estimate, rank_weights = estimated_ranks(
+        layer, seq_len, len(texts), vocab, layout, model, block
+    )
+    peak = rank_weights + rank_estimate.peak_activation_bytes + shown_bytes
+    from attnctl.layer import resolve_device
+
+    device = resolve_device(layer.device)
+    check_devices(device, layout.tp)
+    preflight_split([peak] * layout.tp, whole_weight_bytes(whole, layer), device, request.force)
+    what = "the layer" if model is None else model.name
+    with hooks.progress(
+        f"running {what} over {len(texts)} x {seq_len} tokens on {layout.tp} processes"
+    ):
+        split = run_split(batch, layer, model, block, list(heads), query_rows, layout,
+                          padding_mask_needed(batch, layer),
+                          split_timeout(plan, device, block + 1))  # fmt: skip
+    hidden = None
+    if not request.heads and layer.heads > len(heads):
+        hidden = (len(heads), layer.heads - 1)
+    report = run_report(texts, [], plan, memory, split.traces, heads, request.digits, False, hidden)
+    return dataclasses.replace(report, split=split)
 
 
 def kept_stage_bytes(block_plans: list[Plan]) -> int:

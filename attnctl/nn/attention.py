@@ -18,6 +18,7 @@ from attnctl.config import LayerConfig
 from attnctl.describe import Attention
 from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record, positions, ring_attention
+from attnctl.nn.collectives import TensorGroup, gather_sequence, output_bias, reduce_partial
 from attnctl.rope import attention_scaling
 
 
@@ -98,6 +99,7 @@ def attention(
     past: KVCache | None = None,
     offset: int = 0,
     position_bias: list[torch.Tensor] | None = None,
+    group: TensorGroup | None = None,
 ) -> AttentionResult:
     """Run the sublayer on ``owned = [x]`` (B, L, D); it takes x out, so x is freed as soon
     as this sublayer is done with it.
@@ -116,6 +118,9 @@ def attention(
     the steps before (and are kept for the next), or cross-attention's K and V are made
     once; ``offset``: the position of x's first token. ``position_bias = []``: T5's
     relative bias, appended by the block that computes it and read by those after.
+    ``group``: one rank of a tensor-parallel split (``nn/collectives.py``): ``weights``
+    are its heads' and ``sublayer`` its cut config; W_o's partial sums are added over the
+    ranks, and under sequence parallelism x is this rank's (B, L/T, D), gathered first.
     """
     config = sublayer.config
     x = owned.pop()
@@ -128,6 +133,9 @@ def attention(
     heads, d_k, d_model = config.heads, config.d_k, config.d_model
     key_len_dim = "Lc" if cross else "L"
     batch, seq_len = x.shape[:2]
+    hidden = "B L D"
+    if group is not None:  # under sequence parallelism x holds L / T of the tokens
+        seq_len, hidden = group.full_length(seq_len), group.hidden
     key_len = past.length if reused else context.shape[1] if cross else seq_len
     has_norm = sublayer.residual  # x is read again at the end
     norm_weight, norm_bias = weights.get("norm.weight"), weights.get("norm.bias")
@@ -136,7 +144,12 @@ def attention(
     h = x
     if config.norm == "pre":
         h = norm(config, x, norm_weight, norm_bias)  # (B, L, D)
-        record("norm", h, "B L D")
+        record("norm", h, hidden)
+    h = gather_sequence(group, h, record)  # sequence parallel: (B, L, D) from every rank
+    x_freed = False
+    if group is not None and group.sequence_parallel and not has_norm:
+        del x  # no residual: the gathered sequence is all that is read from here
+        x_freed = True
     q = F.linear(h, weights["W_q.weight"], weights.get("W_q.bias"))  # (B, L, H·d_k)
     q_width = "D" if config.q_width == d_model else "D_q"  # D_q: head_dim is not D / H
     record("q", q, f"B L {q_width}")
@@ -172,7 +185,7 @@ def attention(
         record("k_norm", k, kv_dims)
     v = F.linear(h, weights["W_v.weight"], weights.get("W_v.bias"))  # (B, Lk, Hkv·d_k)
     del h
-    if not has_norm and not cross:
+    if not has_norm and not cross and not x_freed:
         del x  # no residual: x is not needed again
     record("v", v, kv_dims)
     q = q.view(batch, seq_len, heads, d_k)  # (B, L, H, d_k)
@@ -320,7 +333,7 @@ def attention(
     if has_norm:  # (without a residual x was freed already)
         residual.append(x)
         del x
-    output, attention_output = _output(sublayer, weights, held, residual, record, q_width)
+    output, attention_output = _output(sublayer, weights, held, residual, record, q_width, group)
     return AttentionResult(output, attention_output, kept, shown)
 
 
@@ -331,10 +344,13 @@ def _output(
     residual: list[torch.Tensor],
     record: Record,
     q_width: str,
+    group: TensorGroup | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 3 and 4, for a whole sequence and for a decoding step: ``held = [attended]``
     (B, H, L, d_k) and ``residual = [x]`` (or [] without a residual), both taken out.
-    Returns (the sublayer's output, W_o's output), each (B, L, D)."""
+    Returns (the sublayer's output, W_o's output), each (B, L, D). ``group``: W_o holds
+    this rank's heads' columns; its partial sums are added over the ranks (its bias on
+    rank 0 only), under sequence parallelism keeping this rank's (B, L/T, D)."""
     config = sublayer.config
     attended = held.pop()
     batch, heads, seq_len, d_k = attended.shape
@@ -344,24 +360,27 @@ def _output(
     concat = concat.view(batch, seq_len, heads * d_k)  # (B, L, H·d_k)
     del attended
     record("concat", concat, f"B L {q_width}")
-    attention_output = F.linear(concat, weights["W_o.weight"], weights.get("W_o.bias"))  # (B, L, D)
+    bias = output_bias(group, weights.get("W_o.bias"))
+    attention_output = F.linear(concat, weights["W_o.weight"], bias)  # (B, L, D)
     del concat
     record("output_projection", attention_output, "B L D")
+    attention_output = reduce_partial(group, attention_output, record)  # the ranks' sum
+    hidden = "B L D" if group is None else group.hidden
 
     # 4. residual, then the norm in a post-norm sublayer (as in the original Transformer)
     output = attention_output
     if sublayer.output_norm:  # Gemma, OLMo 2: the attention output normalised first
         post_weight, post_bias = weights["post_norm.weight"], weights.get("post_norm.bias")
         output = norm(config, attention_output, post_weight, post_bias)  # (B, L, D)
-        record("post_norm", output, "B L D")
+        record("post_norm", output, hidden)
     if residual:
         x = residual.pop()
         output = x + output  # (B, L, D)
         del x
-        record("residual", output, "B L D")
+        record("residual", output, hidden)
     if config.norm == "post":
         output = norm(config, output, weights.get("norm.weight"), weights.get("norm.bias"))
-        record("norm", output, "B L D")
+        record("norm", output, hidden)
     return output, attention_output
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from attnctl.describe import Embeddings
 from attnctl.nn import Record, no_record, positions
+from attnctl.nn.collectives import TensorGroup
 
 
 def embed(
@@ -19,22 +20,29 @@ def embed(
     record: Record = no_record,
     name: str | None = "embeddings",
     offset: int = 0,
+    group: TensorGroup | None = None,
 ) -> torch.Tensor:
     """(B, L, D): the looked-up vectors ``owned = [x]`` (taken out, so they are freed once
     positions are added), with positions (and BERT's segment and norm).
 
     ``name``: what ``x`` is recorded as (None: not recorded). ``offset``: the position of
-    the first token (a decoding step's, after the tokens in the KV cache).
+    the first token (a decoding step's, after the tokens in the KV cache). ``group``: a
+    tensor-parallel rank's, whose vectors (summed over the ranks already) are under
+    sequence parallelism its (B, L/T, D): positions for its own tokens.
     """
     x = owned.pop()
+    hidden, rows = "B L D", "L D"
+    if group is not None and group.sequence_parallel:  # this rank's tokens from here on
+        hidden, rows = group.hidden, "L/T D"
+        offset += group.rank * x.shape[1]
     if name is not None:
-        record(name, x, "B L D")
+        record(name, x, hidden)
     if embeddings.scale:  # Gemma, Marian: × √D (Gemma rounds the factor to the dtype first)
         factor = embeddings.scale
         if embeddings.scale_rounded:
             factor = torch.tensor(factor, dtype=x.dtype).item()  # √D in the dtype
         x = x * factor  # (B, L, D)
-        record("scaled_embeddings", x, "B L D")
+        record("scaled_embeddings", x, hidden)
     seq_len = x.shape[1]
     if embeddings.positions == "sinusoidal":
         added = positions.sinusoidal_positions(
@@ -51,14 +59,14 @@ def embed(
         del ids  # the int64 ids live during the lookup only
     else:  # RoPE turns Q and K in every block; ALiBi biases the scores
         return x
-    record("positions", added, "L D")
+    record("positions", added, rows)
     if embeddings.segment:  # one text: every token in segment 0, added before positions
         x = x + weights["segment.weight"][0]  # (B, L, D)
         x += added
     else:
         x = x + added  # (B, L, D), positions broadcast over the batch
     del added
-    record("x", x, "B L D")
+    record("x", x, hidden)
     if embeddings.norm == "layer":
         x = F.layer_norm(
             x,
@@ -67,7 +75,7 @@ def embed(
             weights["embedding_norm.bias"],
             embeddings.norm_eps,
         )  # (B, L, D)
-        record("embedding_norm", x, "B L D")
+        record("embedding_norm", x, hidden)
     return x
 
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from attnctl.describe import FeedForward
 from attnctl.nn import Record, no_record
+from attnctl.nn.collectives import TensorGroup, gather_sequence, output_bias, reduce_partial
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # the exact, erf-based one (BERT)
@@ -38,17 +39,22 @@ def feed_forward(
     weights: dict[str, torch.Tensor],
     owned: list[torch.Tensor],
     record: Record = no_record,
+    group: TensorGroup | None = None,
 ) -> torch.Tensor:
     """The feed-forward on ``owned = [x]`` (B, L, D), which it takes out; (B, L, D).
 
     ``weights``: its tensors by short name (``up.weight``, ``norm.weight``, ...).
+    ``group``: one tensor-parallel rank: its I / T columns of W_up and W_gate and rows of
+    W_down, whose partial sums are added over the ranks (``nn/collectives.py``).
     """
     x = owned.pop()
+    hidden = "B L D" if group is None else group.hidden  # (B, L/T, D) under SP
     activation = ACTIVATIONS[sublayer.activation]
     h = x
     if sublayer.placement == "pre":
         h = _norm(sublayer, x, weights)  # (B, L, D)
-        record("ffn_norm", h, "B L D")
+        record("ffn_norm", h, hidden)
+    h = gather_sequence(group, h, record, "ffn_")  # sequence parallel: the whole sequence
     if sublayer.gated:  # SwiGLU: down(silu(gate(h)) * up(h))
         gate = F.linear(h, weights["gate.weight"], weights.get("gate.bias"))  # (B, L, I)
         record("ffn_gate", gate, "B L I")
@@ -68,16 +74,18 @@ def feed_forward(
         inner = activation(up)  # (B, L, I)
         del up
         record("ffn_act", inner, "B L I")
-    out = F.linear(inner, weights["down.weight"], weights.get("down.bias"))  # (B, L, D)
+    bias = output_bias(group, weights.get("down.bias"))  # rank 0's only
+    out = F.linear(inner, weights["down.weight"], bias)  # (B, L, D)
     del inner
     record("ffn_down", out, "B L D")
+    out = reduce_partial(group, out, record, "ffn_")  # tensor parallel: the ranks' sum
     if sublayer.output_norm:  # Gemma, OLMo 2: the FFN's output normalised first
         out = _norm(sublayer, out, weights, "post_norm")  # (B, L, D)
-        record("ffn_post_norm", out, "B L D")
+        record("ffn_post_norm", out, hidden)
     out += x  # the residual, in place
     del x
-    record("ffn_residual", out, "B L D")
+    record("ffn_residual", out, hidden)
     if sublayer.placement == "post":
         out = _norm(sublayer, out, weights)  # (B, L, D)
-        record("ffn_norm", out, "B L D")
+        record("ffn_norm", out, hidden)
     return out

@@ -17,6 +17,7 @@ from attnctl.describe import Attention, ModelDescription
 from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record
 from attnctl.nn.attention import KVCache, attention
+from attnctl.nn.collectives import TensorGroup, vocab_parallel_lookup
 from attnctl.nn.embeddings import embed, embed_context
 from attnctl.nn.feed_forward import feed_forward
 
@@ -71,6 +72,7 @@ def forward(
     context_padding: torch.Tensor | None = None,
     caches: list[dict[str, KVCache]] | None = None,
     offset: int = 0,
+    group: TensorGroup | None = None,
 ) -> ModelOutput:
     """Run blocks 0..last on token ids (B, L), or on ``embeddings`` (B, L, D) given
     instead of the lookup (positions are still added).
@@ -88,6 +90,11 @@ def forward(
     encoder output cross-attention reads, ``context_padding`` (B, Lc) its real tokens;
     ``caches`` holds each block's KV caches by sublayer name, which this step reads and
     extends; ``offset`` is the position of the first token of ``token_ids``.
+
+    ``group``: one rank of a tensor-parallel split (``nn/collectives.py``): ``model`` is
+    its cut description (``plan_parallel.rank_description``) and ``weights`` its share
+    (``collectives.shard_weights``); the embedding is looked up in its vocabulary rows.
+    Under sequence parallelism the output holds this rank's L / T tokens.
     """
     if records is None:
         records = {} if recorded is None else {recorded: record}
@@ -102,11 +109,18 @@ def forward(
         recording("padding_mask", padding, "B Lc" if context_ids is not None else "B L")
     elif context_padding is not None:  # the source's real tokens, the cross-attention keys
         recording("padding_mask", context_padding, "B Lc")
-    if embeddings is None:
+    name: str | None = "embeddings"
+    if embeddings is None and group is not None:  # vocab parallel, summed over the ranks
+        table = weights["embedding.weight"]  # this rank's ⌈V/T⌉ rows
+        embeddings = vocab_parallel_lookup(group, token_ids, table, recording)
+        name = None  # recorded with the collective's stages
+    elif embeddings is None:
         embeddings = F.embedding(token_ids, weights["embedding.weight"])  # (B, L, D)
     looked_up = [embeddings]
     del embeddings
-    hidden = embed(model.embeddings, weights, looked_up, recording, offset=offset)  # (B, L, D)
+    hidden = embed(
+        model.embeddings, weights, looked_up, recording, name, offset=offset, group=group
+    )  # (B, L, D); under SP (B, L/T, D)
     contexts: list[torch.Tensor] = []  # held here while a later block still reads it
     if context_ids is not None:
         contexts.append(embed_context(model.embeddings, weights, context_ids, recording))
@@ -123,7 +137,7 @@ def forward(
     for n in range(last + 1):
         block_record = records.get(n, no_record)
         if n > 0:
-            block_record("hidden", hidden, "B L D")
+            block_record("hidden", hidden, "B L D" if group is None else group.hidden)
         for sublayer in model.blocks[n].sublayers:
             own = sublayer_weights(weights, sublayer_prefix(n, sublayer))
             owned = [hidden]  # the sublayer takes its input: freed when it is done with it
@@ -149,13 +163,14 @@ def forward(
                     past=None if caches is None else caches[n].setdefault(sublayer.name, KVCache()),
                     offset=offset,
                     position_bias=position_bias,
+                    group=group,
                 )
                 if result.window is not None:
                     windows.setdefault(n, result.window)  # the block's first attention
                     shown_weights[n, sublayer.name] = (result.window, result.key_start)
                 hidden = result.output
             else:
-                hidden = feed_forward(sublayer, own, owned, block_record)
+                hidden = feed_forward(sublayer, own, owned, block_record, group)
     if result is None:
         return ModelOutput(hidden, None, None, windows, shown_weights)
     return ModelOutput(hidden, result.attention_output, result.weights, windows, shown_weights)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.color import Color
 from rich.columns import Columns
 from rich.console import Group, RenderableType
@@ -223,9 +225,11 @@ def run_view(report: RunReport, width: int) -> Group:
     texts, trace, plan = report.texts, report.trace, report.plan
     heads, digits, contexts = report.heads, report.digits, report.contexts
     config = plan.config
+    split = report.split
     parts: list[RenderableType] = [
         *_run_opening(texts, trace, plan, contexts, trace.layer),
-        stage_table(trace.stages, width, plan),
+        *split_lines(split),
+        stage_table(trace.stages, width, plan if split is None else split.plan),
     ]
     if config.mask == "causal":
         parts.append(Text(f"mask: {MASK_CONVENTION}", style="dim"))
@@ -268,6 +272,34 @@ def run_view(report: RunReport, width: int) -> Group:
     parts.append(Text(""))
     parts.append(memory_footer(report.estimate))
     return Group(*parts)
+
+
+def split_lines(split: Any) -> list[RenderableType]:
+    """``run --tp``: which heads live on which rank, and whose stages the table shows."""
+    if split is None:
+        return []
+    ranks = []
+    for rank, (queries, kv) in enumerate(split.heads):
+        kv_text = f"kv-head {kv.start}" if len(kv) == 1 else f"kv-heads {_span(kv)}"
+        ranks.append(f"rank {rank}: heads {_span(queries)} ({kv_text})")
+    backend = "NCCL" if trace_device(split).startswith("cuda") else "gloo"
+    return [
+        Text(
+            f"{split.layout.summary()} over {split.layout.tp} processes ({backend}): "
+            + "; ".join(ranks),
+            style="bold",
+        ),
+        Text("the stages below are rank 0's, with its collectives", style="dim"),
+        Text(""),
+    ]
+
+
+def trace_device(split: Any) -> str:
+    return split.traces[0].device
+
+
+def _span(heads: range) -> str:
+    return str(heads.start) if len(heads) == 1 else f"{heads.start}–{heads.stop - 1}"
 
 
 def blocks_view(report: RunReport, width: int) -> Group:

@@ -69,6 +69,8 @@ class PlanBuilder:
         """One stage; returns its name, for the stages that read it."""
         reads = tuple(self.resolve(read) for read in reads)
         view_of = None if view_of is None else self.resolve(view_of)
+        owner = next((s.view_of for s in self.stages if s.name == view_of and s.view_of), None)
+        view_of = owner or view_of  # the stage that owns the memory, as a run records it
         name = self.scope + name
         dtype = dtype or self.dtype
         dim_names = tuple(dims.split())

@@ -18,6 +18,21 @@ from __future__ import annotations
 
 from attnctl.stages import PlanBuilder
 
+# What gloo allocates inside a collective, on its own threads, beyond the tensors it is
+# given (``distributed.collective_buffers``: the rise of a rank's peak resident memory
+# over one collective of a float32 (B, L, D) of 32 and 128 MiB, 2 and 4 ranks, torch
+# 2.13 on the CPU; docs/memory.md, "Measured on torch.distributed"): all_gather gathers
+# into a flat buffer of the whole (B, L, D), then copies it into the output's views; the
+# reduce_scatter of views flattens the (T - 1) / T of the partial sums the other ranks
+# keep; all_reduce adds in place. Each beside a few MiB that do not grow with the tensor
+# (at most 4.3 MiB measured), bounded by COLLECTIVE_FIXED_BYTES.
+COLLECTIVE_BUFFERS = {
+    "all_gather": "a flat buffer of the whole (B, L, D)",
+    "reduce_scatter": "a flat copy of the (T - 1) / T of the (B, L, D) sent to the others",
+    "all_reduce": "none that grows with the tensor",
+}
+COLLECTIVE_FIXED_BYTES = 8 * 2**20
+
 
 def gather_sequence(plan: PlanBuilder, h: str, prefix: str = "") -> str:
     """What a sublayer's column-parallel projections read: ``h`` itself, or under sequence

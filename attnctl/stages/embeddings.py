@@ -26,6 +26,8 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
             ("token_ids",),
             dtype="bool",
             what="the ids outside this rank's rows of the vocabulary",
+            # id < first, then | id >= first + rows: that comparison's bools beside it
+            scratch=plan.nbytes("B L", "bool"),
         )
         plan.add(
             "local_ids",

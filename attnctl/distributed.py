@@ -1,0 +1,635 @@
+"""Running a tensor-parallel split for real: T processes on this machine.
+
+The parent side of ``attnctl/rank.py``. Everything is checked before any process
+starts (``parallel.check_layout``, ``plan_parallel.check_split``, the memory of all the
+ranks together); then :func:`run_ranks` picks a free TCP port on 127.0.0.1, starts T
+``python -m attnctl.rank`` processes, each in a session (process group) of its own,
+hands each its work as JSON on stdin and waits for one JSON document from each. On a
+failure, a timeout, Ctrl-C or exit it kills every rank's process group, so no rank
+outlives attnctl; a rank's error comes back as one line naming the rank.
+
+:func:`measure_split` is ``memory --measure --tp T [--sp]``: each rank's block 0 under
+``measure.LiveStorages`` beside its plan (``plan_parallel.rank_plan``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnctl.config import DTYPE_BYTES, LayerConfig
+from attnctl.describe import ModelDescription
+from attnctl.errors import RUNTIME, AttnctlError
+from attnctl.parallel import MOST_PROCESSES, Layout, check_layout, rank_heads
+from attnctl.plan import Plan
+
+# What one rank costs beyond its tensors: the interpreter with torch and attnctl
+# imported and a gloo group joined. Measured (benchmarks/distributed.py): a rank's peak
+# resident memory (VmHWM) is 319 MiB on the CPU with torch 2.13 when its tensors are
+# under 9 MiB (torch's import alone: 219 MiB); rounded up.
+PROCESS_OVERHEAD_BYTES = 320 * 2**20
+# a rank's start: torch imported (0.8 s warm on this machine, ~20 s from a cold disk),
+# then the group joined; the work's own time is added by the caller's estimate
+START_SECONDS = 60.0
+DEFAULT_TIMEOUT_SECONDS = 300.0
+# what a rank says when another one died under it: the other's message is the cause
+LOST_PEER = ("Connection closed by peer", "remote worker", "Connection reset")
+
+
+@dataclass(frozen=True)
+class RankMeasurement:
+    """One rank of ``memory --measure --tp T``: its plan's figures beside the measured."""
+
+    rank: int
+    peak_bytes: int  # estimated: the rank's weights + its plan's activation peak
+    measured_peak_bytes: int  # the rank's tensors + the activations LiveStorages saw
+    parameter_bytes: int  # estimated (rank_weights), equal to the measured on CPU
+    measured_parameter_bytes: int
+    stage_names: tuple[str, ...]
+    stage_peak_bytes: tuple[int, ...]  # estimated, per stage of rank_plan
+    measured_stage_peak_bytes: tuple[int, ...]
+    method: str
+    # what the backend allocates inside the collectives, not seen by LiveStorages:
+    # bounded by the plan (the largest of them, as they run one after another)
+    collective_buffer_bytes: int
+    collective_buffers: str  # in words
+    # the rank process's seconds: to import torch and attnctl, to join the group, to work
+    timings: dict[str, float] = field(default_factory=dict)
+    # the whole process's peak resident memory (Linux VmHWM): its tensors, torch itself
+    # and the whole weights it loaded before cutting its share; PROCESS_OVERHEAD_BYTES
+    # is what a tiny layer's rank holds here
+    resident_peak_bytes: int | None = None
+
+    @property
+    def equal(self) -> bool:
+        return self.peak_bytes == self.measured_peak_bytes
+
+
+@dataclass
+class RankReply:
+    rank: int
+    results: list[dict[str, Any]]
+    timings: dict[str, float]
+    resident_peak_bytes: int | None = None  # the process's peak resident memory (Linux)
+
+
+# ---------------------------------------------------------------- checks
+
+
+def check_split_run(
+    layout: Layout,
+    config: LayerConfig,
+    model: ModelDescription | None,
+    lengths: list[int],
+    vocab_size: int,
+) -> ModelDescription:
+    """Every check of a split this machine will run, before any process starts; returns
+    the whole model's description (the seeded layer's too)."""
+    from attnctl.describe import seeded_model
+    from attnctl.plan_parallel import check_split
+
+    check_layout(layout, train=False)
+    if layout.pp > 1 or layout.dp > 1:
+        raise AttnctlError(
+            "attnctl runs the --tp split on this machine; --pp and --dp are estimated "
+            "only: leave them out to run it"
+        )
+    if layout.cp > 1:
+        raise AttnctlError("--cp is not run on torch.distributed yet: only --tp (and --sp)")
+    if layout.tp < 2:
+        raise AttnctlError("a split runs over --tp 2 or more processes")
+    if layout.tp > MOST_PROCESSES:
+        raise AttnctlError(
+            f"--tp {layout.tp} would start {layout.tp} processes; attnctl starts at most "
+            f"{MOST_PROCESSES} on one machine"
+        )
+    description = seeded_model(config, vocab_size) if model is None else model.with_run(config)
+    check_split(layout, description, lengths)
+    cores = os.cpu_count() or 1
+    if layout.tp > cores * 8:
+        raise AttnctlError(
+            f"--tp {layout.tp} would start {layout.tp} processes on this machine's {cores} "
+            f"CPU cores; attnctl starts at most {cores * 8} (8 a core)"
+        )
+    return description
+
+
+def check_devices(device: Any, tp: int) -> None:
+    """On CUDA each rank takes a GPU of its own (NCCL): there must be T of them."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < tp:
+        raise AttnctlError(
+            f"--tp {tp} on CUDA runs one rank a GPU; torch sees {count}: use --device cpu "
+            "(gloo) or a smaller --tp"
+        )
+
+
+def split_timeout(plan: Plan, device: Any, blocks: int = 1) -> float:
+    """How long to wait for the ranks: DEFAULT_TIMEOUT_SECONDS, or for a long run the
+    start plus 20 times one device's whole forward pass at the speed measured here
+    (each rank does 1 / T of it, on 1 / T of the cores)."""
+    from attnctl.resources import estimated_seconds
+
+    seconds = estimated_seconds(plan, device, blocks)
+    if seconds is None:
+        return DEFAULT_TIMEOUT_SECONDS
+    return max(DEFAULT_TIMEOUT_SECONDS, START_SECONDS + 20 * seconds)
+
+
+def threads_per_rank(ranks: int) -> int:
+    """OMP_NUM_THREADS for each rank: the cores shared out, one at least."""
+    return max(1, (os.cpu_count() or 1) // ranks)
+
+
+def preflight_split(
+    rank_peaks: list[int], whole_weight_bytes: int, device: Any, force: bool = False
+) -> int:
+    """All the ranks' memory together, before they start: each rank's peak, the whole
+    weights each loads before cutting its share, and PROCESS_OVERHEAD_BYTES each.
+    Returns the bytes asked for; refuses (exit 1) when they are not free."""
+    need = sum(rank_peaks) + len(rank_peaks) * (whole_weight_bytes + PROCESS_OVERHEAD_BYTES)
+    if not force:
+        from attnctl.resources import preflight
+
+        preflight(need, device)
+    return need
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on, on the loopback address only."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+_LIVE: set[int] = set()  # the process groups of ranks still running
+
+
+def _kill_groups(groups: set[int]) -> None:
+    for group in list(groups):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+        groups.discard(group)
+
+
+atexit.register(_kill_groups, _LIVE)
+
+
+def _rank_environment(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        MASTER_ADDR="127.0.0.1",  # the loopback only: never another interface
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        GLOO_SOCKET_IFNAME=_loopback_name(),
+        PYTHONUNBUFFERED="1",
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _loopback_name() -> str:
+    """The loopback interface's name (gloo binds its sockets there, not elsewhere)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        names = []
+    return "lo" if "lo" in names or not names else names[0]
+
+
+def run_ranks(
+    world: int,
+    tasks: list[dict[str, Any]],
+    device: str = "cpu",
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> list[RankReply]:
+    """Start ``world`` ranks, each running ``tasks`` in turn; their replies in rank order.
+
+    Raises AttnctlError (exit 1) with the first failing rank's message, or when a rank
+    ends without a reply, or when they are not done within ``timeout`` seconds; every
+    rank is killed first."""
+    port = free_port()
+    threads = threads_per_rank(world)
+    env = _rank_environment(threads)
+    started: list[tuple[subprocess.Popen, Any, Any]] = []
+    groups: set[int] = set()
+    with contextlib.ExitStack() as files:
+        try:
+            for rank in range(world):
+                out = files.enter_context(tempfile.TemporaryFile())
+                err = files.enter_context(tempfile.TemporaryFile())
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "attnctl.rank"],
+                    stdin=subprocess.PIPE,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    start_new_session=True,  # its own process group: killed as one
+                )
+                groups.add(process.pid)
+                _LIVE.add(process.pid)
+                started.append((process, out, err))
+                document = {
+                    "rank": rank,
+                    "world": world,
+                    "port": port,
+                    "parent": os.getpid(),
+                    "device": device,
+                    "threads": threads,
+                    "timeout": max(30, int(timeout)),
+                    "tasks": tasks,
+                }
+                process.stdin.write(json.dumps(document).encode())
+                process.stdin.close()
+            return _wait(started, timeout)
+        finally:  # a failure, a timeout, Ctrl-C: no rank is left running
+            _kill_groups(groups)
+            _LIVE.difference_update({p.pid for p, _, _ in started})
+            for process, _, _ in started:
+                with contextlib.suppress(Exception):
+                    process.wait(timeout=5)
+
+
+def _wait(started: list[tuple[subprocess.Popen, Any, Any]], timeout: float) -> list[RankReply]:
+    deadline = time.monotonic() + timeout
+    replies: dict[int, RankReply] = {}
+    while len(replies) < len(started):
+        failures = []  # of the ranks that ended since the last look
+        for rank, (process, out, err) in enumerate(started):
+            if rank in replies or process.poll() is None:
+                continue
+            try:
+                replies[rank] = _reply(rank, process.returncode, out, err)
+            except AttnctlError as error:
+                failures.append(error)
+        if failures:  # the cause, not the ranks that lost their peer because of it
+            raise min(failures, key=lambda e: any(w in e.message for w in LOST_PEER))
+        if len(replies) < len(started):
+            if time.monotonic() > deadline:
+                running = [r for r in range(len(started)) if r not in replies]
+                raise AttnctlError(
+                    f"rank {running[0]}: no reply within {timeout:g} s; every rank stopped",
+                    exit_code=RUNTIME,
+                )
+            time.sleep(0.02)
+    return [replies[rank] for rank in range(len(started))]
+
+
+def _reply(rank: int, code: int, out: Any, err: Any) -> RankReply:
+    out.seek(0)
+    text = out.read().decode(errors="replace").strip()
+    try:
+        document = json.loads(text) if text else None
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and "error" in document:
+        raise AttnctlError(f"rank {rank}: {document['error']}", exit_code=RUNTIME)
+    if not isinstance(document, dict) or code != 0:
+        err.seek(0)
+        lines = [line for line in err.read().decode(errors="replace").splitlines() if line]
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        said = f": {lines[-1].strip()}" if lines else ""
+        raise AttnctlError(f"rank {rank} {how} without a result{said}", exit_code=RUNTIME)
+    timings = {k: float(v) for k, v in document.items() if k.endswith("_seconds")}
+    return RankReply(rank, document["results"], timings, document.get("resident_peak_bytes"))
+
+
+# ---------------------------------------------------------------- memory --measure --tp
+
+
+def _config_values(config: LayerConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def measure_task(
+    config: LayerConfig,
+    seq_len: int,
+    batch: int,
+    vocab_size: int,
+    layout: Layout,
+    model: ModelDescription | None = None,
+) -> dict[str, Any]:
+    """The JSON one rank is given to measure its block 0 (checked by the caller)."""
+    return {
+        "kind": "measure",
+        "config": _config_values(config),
+        "model_dir": None if model is None else str(model.source.path),
+        "seq_len": seq_len,
+        "batch": batch,
+        "vocab_size": vocab_size,
+        "sp": layout.sp,
+    }
+
+
+def estimated_ranks(
+    config: LayerConfig,
+    seq_len: int,
+    batch: int,
+    vocab_size: int,
+    layout: Layout,
+    model: ModelDescription | None = None,
+    block: int = 0,
+) -> tuple[Plan, Any, int]:
+    """One rank's plan of block ``block``, its estimate and its weights' bytes (every
+    rank's are alike)."""
+    from attnctl.memory import estimate
+    from attnctl.plan_parallel import rank_plan, rank_weights
+
+    plan = rank_plan(config, seq_len, batch, vocab_size, layout, model, block)
+    predicted = estimate(plan)
+    if model is None:
+        parameter_bytes = predicted.parameter_bytes
+    else:
+        element = DTYPE_BYTES[plan.config.dtype]
+        whole = model.with_run(config)
+        parameter_bytes = sum(s.values * s.copies for s in rank_weights(whole, layout)) * element
+    return plan, predicted, parameter_bytes
+
+
+def collective_bound(plan: Plan, tp: int) -> int:
+    """The most gloo allocates inside one of the plan's collectives (they run one at a
+    time, and each frees its buffers before it returns): the whole (B, L, D) for an
+    all_gather, (T - 1) / T of it for a reduce_scatter, nothing that grows with the
+    tensor for an all_reduce, each with COLLECTIVE_FIXED_BYTES beside it
+    (``stages/collectives.COLLECTIVE_BUFFERS``)."""
+    from attnctl.stages.collectives import COLLECTIVE_FIXED_BYTES
+
+    whole = plan.sizes["B"] * plan.sizes["L"] * plan.sizes["D"] * DTYPE_BYTES[plan.config.dtype]
+    names = [stage.name for stage in plan.stages]
+    if any(name.endswith("all_gather") for name in names):
+        return whole + COLLECTIVE_FIXED_BYTES
+    if any(name.endswith("reduce_scatter") for name in names):
+        return whole * (tp - 1) // tp + COLLECTIVE_FIXED_BYTES
+    if any(name.endswith("all_reduce") for name in names):
+        return COLLECTIVE_FIXED_BYTES
+    return 0
+
+
+def measure_split(
+    config: LayerConfig,
+    seq_len: int,
+    batch: int,
+    vocab_size: int,
+    layout: Layout,
+    model: ModelDescription | None = None,
+    timeout: float | None = None,
+    force: bool = False,
+) -> list[RankMeasurement]:
+    """``memory --measure --tp T [--sp]``: each rank's forward of block 0 (embeddings and
+    block 0, as ``measure.measure_forward`` on one device) run in T processes, each under
+    ``measure.LiveStorages``, beside its plan. ``config``: the seeded layer, or with
+    ``model`` a checkpoint's run settings (dtype, device, impl). Checked, pre-flighted,
+    then run; on the CPU equal to the byte per rank. ``timeout`` None: ``split_timeout``
+    of one device's plan."""
+    return measure_splits([(config, seq_len, batch, vocab_size, layout, model)], timeout, force)[0]
+
+
+def measure_splits(
+    cases: list[tuple[LayerConfig, int, int, int, Layout, ModelDescription | None]],
+    timeout: float | None = None,
+    force: bool = False,
+) -> list[list[RankMeasurement]]:
+    """Several :func:`measure_split` of one --tp in one start of the ranks (each process
+    imports torch once): the tests and the benchmark share them so."""
+    if not cases:
+        return []
+    worlds = {case[4].tp for case in cases}
+    if len(worlds) > 1:
+        raise AttnctlError("one start of the ranks runs one --tp")
+    world = worlds.pop()
+    from attnctl.config import resolve_impl, validate
+
+    prepared, tasks = [], []
+    peaks, whole = [0] * world, 0
+    device = "cpu"
+    for config, seq_len, batch, vocab_size, layout, model in cases:
+        check_layout(layout, train=False, measure=True)  # --measure's own refusals first
+        config = resolve_impl(validate(config))
+        vocab = model.vocab_size if model is not None else vocab_size
+        description = check_split_run(layout, config, model, [seq_len], vocab)
+        plan, predicted, parameter_bytes = estimated_ranks(
+            config, seq_len, batch, vocab, layout, model
+        )
+        peaks = [max(p, parameter_bytes + predicted.peak_activation_bytes) for p in peaks]
+        whole = max(whole, whole_weight_bytes(description, config))
+        device = config.device
+        prepared.append((plan, predicted, parameter_bytes))
+        tasks.append(measure_task(config, seq_len, batch, vocab, layout, model))
+    from attnctl.layer import resolve_device
+
+    resolved = resolve_device(device)
+    check_devices(resolved, world)
+    preflight_split(peaks, whole, resolved, force)
+    if timeout is None:  # the cases one after another
+        from attnctl.plan import build_plan
+
+        timeout = sum(
+            split_timeout(build_plan(resolve_impl(validate(c)), n, b, v, model=m), resolved)
+            for c, n, b, v, _, m in cases
+        )
+    replies = run_ranks(world, tasks, str(resolved), timeout)
+    return [
+        [
+            _rank_measurement(reply.results[index], *prepared[index], reply, world)
+            for reply in replies
+        ]
+        for index in range(len(cases))
+    ]
+
+
+def whole_weight_bytes(description: ModelDescription, config: LayerConfig) -> int:
+    """The bytes of the whole model's weights, which every rank loads before cutting."""
+    from attnctl.plan import layer_parameters, model_parameters
+
+    if description.checkpoint is None:
+        parameters = layer_parameters(description.config, description.vocab_size)
+    else:
+        parameters = model_parameters(description)
+    return sum(p.count for p in parameters) * DTYPE_BYTES[config.dtype]
+
+
+def _rank_measurement(
+    result: dict[str, Any],
+    plan: Plan,
+    predicted: Any,
+    parameter_bytes: int,
+    reply: RankReply,
+    tp: int,
+) -> RankMeasurement:
+    measured_parameters = result["parameter_bytes"]
+    return RankMeasurement(
+        rank=result["rank"],
+        peak_bytes=parameter_bytes + predicted.peak_activation_bytes,
+        measured_peak_bytes=measured_parameters + result["peak_activation_bytes"],
+        parameter_bytes=parameter_bytes,
+        measured_parameter_bytes=measured_parameters,
+        stage_names=tuple(s.name for s in plan.stages),
+        stage_peak_bytes=tuple(predicted.live_bytes),
+        measured_stage_peak_bytes=tuple(result["stage_peak_bytes"]),
+        method=result["method"] + " per rank (gloo's buffers inside a collective not seen)",
+        collective_buffer_bytes=collective_bound(plan, tp),
+        collective_buffers="; ".join(_buffer_words(plan)),
+        timings=reply.timings,
+        resident_peak_bytes=reply.resident_peak_bytes,
+    )
+
+
+def _buffer_words(plan: Plan) -> Iterator[str]:
+    from attnctl.stages.collectives import COLLECTIVE_BUFFERS
+
+    kinds = {name for name in COLLECTIVE_BUFFERS if any(
+        s.name.endswith(name) for s in plan.stages)}  # fmt: skip
+    for kind in sorted(kinds):
+        yield f"{kind}: {COLLECTIVE_BUFFERS[kind]}"
+
+
+# ---------------------------------------------------------------- run --tp
+
+
+def head_ranks(heads: int, kv_heads: int, tp: int) -> list[tuple[range, range]]:
+    """Each rank's (query heads, kv-heads)."""
+    return [rank_heads(heads, kv_heads, tp, rank) for rank in range(tp)]
+
+
+@dataclass
+class SplitRun:
+    """``run --tp T``: the traces as one device's run gives them (every shown head's
+    weights gathered from the rank that holds it), the output, and how it was split."""
+
+    traces: list[Any]  # runner's Trace: its stages are rank 0's (the collectives in them)
+    output: Any  # torch.Tensor (B, L, D): the last block's output, every token
+    layout: Layout
+    plan: Plan  # rank 0's, whose stages the trace recorded
+    heads: list[tuple[range, range]]  # per rank: its query heads and kv-heads
+    timings: list[dict[str, float]]  # per rank: seconds to import, to join, to work
+
+
+def run_task(
+    config: LayerConfig,
+    token_ids: list[list[int]],
+    vocab_size: int,
+    layout: Layout,
+    model: ModelDescription | None,
+    block: int,
+    heads: list[int],
+    rows: list[int],
+    padding: list[list[bool]] | None,
+) -> dict[str, Any]:
+    """The JSON one rank is given to run blocks 0..``block`` over ``token_ids``."""
+    return {
+        "kind": "run",
+        "config": _config_values(config),
+        "model_dir": None if model is None else str(model.source.path),
+        "token_ids": token_ids,
+        "vocab_size": vocab_size,
+        "sp": layout.sp,
+        "last": block,
+        "heads": heads,
+        "rows": rows,
+        "padding": padding,
+    }
+
+
+def run_split(
+    batch: Any,
+    config: LayerConfig,
+    model: ModelDescription | None,
+    block: int,
+    heads: list[int],
+    rows: list[int],
+    layout: Layout,
+    padded: bool,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> SplitRun:
+    """Run the seeded layer or a model's blocks 0..``block`` over ``batch`` (a tokenized,
+    padded batch) on ``layout.tp`` processes; ``config`` resolved as ``run`` resolves it,
+    the split checked (:func:`check_split_run`) and the memory pre-flighted by the caller.
+    """
+    import torch
+
+    from attnctl.plan_parallel import _renamed, rank_plan
+    from attnctl.runner import shown_weights
+    from attnctl.trace import Stage, Trace
+
+    padded_rows = batch.padded_rows()
+    token_ids = [[t.id for t in row] for row in padded_rows]
+    padding = None
+    if padded:  # (B, L) True = a real key, as runner.padding_mask makes it
+        padding = [[n < len(row) for n in range(batch.seq_len)] for row in batch.rows]
+    vocab = batch.vocab_size if model is None else model.vocab_size
+    task = run_task(config, token_ids, vocab, layout, model, block, heads, rows, padding)
+    device = str(_device(config))
+    replies = run_ranks(layout.tp, [task], device, timeout)
+    results = [reply.results[0] for reply in replies]
+    by_head = {}
+    for result in results:
+        weights = torch.tensor(result["weights"])  # (B, h, r, Lk)
+        for index, head in enumerate(result["heads"]):
+            by_head[head] = weights[:, index]
+    window = torch.stack([by_head[h] for h in heads], dim=1)  # (B, heads, r, Lk)
+    outputs = [torch.tensor(result["output"]) for result in results]
+    output = torch.cat(outputs, dim=1) if layout.sp else outputs[0]  # (B, L, D)
+    plan = rank_plan(config, batch.seq_len, len(padded_rows), vocab, layout, model, block)
+    recorded = [Stage(**{**s, "dims": tuple(s["dims"]), "shape": tuple(s["shape"])})
+                for s in results[0]["stages"]]  # fmt: skip
+    full = model.config if model is not None else config
+    stages = _renamed(dataclasses.replace(plan, stages=recorded), full, layout.tp).stages
+    attention, top, sums = shown_weights(window, rows, [len(row) for row in batch.rows])
+    trace = Trace(
+        tokens=padded_rows,
+        stages=stages,
+        attention=attention,
+        attention_heads=heads,
+        attention_rows=rows,
+        top_keys=top,
+        device=device,
+        tokenizer=batch.name,
+        vocab_size=batch.vocab_size,
+        impl=config.impl,
+        layer=None if model is None else block,
+        sums=sums,
+    )
+    attention_config = (model.with_run(config).blocks[block].attention.config if model
+                        else config)  # fmt: skip
+    return SplitRun(
+        [trace], output, layout, plan,
+        head_ranks(attention_config.heads, attention_config.kv_heads, layout.tp),
+        [reply.timings for reply in replies],
+    )  # fmt: skip
+
+
+def _device(config: LayerConfig) -> Any:
+    from attnctl.layer import resolve_device
+
+    return resolve_device(config.device)
+
+
+def collective_buffers(tp: int, mebibytes: int, timeout: float = DEFAULT_TIMEOUT_SECONDS):
+    """What gloo allocates inside each collective, measured on ``tp`` ranks over a float32
+    (B, L, D) of ``mebibytes`` (Linux only: it reads and resets VmHWM): per rank
+    ``{"bytes": the (B, L, D)'s, "buffers": {collective: bytes}}``."""
+    if not sys.platform.startswith("linux"):
+        raise AttnctlError("measuring gloo's buffers reads /proc/self/status: Linux only")
+    task = {"kind": "buffers", "sp": True, "mebibytes": mebibytes}
+    replies = run_ranks(tp, [task], "cpu", timeout)
+    return [reply.results[0] for reply in replies]

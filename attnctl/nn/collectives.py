@@ -1,0 +1,235 @@
+"""The collectives a tensor-parallel rank runs between its sublayers, in torch.
+
+The torch twin of ``attnctl/stages/collectives.py``: the same stage names, recorded as
+they run on ``torch.distributed`` (gloo on the CPU, NCCL on CUDA). A :class:`TensorGroup`
+is passed down the model (``nn/model.py``); ``None`` everywhere is one device, whose
+code path is unchanged.
+
+What each allocates where :class:`attnctl.measure.LiveStorages` sees it is what the
+plan says: ``all_reduce`` adds in place (no new bytes), ``all_gather`` writes one new
+(B, L, D), ``reduce_scatter`` one new (B, L/T, D). What the backend allocates inside a
+collective, on its own threads, is not seen there: ``COLLECTIVE_BUFFERS``
+(``stages/collectives.py``) names it.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnctl.nn import Record, no_record
+from attnctl.parallel import rank_heads, vocab_rows
+from attnctl.stages.collectives import COLLECTIVE_BUFFERS  # noqa: F401 (what gloo adds)
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    """One rank's place in a tensor-parallel group of ``size`` ranks: which heads,
+    kv-heads, feed-forward columns and vocabulary rows it holds, and under sequence
+    parallelism which L / T tokens."""
+
+    rank: int
+    size: int
+    sequence_parallel: bool = False
+    process_group: Any = None  # a torch.distributed group; None: the default one
+
+    @property
+    def hidden(self) -> str:
+        """The dims of the tensors between sublayers, as the plan names them."""
+        return "B L/T D" if self.sequence_parallel else "B L D"
+
+    def full_length(self, local: int) -> int:
+        """The whole sequence's length from the tokens between the sublayers."""
+        return local * self.size if self.sequence_parallel else local
+
+    def first_token(self, length: int) -> int:
+        """The position of this rank's first token between the sublayers (SP), of a
+        sequence of ``length`` tokens (0 without SP: every rank holds all)."""
+        return self.rank * (length // self.size) if self.sequence_parallel else 0
+
+
+def gather_sequence(
+    group: TensorGroup | None, h: torch.Tensor, record: Record = no_record, prefix: str = ""
+) -> torch.Tensor:
+    """What the column-parallel projections read: ``h`` itself, or under sequence
+    parallelism the whole (B, L, D) gathered from every rank's (B, L/T, D)."""
+    if group is None or not group.sequence_parallel:
+        return h
+    import torch.distributed as dist
+
+    batch, local, width = h.shape
+    gathered = torch.empty(batch, local * group.size, width, dtype=h.dtype, device=h.device)
+    # (B, L, D): each rank's tokens written into its slice of the sequence, in place
+    slices = [gathered[:, r * local : (r + 1) * local] for r in range(group.size)]
+    sent = h.contiguous().view(h.shape)  # an alias of its own: see _released
+    dist.all_gather(slices, sent, group=group.process_group)
+    handed = [sent, *slices]
+    del sent, slices  # the backend's references alone left: see _released
+    _released(handed)
+    record(prefix + "all_gather", gathered, "B L D")
+    return gathered
+
+
+def reduce_partial(
+    group: TensorGroup | None,
+    partial: torch.Tensor,
+    record: Record = no_record,
+    prefix: str = "",
+) -> torch.Tensor:
+    """The sum over the ranks of a row-parallel projection's partial output (B, L, D):
+    added in place (all_reduce), or under sequence parallelism this rank's L / T tokens
+    of it, a new (B, L/T, D) (reduce_scatter). One device: ``partial`` itself."""
+    if group is None or group.size == 1:
+        return partial
+    import torch.distributed as dist
+
+    if not group.sequence_parallel:
+        summed = partial.view(partial.shape)  # an alias of its own: see _released
+        dist.all_reduce(summed, group=group.process_group)  # in place
+        handed = [summed]
+        del summed
+        _released(handed)
+        record(prefix + "all_reduce", partial, "B L D")
+        return partial
+    batch, length, width = partial.shape
+    local = length // group.size
+    mine = torch.empty(batch, local, width, dtype=partial.dtype, device=partial.device)
+    # (B, L/T, D); the partial sums' slices along the sequence, one per rank
+    slices = [partial[:, r * local : (r + 1) * local] for r in range(group.size)]
+    received = mine.view(mine.shape)  # an alias of its own: see _released
+    dist.reduce_scatter(received, slices, group=group.process_group)
+    handed = [received, *slices]
+    del received, slices
+    _released(handed)
+    record(prefix + "reduce_scatter", mine, "B L/T D")
+    return mine
+
+
+def _released(sent: list[torch.Tensor], seconds: float = 2.0) -> None:
+    """Wait until the backend lets go of the tensors it was handed (its own aliases of
+    ours), taking them out of ``sent``.
+
+    gloo's worker thread holds the collective's work, and with it those tensors, a
+    moment after the collective returns: until then a tensor the plan frees at this
+    stage (the norm before an all_gather, the partial sums of a reduce_scatter) would
+    still hold its memory, sometimes, on some ranks. torch keeps a tensor's Python object
+    alive while C++ still holds it, so a weak reference dies exactly when the backend
+    is done with it.
+    """
+    on_cpu = all(t.device.type == "cpu" for t in sent)
+    refs = [weakref.ref(t) for t in sent]
+    sent.clear()
+    if not on_cpu:  # NCCL keeps its work until its watchdog sees it done: not waited for
+        return
+    deadline = time.monotonic() + seconds
+    while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+        time.sleep(0.0001)
+
+
+def vocab_parallel_lookup(
+    group: TensorGroup,
+    token_ids: torch.Tensor,
+    table: torch.Tensor,
+    record: Record = no_record,
+) -> torch.Tensor:
+    """The token embedding split by vocabulary rows: each rank looks up the ids in its
+    rows (the others' vectors zeroed), and the sum over the ranks is every token's
+    vector, (B, L, D); under sequence parallelism this rank's (B, L/T, D) of it."""
+    rows = table.shape[0]  # ⌈V / T⌉
+    first = group.rank * rows
+    outside = token_ids.lt(first)  # (B, L) bool: True = not this rank's row
+    outside.logical_or_(token_ids.ge(first + rows))
+    record("vocab_mask", outside, "B L")
+    local_ids = token_ids.sub(first).masked_fill_(outside, 0)  # (B, L) int64
+    record("local_ids", local_ids, "B L")
+    vectors = torch.nn.functional.embedding(local_ids, table)  # (B, L, D)
+    del local_ids
+    vectors.masked_fill_(outside.unsqueeze(-1), 0.0)  # in place
+    del outside
+    record("embeddings", vectors, "B L D")
+    return reduce_partial(group, vectors, record, "embedding_")
+
+
+# ---------------------------------------------------------------- each rank's weights
+
+
+def shard_weights(
+    named: dict[str, torch.Tensor],
+    description: Any,
+    group: TensorGroup,
+    vocab_size: int,
+) -> dict[str, torch.Tensor]:
+    """This rank's share of every weight, cut from the whole model's ``named`` weights
+    (the single device's, by the layout's names): its own contiguous tensors, so the
+    whole ones can be freed. ``description``: the whole model (its blocks' configs say
+    which rows are whose). The rules are ``plan_parallel.share``'s."""
+    from attnctl.plan_parallel import share
+
+    cut: dict[str, torch.Tensor] = {}
+    size, rank = group.size, group.rank
+    for name, tensor in named.items():
+        config = _config_of(description, name)
+        share(name, tuple(tensor.shape), config, size)  # refuses what it cannot split
+        kind = _kind(name)
+        if kind == "heads":
+            queries, _ = rank_heads(config.heads, config.kv_heads, size, rank)
+            part = tensor[queries.start * config.d_k : queries.stop * config.d_k]
+        elif kind == "kv_heads":
+            _, kv = rank_heads(config.heads, config.kv_heads, size, rank)
+            part = tensor[kv.start * config.d_k : kv.stop * config.d_k]
+        elif kind == "out_heads":
+            queries, _ = rank_heads(config.heads, config.kv_heads, size, rank)
+            part = tensor[:, queries.start * config.d_k : queries.stop * config.d_k]
+        elif kind == "rows":
+            per = tensor.shape[0] // size
+            part = tensor[rank * per : (rank + 1) * per]
+        elif kind == "columns":
+            per = tensor.shape[1] // size
+            part = tensor[:, rank * per : (rank + 1) * per]
+        elif kind == "vocab":
+            rows = vocab_rows(tensor.shape[0], size)
+            part = torch.zeros(rows, *tensor.shape[1:], dtype=tensor.dtype, device=tensor.device)
+            mine = tensor[rank * rows : (rank + 1) * rows]  # the last rank's: fewer, padded
+            part[: mine.shape[0]] = mine
+        else:
+            part = tensor
+        cut[name] = part.clone(memory_format=torch.contiguous_format)
+    return cut
+
+
+def _kind(name: str) -> str:
+    import re
+
+    for pattern, kind in (
+        (r"W_q\.(weight|bias)$", "heads"),
+        (r"W_[kv]\.(weight|bias)$", "kv_heads"),
+        (r"W_o\.weight$", "out_heads"),
+        (r"(up|gate)\.(weight|bias)$", "rows"),
+        (r"down\.weight$", "columns"),
+        (r"(embedding|lm_head)\.weight$", "vocab"),
+    ):
+        if re.search(pattern, name):
+            return kind
+    return "replicated"
+
+
+def _config_of(description: Any, name: str) -> Any:
+    """The attention config of the block weight ``name`` belongs to (the first block's
+    for the shared weights)."""
+    import re
+
+    found = re.match(r"blocks\.(\d+)\.", name)
+    block = int(found.group(1)) if found else 0
+    blocks = description.blocks
+    return blocks[min(block, len(blocks) - 1)].attention.config
+
+
+def output_bias(group: TensorGroup | None, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """A row-parallel projection's bias: added by rank 0 only, so the sum has it once."""
+    if group is None or group.rank == 0:
+        return bias
+    return None
