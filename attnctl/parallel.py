@@ -253,7 +253,9 @@ def rank_heads(heads: int, kv_heads: int, tp: int, rank: int) -> tuple[range, ra
 
 def vocab_rows(vocab: int, tp: int) -> int:
     """Rows of a vocab-parallel embedding (or head) on each rank: ⌈V / T⌉, the vocabulary
-    padded to a multiple of T as Megatron pads it (the pad rows are never looked up)."""
+    padded to a multiple of T (the pad rows are never looked up). Megatron pads further, to
+    a multiple of 128·T by default (``make_vocab_size_divisible_by``): at most 127·T rows
+    more than this."""
     return -(-vocab // tp)
 
 

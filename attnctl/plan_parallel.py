@@ -346,6 +346,14 @@ def rank_weights(
             shape = entry.shape[::-1] if entry.transposed else entry.shape  # (out, in)
             values, rule = share(key, shape, config, tp)
         shares.append(WeightShare(entry.key, entry.shape, values, rule))
+    if last:  # stored and read by no block (BERT's pooler): held whole, by the last stage
+        read = {entry.stored_key(source.prefix) for entry in source.table + source.head_table}
+        for key, info in description.weights().items():
+            if key not in read:
+                values = 1
+                for n in info.shape:
+                    values *= n
+                shares.append(WeightShare(key, tuple(info.shape), values, "replicated"))
     head = description.head
     if pp > 1 and last and head is not None and head.tied:
         embedding = next(e for e in source.table if e.targets[0] == "embedding.weight")

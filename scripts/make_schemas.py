@@ -624,7 +624,16 @@ def split_properties() -> dict[str, Schema]:
         "one device of a pipeline stage (any of its tensor-parallel ranks)",
     )
     fit = obj({"budget_bytes": BYTES, "max_seq_len": COUNT, "max_micro_batch": COUNT})
-    measured = obj({"rank": INDEX, "peak_bytes": BYTES, "measured_peak_bytes": BYTES})
+    measured = obj(
+        {
+            "rank": INDEX,
+            "peak_bytes": BYTES,
+            "measured_peak_bytes": BYTES,
+            # what gloo / NCCL allocate inside a collective, which the measurement does
+            # not see: at most this
+            "collective_buffer_bytes": BYTES,
+        }
+    )
     return {
         "layout": nullable(layout),
         "per_device": nullable(array(device, 1, "one per pipeline stage, in order")),

@@ -273,6 +273,25 @@ def test_run_tp_json_has_one_devices_attention(invoke):
     assert b["config"] == a["config"]
 
 
+def test_memory_measure_of_a_split_prints_each_rank_beside_its_estimate(invoke):
+    args = ("memory", "-L", "32", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
+            "--pos", "rope", "--mask", "causal", "--norm", "pre", "--tp", "2", "--sp")  # fmt: skip
+    result = invoke(*args, "--measure", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    ranks = document["measured_per_rank"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["peak_bytes"] == r["measured_peak_bytes"] for r in ranks)  # to the byte
+    assert all(r["collective_buffer_bytes"] > 0 for r in ranks)  # named and bounded
+    # the rank's forward is what the per-device table holds, less the KV cache
+    (device,) = document["per_device"]
+    assert ranks[0]["peak_bytes"] == device["peak_bytes"] - device["kv_cache_bytes"]
+    text = invoke(*args, "--measure", columns=100)
+    assert text.exit_code == 0 and "measured on torch.distributed, per rank" in text.stdout
+    refused = invoke(*args, "--measure", "--train")
+    assert refused.exit_code == 2 and "--measure --train of a split" in refused.stderr
+
+
 def test_run_tp_shows_heads_per_rank(invoke, llama):
     model, _ = llama
     result = invoke("run", "the cat sat", "--model", str(model.source.path), "--tp", "4",

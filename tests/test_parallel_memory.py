@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import json_contract
 import pytest
@@ -75,7 +76,7 @@ REFUSALS = [
     (("--dp", "1024", "--pp", "1024", "--tp", "2"), "devices, more than 1,048,576"),
     (("--micro-batch", "3", "--batch", "4", "--tp", "2"), "--micro-batch 3 does not divide"),
     (("--micro-batch", "0", "--tp", "2"), "--micro-batch must be a positive integer"),
-    (("--measure", "--tp", "2"), "--measure of a split"),
+    (("--measure", "--tp", "2", "--train"), "--measure --train of a split"),
     (("--measure", "--pp", "2"), "--pp and --dp are estimated only"),
     (("--tp", "2", "-L", "64,128"), "one --seq-len"),
     (("--tp", "2", "--context-len", "8"), "cross-attention (--context-len)"),
@@ -416,7 +417,13 @@ def test_recompute_on_the_cli(invoke, gpt2):
         ("selective", saved.total(12) - 12 * matrices + matrices),
         (
             "full",
-            saved.embedding_bytes + 12 * (128 * 768 * 2) + saved.loss_bytes + saved.block_bytes,
+            # each block's input, and one block's saved set in its backward, which holds
+            # that block's input already (the recomputed norm saves the same storage)
+            saved.embedding_bytes
+            + 12 * (128 * 768 * 2)
+            + saved.loss_bytes
+            + saved.block_bytes
+            - 128 * 768 * 2,
         ),
     ):
         document = _json(invoke, *base, "--tp", "2", "--sp", "--recompute", recompute)
@@ -500,8 +507,18 @@ def test_measured_per_rank_shows_when_a_report_carries_it():
     request = MemoryRequest(LayerRequest(), seq_len="32", layout=Layout(tp=2))
     command = memory_use_case(request)
     measured = [
-        {"rank": 0, "peak_bytes": 1_234_567, "measured_peak_bytes": 1_234_000},
-        {"rank": 1, "peak_bytes": 1_234_567, "measured_peak_bytes": 1_235_000},
+        {
+            "rank": 0,
+            "peak_bytes": 1_234_567,
+            "measured_peak_bytes": 1_234_000,
+            "collective_buffer_bytes": 9_000_000,
+        },
+        {
+            "rank": 1,
+            "peak_bytes": 1_234_567,
+            "measured_peak_bytes": 1_235_000,
+            "collective_buffer_bytes": 9_000_000,
+        },
     ]
     parallel = dataclasses.replace(command.parallel, measured_per_rank=measured)
     command = dataclasses.replace(command, parallel=parallel)
@@ -575,3 +592,13 @@ def test_a_negative_kv_cache_is_refused_with_a_split(invoke):
     result = invoke("memory", "--tp", "2", "--kv-cache", "-1")
     assert result.exit_code == 2 and result.stdout == ""
     assert "--kv-cache must be a number of tokens >= 0, got -1" in result.stderr
+
+
+@pytest.mark.parametrize("width", [40, 55, 100])
+def test_each_fit_answer_keeps_its_label_on_a_narrow_terminal(width):
+    result = invoke_at(("memory", "--tp", "2", "--budget", "1GiB"), str(width))
+    out = result.stdout
+    assert re.search(r"longest L at micro-batch 1\s+[\d,]+$", out, re.M), out
+    assert re.search(r"largest micro-batch at L=2048\s+[\d,]+$", out, re.M), out
+    nothing = invoke_at(("memory", "--tp", "2", "--budget", "16"), str(width)).stdout
+    assert "does not fit" in " ".join(nothing.split())

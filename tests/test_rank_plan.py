@@ -244,3 +244,13 @@ def test_stage_blocks_must_match_the_stages_and_the_blocks(invoke):
     refused = invoke("memory", "-L", "8", "--layers", "6", "--pp-blocks", "2,2")
     assert refused.exit_code == 2 and refused.stdout == ""
     assert "adds up to 4 blocks; the model has 6 blocks" in refused.stderr
+
+
+def test_a_weight_no_block_reads_is_held_by_the_last_stage(tmp_path):
+    model = read_model(tiny_models.write_header_only("bert-base", tmp_path / "bert"))
+    whole = sum(p.count for p in model_parameters(model))
+    layout = Layout(pp=2)
+    held = sum(share.values for stage in (0, 1) for share in rank_weights(model, layout, stage))
+    assert held == whole  # the pooler too
+    last = {share.name for share in rank_weights(model, layout, 1)}
+    assert any("pooler" in name for name in last)

@@ -127,10 +127,10 @@ def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescri
     per step, the model's description)."""
     layout = request.layout
     check_layout(layout, train=request.train, measure=request.measure)
-    if request.measure:
+    if request.measure and request.train:
         raise AttnctlError(
-            "--measure of a split (running it on torch.distributed) is not in this build; "
-            "leave out --measure for the per-device estimate"
+            "--measure --train of a split is not run on torch.distributed yet: its "
+            "estimate is; leave out --measure, or --train to measure the forward pass"
         )
     if request.generate is not None:
         raise AttnctlError("--generate with a split is not modelled yet: leave out one of them")
@@ -138,6 +138,10 @@ def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescri
         raise AttnctlError("a split of cross-attention (--context-len) is not modelled yet")
     if request.budget is not None and request.fit_device:
         raise AttnctlError("give --budget SIZE or --fit, not both")
+    if request.budget is not None:
+        parse_size(request.budget)  # read before anything is planned
+    if request.train and request.kv_cache is not None:
+        raise AttnctlError("--kv-cache is inference's: a training step keeps no KV cache")
     if model is not None and request.layers != 1:
         raise AttnctlError("--layers does not apply to --model (a whole model's memory)")
     lengths = parse_lengths(request.seq_len) if request.seq_len is not None else None
@@ -200,6 +204,24 @@ def parallel_memory_use_case(
     fit = None
     if budget is not None:
         fit = split.fit(budget, length, micro, micro_batches, request.kv_cache, request.batch)
+    measured = None
+    if request.measure:
+        from attnctl.distributed import measure_split
+
+        processes = layout.model_ranks
+        with hooks.progress(f"measuring a forward pass on {processes} gloo processes"):
+            ranks = measure_split(
+                layer, length, micro, description.vocab_size, layout, model, force=request.force
+            )
+        measured = [
+            {
+                "rank": rank.rank,
+                "peak_bytes": rank.peak_bytes,
+                "measured_peak_bytes": rank.measured_peak_bytes,
+                "collective_buffer_bytes": rank.collective_buffer_bytes,
+            }
+            for rank in ranks
+        ]
     config = description.config
     report = ParallelReport(
         layout=dataclasses.replace(layout, micro_batch=micro),
@@ -217,6 +239,7 @@ def parallel_memory_use_case(
         stages=stages,
         notes=split.notes(stages),
         fit=fit,
+        measured_per_rank=measured,
     )
     return dataclasses.replace(whole, parallel=report)
 
@@ -378,7 +401,8 @@ class Split:
         if recompute == "selective":  # the B·H·L·L tensors, recomputed in the backward
             per_block, working = saved.block_bytes - matrices, matrices
         elif recompute == "full":  # each block's input; one block's whole in its backward
-            per_block, working = self.block_input_bytes(length, micro), saved.block_bytes
+            per_block = self.block_input_bytes(length, micro)
+            working = saved.block_bytes - per_block  # its saved set holds that input already
         per_micro = blocks * per_block
         if stage == 0:
             per_micro += saved.embedding_bytes
@@ -508,7 +532,8 @@ class Split:
             replicas = kv_replicas(config.kv_heads, layout.tp)
             if replicas > 1:
                 said.append(
-                    f"--tp {layout.tp} is more than the {config.kv_heads} kv-heads: each "
+                    f"--tp {layout.tp} is more than the {config.kv_heads} "
+                    f"kv-head{'s' * (config.kv_heads != 1)}: each "
                     f"kv-head (W_k, W_v and its K, V) is replicated on {replicas} ranks"
                 )
         counts = {len(r) for r in self.ranges}
@@ -535,7 +560,7 @@ class Split:
                     f"ZeRO {layout.zero} shards the {sharded} over {self.state_ranks} ranks "
                     f"(--dp {layout.dp}"
                     + (f" × --cp {layout.cp}" if layout.cp > 1 else "")
-                    + "): ⌈n / ranks⌉ values each, the flat buffer padded as DeepSpeed pads it"
+                    + "): ⌈n / ranks⌉ values each (a flat buffer padded to a multiple of the ranks)"
                 )
             if layout.zero == 3:
                 said.append(

@@ -43,7 +43,7 @@ def parallel_view(command: MemoryCommandReport, width: int) -> Group:
     rows = [
         *model_lines(plan),
         ("layer", config_line(plan.config)),
-        ("split", f"{layout.summary()} = {layout.ranks:,} devices"),
+        ("split", f"{layout.summary()} = {layout.ranks:,} device{'s' * (layout.ranks != 1)}"),
         (
             "sizes",
             f"L = {report.seq_len}, B = {report.batch} per copy, {report.blocks} block"
@@ -148,15 +148,22 @@ def _weights_why(report: ParallelReport) -> str:
 
 
 def _fit_table(report: ParallelReport) -> Table:
+    """Two labelled rows (a label per answer, so a narrow terminal wraps the labels and
+    keeps each number beside its own)."""
     fit = report.fit
     assert fit is not None
     what = "a training step" if report.train else "inference"
-    table = titled_table(f"{what} fits in {format_bytes(fit.budget_bytes)} on every device")
-    table.add_column(
-        f"longest L at micro-batch {report.micro_batch}", justify="right", no_wrap=True
-    )
-    table.add_column(f"largest micro-batch at L={report.seq_len}", justify="right", no_wrap=True)
-    table.add_row(f"{fit.max_seq_len:,}", f"{fit.max_micro_batch:,}")
+    budget = format_bytes(fit.budget_bytes)
+    if fit.max_seq_len == 0 and fit.max_micro_batch == 0:
+        title = f"{what} does not fit in {budget} on every device, even at L=1 and micro-batch 1"
+    else:
+        title = f"{what} fits in {budget} on every device"
+    table = titled_table(title)
+    table.add_column("", ratio=1)
+    table.add_column("", justify="right", no_wrap=True)
+    table.show_header = False
+    table.add_row(f"longest L at micro-batch {report.micro_batch}", f"{fit.max_seq_len:,}")
+    table.add_row(f"largest micro-batch at L={report.seq_len}", f"{fit.max_micro_batch:,}")
     return table
 
 
@@ -166,6 +173,7 @@ def _measured_table(measured: list[dict[str, int]]) -> Table:
     table.add_column("estimated peak", justify="right", no_wrap=True)
     table.add_column("measured peak", justify="right", no_wrap=True)
     table.add_column("difference", justify="right", no_wrap=True)
+    table.add_column("in collectives", justify="right", no_wrap=True)
     for entry in measured:
         estimated, got = entry["peak_bytes"], entry["measured_peak_bytes"]
         table.add_row(
@@ -173,5 +181,12 @@ def _measured_table(measured: list[dict[str, int]]) -> Table:
             format_bytes(estimated),
             format_bytes(got),
             f"{estimated - got:+,} B",
+            "≤ " + format_bytes(entry["collective_buffer_bytes"]),
         )
+    table.caption_justify = "left"
+    table.caption = (
+        "a forward pass of block 0 with the embeddings, one micro-batch: the rank's weights "
+        "and activations (no KV cache); what the backend allocates inside a collective is "
+        "not seen by the measurement, and at most the last column"
+    )
     return table
