@@ -1,4 +1,4 @@
-"""Running a tensor-parallel split for real: T processes on this machine.
+"""Running a tensor- and context-parallel split for real: T · C processes on this machine.
 
 The parent side of ``attnctl/rank.py``. Everything is checked before any process
 starts (``parallel.check_layout``, ``plan_parallel.check_split``, the memory of all the
@@ -8,8 +8,10 @@ hands each its work as JSON on stdin and waits for one JSON document from each. 
 failure, a timeout, Ctrl-C or exit it kills every rank's process group, so no rank
 outlives attnctl; a rank's error comes back as one line naming the rank.
 
-:func:`measure_split` is ``memory --measure --tp T [--sp]``: each rank's block 0 under
-``measure.LiveStorages`` beside its plan (``plan_parallel.rank_plan``).
+:func:`measure_split` is ``memory --measure --tp T [--sp] [--cp C]``: each rank's block 0
+under ``measure.LiveStorages`` beside its plan (``plan_parallel.rank_plan`` of its CP
+rank). Rank r is CP rank r // T and TP rank r % T (``rank.rank_places`` makes the groups:
+a TP group per CP rank, a ring per TP rank).
 """
 
 from __future__ import annotations
@@ -44,13 +46,22 @@ PROCESS_OVERHEAD_BYTES = 320 * 2**20
 # then the group joined; the work's own time is added by the caller's estimate
 START_SECONDS = 60.0
 DEFAULT_TIMEOUT_SECONDS = 300.0
+# the ring attention stages that send or receive a K, V chunk (``stages/ring_attention.py``)
+RING_TRANSFERS = ("recv_k", "recv_v", "sent_k", "sent_v")
+# what gloo allocates inside them: it sends from and receives into the tensors' own memory
+# (contiguous K, V chunks and the receive buffers the plan has), so what it adds does not
+# grow with the chunk; bounded by COLLECTIVE_FIXED_BYTES, as an all_reduce's
+RING_TRANSFER_BUFFERS = (
+    "none that grows with the chunk (sent from and received into its own memory)"
+)
 # what a rank says when another one died under it: the other's message is the cause
 LOST_PEER = ("Connection closed by peer", "remote worker", "Connection reset")
 
 
 @dataclass(frozen=True)
 class RankMeasurement:
-    """One rank of ``memory --measure --tp T``: its plan's figures beside the measured."""
+    """One rank of ``memory --measure --tp T --cp C``: its plan's figures beside the
+    measured."""
 
     rank: int
     peak_bytes: int  # estimated: the rank's weights + its plan's activation peak
@@ -106,24 +117,30 @@ def check_split_run(
             "attnctl runs the --tp split on this machine; --pp and --dp are estimated "
             "only: leave them out to run it"
         )
-    if layout.cp > 1:
-        raise AttnctlError("--cp is not run on torch.distributed yet: only --tp (and --sp)")
-    if layout.tp < 2:
-        raise AttnctlError("a split runs over --tp 2 or more processes")
-    if layout.tp > MOST_PROCESSES:
+    processes = layout.model_ranks  # T · C
+    if processes < 2:
+        raise AttnctlError("a split runs over --tp 2 or --cp 2 or more processes")
+    if processes > MOST_PROCESSES:
         raise AttnctlError(
-            f"--tp {layout.tp} would start {layout.tp} processes; attnctl starts at most "
+            f"{_options(layout)} would start {processes} processes; attnctl starts at most "
             f"{MOST_PROCESSES} on one machine"
         )
     description = seeded_model(config, vocab_size) if model is None else model.with_run(config)
     check_split(layout, description, lengths)
     cores = os.cpu_count() or 1
-    if layout.tp > cores * 8:
+    if processes > cores * 8:
         raise AttnctlError(
-            f"--tp {layout.tp} would start {layout.tp} processes on this machine's {cores} "
+            f"{_options(layout)} would start {processes} processes on this machine's {cores} "
             f"CPU cores; attnctl starts at most {cores * 8} (8 a core)"
         )
     return description
+
+
+def _options(layout: Layout) -> str:
+    """The options that set the processes' count: ``--tp 2 --cp 2``."""
+    said = [f"--{name} {value}" for name, value in (("tp", layout.tp), ("cp", layout.cp))
+            if value > 1]  # fmt: skip
+    return " ".join(said) or "--tp 1"
 
 
 def check_devices(device: Any, tp: int) -> None:
@@ -338,6 +355,8 @@ def measure_task(
         "batch": batch,
         "vocab_size": vocab_size,
         "sp": layout.sp,
+        "tp": layout.tp,
+        "cp": layout.cp,
     }
 
 
@@ -349,13 +368,15 @@ def estimated_ranks(
     layout: Layout,
     model: ModelDescription | None = None,
     block: int = 0,
+    cp_rank: int = 0,
 ) -> tuple[Plan, Any, int]:
-    """One rank's plan of block ``block``, its estimate and its weights' bytes (every
-    rank's are alike)."""
+    """The plan of block ``block`` of the ranks of context-parallel rank ``cp_rank``, its
+    estimate and its weights' bytes (the T ranks of one CP rank are alike; under the
+    causal mask the CP ranks differ)."""
     from attnctl.memory import estimate
     from attnctl.plan_parallel import rank_plan, rank_weights
 
-    plan = rank_plan(config, seq_len, batch, vocab_size, layout, model, block)
+    plan = rank_plan(config, seq_len, batch, vocab_size, layout, model, block, cp_rank=cp_rank)
     predicted = estimate(plan)
     if model is None:
         parameter_bytes = predicted.parameter_bytes
@@ -382,6 +403,8 @@ def collective_bound(plan: Plan, tp: int) -> int:
         return whole * (tp - 1) // tp + COLLECTIVE_FIXED_BYTES
     if any(name.endswith("all_reduce") for name in names):
         return COLLECTIVE_FIXED_BYTES
+    if any(_ring_transfer(name) for name in names):
+        return COLLECTIVE_FIXED_BYTES  # gloo's isend / irecv: the tensors' own memory
     return 0
 
 
@@ -395,12 +418,13 @@ def measure_split(
     timeout: float | None = None,
     force: bool = False,
 ) -> list[RankMeasurement]:
-    """``memory --measure --tp T [--sp]``: each rank's forward of block 0 (embeddings and
-    block 0, as ``measure.measure_forward`` on one device) run in T processes, each under
-    ``measure.LiveStorages``, beside its plan. ``config``: the seeded layer, or with
-    ``model`` a checkpoint's run settings (dtype, device, impl). Checked, pre-flighted,
-    then run; on the CPU equal to the byte per rank. ``timeout`` None: ``split_timeout``
-    of one device's plan."""
+    """``memory --measure --tp T [--sp] [--cp C]``: each rank's forward of block 0
+    (embeddings and block 0, as ``measure.measure_forward`` on one device; under --cp its
+    chunk of L / C tokens, attended by ring attention) run in T · C processes, rank
+    cp_rank · T + tp_rank, each under ``measure.LiveStorages``, beside its plan.
+    ``config``: the seeded layer, or with ``model`` a checkpoint's run settings (dtype,
+    device, impl). Checked, pre-flighted, then run; on the CPU equal to the byte per rank.
+    ``timeout`` None: ``split_timeout`` of one device's plan."""
     return measure_splits([(config, seq_len, batch, vocab_size, layout, model)], timeout, force)[0]
 
 
@@ -409,17 +433,17 @@ def measure_splits(
     timeout: float | None = None,
     force: bool = False,
 ) -> list[list[RankMeasurement]]:
-    """Several :func:`measure_split` of one --tp in one start of the ranks (each process
-    imports torch once): the tests and the benchmark share them so."""
+    """Several :func:`measure_split` of one count of processes (T · C) in one start of the
+    ranks (each process imports torch once): the tests and the benchmark share them so."""
     if not cases:
         return []
-    worlds = {case[4].tp for case in cases}
+    worlds = {case[4].model_ranks for case in cases}
     if len(worlds) > 1:
-        raise AttnctlError("one start of the ranks runs one --tp")
+        raise AttnctlError("one start of the ranks runs one count of processes (--tp × --cp)")
     world = worlds.pop()
     from attnctl.config import resolve_impl, validate
 
-    prepared, tasks = [], []
+    prepared, tasks = [], []  # prepared[case][rank]: that rank's plan, estimate, weights
     peaks, whole = [0] * world, 0
     device = "cpu"
     for config, seq_len, batch, vocab_size, layout, model in cases:
@@ -427,13 +451,18 @@ def measure_splits(
         config = resolve_impl(validate(config))
         vocab = model.vocab_size if model is not None else vocab_size
         description = check_split_run(layout, config, model, [seq_len], vocab)
-        plan, predicted, parameter_bytes = estimated_ranks(
-            config, seq_len, batch, vocab, layout, model
-        )
-        peaks = [max(p, parameter_bytes + predicted.peak_activation_bytes) for p in peaks]
+        by_cp_rank = [
+            estimated_ranks(config, seq_len, batch, vocab, layout, model, cp_rank=cp_rank)
+            for cp_rank in range(layout.cp)
+        ]
+        ranks = [by_cp_rank[rank // layout.tp] for rank in range(world)]  # cp_rank · T + tp
+        peaks = [
+            max(p, parameter_bytes + predicted.peak_activation_bytes)
+            for p, (_, predicted, parameter_bytes) in zip(peaks, ranks, strict=True)
+        ]
         whole = max(whole, whole_weight_bytes(description, config))
         device = config.device
-        prepared.append((plan, predicted, parameter_bytes))
+        prepared.append(ranks)
         tasks.append(measure_task(config, seq_len, batch, vocab, layout, model))
     from attnctl.layer import resolve_device
 
@@ -450,10 +479,10 @@ def measure_splits(
     replies = run_ranks(world, tasks, str(resolved), timeout)
     return [
         [
-            _rank_measurement(reply.results[index], *prepared[index], reply, world)
+            _rank_measurement(reply.results[index], *prepared[index][reply.rank], reply, layout.tp)
             for reply in replies
         ]
-        for index in range(len(cases))
+        for index, (*_, layout, _) in enumerate(cases)
     ]
 
 
@@ -501,6 +530,13 @@ def _buffer_words(plan: Plan) -> Iterator[str]:
         s.name.endswith(name) for s in plan.stages)}  # fmt: skip
     for kind in sorted(kinds):
         yield f"{kind}: {COLLECTIVE_BUFFERS[kind]}"
+    if any(_ring_transfer(s.name) for s in plan.stages):
+        yield f"ring isend/irecv: {RING_TRANSFER_BUFFERS}"
+
+
+def _ring_transfer(name: str) -> bool:
+    """Whether a stage is ring attention's send or receive of a K or V chunk."""
+    return "ring" in name and name.endswith(RING_TRANSFERS)
 
 
 # ---------------------------------------------------------------- run --tp

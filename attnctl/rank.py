@@ -1,12 +1,13 @@
-"""One rank of a tensor-parallel split: ``python -m attnctl.rank`` (started by
-``attnctl/distributed.py``, never by hand).
+"""One rank of a tensor- and context-parallel split: ``python -m attnctl.rank`` (started
+by ``attnctl/distributed.py``, never by hand).
 
 It reads its work as one JSON document on stdin (``{"rank", "world", "port",
 "tasks": [...]}``), joins the group with ``torch.distributed.init_process_group``
 over TCP on 127.0.0.1 (gloo on the CPU, NCCL on CUDA), runs each task in turn on its
 share of the same weights the single device would use, and writes ONE JSON document on
 stdout: ``{"rank", "results": [...], "start_seconds"}`` or ``{"rank", "error"}``. Each
-task is ``measure`` (block 0 under ``measure.LiveStorages``, as ``memory --measure``)
+task is ``measure`` (block 0 under ``measure.LiveStorages``, as ``memory --measure``;
+a task's ``tp`` and ``cp`` place the rank in its TP group and CP ring, :func:`rank_places`)
 or ``run`` (blocks 0..N over given token ids, the output and the shown weights back).
 """
 
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 STARTED = time.perf_counter()
@@ -70,29 +72,99 @@ def _rank_weights(full, config, device, group, blocks: int | None):
     return shard
 
 
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a rank sits in a world of T · C processes, rank = cp_rank · T + tp_rank: its
+    tensor-parallel group (the T ranks of its CP rank; None when T = 1) and its
+    context-parallel ring (the C ranks of its TP rank; None when C = 1)."""
+
+    rank: int
+    tp: int
+    cp: int
+    group: Any = None  # nn.collectives.TensorGroup
+    ring: Any = None  # nn.ring_attention.Ring
+
+    @property
+    def cp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+
+def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[RankPlace]:
+    """Each task's place of this rank, its process groups made (``dist.new_group``, which
+    every rank calls for every group, in the same order; made once per split)."""
+    import torch.distributed as dist
+
+    from attnctl.nn.collectives import TensorGroup
+    from attnctl.nn.ring_attention import Ring
+
+    made: dict[tuple[int, int], tuple[Any, Any]] = {}
+    places = []
+    for task in tasks:
+        tp, cp = int(task.get("tp", world)), int(task.get("cp", 1))
+        if tp * cp != world:
+            raise ValueError(f"--tp {tp} --cp {cp} is not a world of {world} ranks")
+        if (tp, cp) not in made:
+            if cp == 1:  # the world is the one TP group: the default group
+                made[tp, cp] = (None, None)
+            else:
+                tensor_groups = [dist.new_group([c * tp + t for t in range(tp)])
+                                 for c in range(cp)] if tp > 1 else [None] * cp  # fmt: skip
+                rings = [dist.new_group([c * tp + t for c in range(cp)])
+                         for t in range(tp)] if tp > 1 else [None]  # fmt: skip
+                made[tp, cp] = (tensor_groups[rank // tp], rings[rank % tp])
+        tensor_group, ring_group = made[tp, cp]
+        cp_rank, tp_rank = divmod(rank, tp)
+        group = None
+        if tp > 1:
+            group = TensorGroup(tp_rank, tp, bool(task["sp"]), process_group=tensor_group)
+        ring = None
+        if cp > 1:
+            ring = Ring(cp_rank, cp, int(task["seq_len"]), group=ring_group)
+        places.append(RankPlace(rank, tp, cp, group, ring))
+    return places
+
+
 def _stages(stages) -> list[dict[str, Any]]:
     return [stage.to_dict() for stage in stages]
 
 
-def measure_task(task: dict[str, Any], group, device) -> dict[str, Any]:
-    """Block 0 with the embeddings under LiveStorages, as ``measure.measure_forward``."""
+def measure_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]:
+    """Block 0 with the embeddings under LiveStorages, as ``measure.measure_forward``:
+    the rank's heads (its TP group's share) of its chunk of the sequence (its CP ring's
+    share, attended by ring attention)."""
+    import contextlib
+
     import torch
 
     from attnctl.layer import Recorder
     from attnctl.measure import _measure
+    from attnctl.nn.collectives import TensorGroup
     from attnctl.nn.model import forward
+    from attnctl.nn.ring_attention import running
     from attnctl.parallel import Layout
     from attnctl.plan_parallel import rank_plan
 
     config = _config(task["config"])
-    layout = Layout(tp=group.size, sp=group.sequence_parallel)
+    group, ring = place.group, place.ring
+    layout = Layout(tp=place.tp, sp=bool(task["sp"]), cp=place.cp)
     model_dir = task.get("model_dir")
     full = _full_model(config, task["vocab_size"], model_dir)
     model = None if model_dir is None else full
-    plan = rank_plan(config, task["seq_len"], task["batch"], task["vocab_size"], layout, model)
+    plan = rank_plan(
+        config, task["seq_len"], task["batch"], task["vocab_size"], layout, model,
+        cp_rank=place.cp_rank,
+    )  # fmt: skip
     torch.manual_seed(config.seed)  # the seeded layer's weights, then the token ids drawn
-    shard = _rank_weights(full, config, device, group, None)
-    token_ids = torch.randint(0, full.vocab_size, (plan.batch, plan.seq_len), device=device)
+    shard = _rank_weights(full, config, device, group or TensorGroup(0, 1), None)
+    drawn = torch.randint(0, full.vocab_size, (plan.batch, task["seq_len"]), device=device)
+    chunk = task["seq_len"] // place.cp  # this rank's tokens: (B, L/C), its own storage
+    token_ids = drawn[:, place.cp_rank * chunk : (place.cp_rank + 1) * chunk].clone()
+    del drawn
+    offset = 0 if ring is None else ring.offset
     recorder = Recorder()
 
     def run(record) -> None:
@@ -100,14 +172,15 @@ def measure_task(task: dict[str, Any], group, device) -> dict[str, Any]:
             recorder(name, tensor, dims)
             record(name, tensor, dims)
 
-        forward(plan.description, shard, token_ids, record=both, last=0, recorded=0,
-                group=group)  # fmt: skip
+        with running(ring) if ring is not None else contextlib.nullcontext():
+            forward(plan.description, shard, token_ids, record=both, last=0, recorded=0,
+                    group=group, offset=offset)  # fmt: skip
 
     stored = list(shard.values())
     parameter_bytes = sum(t.numel() * t.element_size() for t in stored)
     measured = _measure(run, stored, [token_ids], parameter_bytes, device)
     return {
-        "rank": group.rank,
+        "rank": place.rank,
         "parameter_bytes": measured.parameter_bytes,
         "peak_activation_bytes": measured.peak_activation_bytes,
         "stage_peak_bytes": list(measured.stage_peak_bytes),
@@ -164,7 +237,8 @@ def buffers_task(task: dict[str, Any], group, device) -> dict[str, Any]:
     """What the backend allocates inside each collective of ``nn/collectives.py``, beyond
     the tensors it is given: the rise of this process's peak resident memory (VmHWM,
     reset first; Linux) over one collective of a float32 (B, L, D) of ``mebibytes``,
-    with every tensor it is handed already in memory."""
+    and over one ring attention step's isend / irecv of it (``send_recv``), with every
+    tensor it is handed already in memory."""
     import torch
     import torch.distributed as dist
 
@@ -177,11 +251,13 @@ def buffers_task(task: dict[str, Any], group, device) -> dict[str, Any]:
     whole = TensorGroup(group.rank, group.size)
     partial = torch.ones(batch, length, width, device=device)  # (B, L, D)
     mine = torch.ones(batch, length // group.size, width, device=device)  # (B, L/T, D)
+    incoming = torch.zeros_like(partial)  # (B, L, D): ring attention's receive buffer
     risen = {}
     for name, collective in (
         ("all_gather", lambda: gather_sequence(split, mine)),
         ("reduce_scatter", lambda: reduce_partial(split, partial)),
         ("all_reduce", lambda: reduce_partial(whole, partial)),
+        ("send_recv", lambda: _ring_pass(group, partial, incoming)),
     ):
         dist.barrier()
         with open("/proc/self/clear_refs", "w") as refs:
@@ -189,10 +265,26 @@ def buffers_task(task: dict[str, Any], group, device) -> dict[str, Any]:
         before = _resident_peak()
         returned = collective()
         after = _resident_peak()
-        made = 0 if returned is partial else returned.numel() * returned.element_size()
+        handed = returned is partial or returned is incoming
+        made = 0 if handed else returned.numel() * returned.element_size()
         risen[name] = after - before - made  # what it returned is not the backend's own
         del returned
     return {"rank": group.rank, "bytes": batch * length * width * 4, "buffers": risen}
+
+
+def _ring_pass(group, sent, received):
+    """One step of ring attention's transfers: ``sent`` to the next rank, the one
+    before's into ``received`` (``batch_isend_irecv``, as ``nn/ring_attention.attend``);
+    returns ``received``, which was already in memory."""
+    import torch.distributed as dist
+
+    after, before = (group.rank + 1) % group.size, (group.rank - 1) % group.size
+    works = dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, sent, after), dist.P2POp(dist.irecv, received, before)]
+    )
+    for work in works:
+        work.wait()
+    return received
 
 
 def _resident_peak() -> int | None:
@@ -255,11 +347,14 @@ def main() -> int:
         )
         joined = time.perf_counter()
         results = []
-        for task in document["tasks"]:
-            group = TensorGroup(rank, world, bool(task["sp"]))
+        places = rank_places(rank, world, document["tasks"])
+        for task, place in zip(document["tasks"], places, strict=True):
             _fault(rank)
-            work = TASKS[task["kind"]]
-            results.append(work(task, group, device))
+            if task["kind"] == "measure":
+                results.append(measure_task(task, place, device))
+            else:  # a --tp split over the whole world
+                group = place.group or TensorGroup(rank, world, bool(task["sp"]))
+                results.append(TASKS[task["kind"]](task, group, device))
         dist.barrier()  # every rank done with every collective before any leaves
         reply = {
             "rank": rank,
