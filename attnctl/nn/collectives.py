@@ -109,7 +109,7 @@ def reduce_partial(
     return mine
 
 
-def _released(sent: list[torch.Tensor], seconds: float = 2.0) -> None:
+def _released(sent: list[torch.Tensor], seconds: float = 60.0) -> None:
     """Wait until the backend lets go of the tensors it was handed (its own aliases of
     ours), taking them out of ``sent``.
 
@@ -118,7 +118,9 @@ def _released(sent: list[torch.Tensor], seconds: float = 2.0) -> None:
     stage (the norm before an all_gather, the partial sums of a reduce_scatter) would
     still hold its memory, sometimes, on some ranks. torch keeps a tensor's Python object
     alive while C++ still holds it, so a weak reference dies exactly when the backend
-    is done with it.
+    is done with it. That takes microseconds; ``seconds`` is long, so a machine busy
+    with other work (a test suite beside it) still waits it out rather than measuring a
+    tensor the backend has not let go of yet.
     """
     on_cpu = all(t.device.type == "cpu" for t in sent)
     refs = [weakref.ref(t) for t in sent]
