@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_terminal import assert_fits, invoke_at
 
-from attnctl.app.memory_parallel import Split, attention_matrix_bytes
+from attnctl.app.memory_parallel import Split, attention_matrix_bytes, steady_peak
 from attnctl.app.requests import LayerRequest, MemoryRequest
 from attnctl.app.use_cases import memory_use_case, sized_plan
 from attnctl.config import build_config
@@ -214,6 +214,33 @@ def test_the_cli_dp_training_peak_is_the_one_device_peak(invoke, llama):
         (whole,) = document["results"]
         assert device["peak_bytes"] == whole["training_bytes"]
         assert device["peak_phase"] == whole["training"]["peak_phase"]
+
+
+def test_a_tall_data_parallel_stack_trains_as_one_device():
+    """Above the replay's exact height the single-device phases are carried on along a
+    line; a DP copy's are carried on the same way (70 blocks), and a stage's replay is
+    kept between calls (--budget)."""
+    layer = _layer(d_model=32, heads=2, mask="causal", pos="rope", norm="pre")
+    plan = sized_plan(layer, 12, 1)
+    split = Split(layer, None, plan.description, Layout(dp=3), True, 70)
+    (row,) = split.per_device(12, 1, 1, 12, 1)
+    assert row.peak_bytes == estimate_training(plan, 70).peak_bytes
+    assert list(split._steps) == [(12, 1, 70)]
+    split.per_device(12, 1, 1, 12, 1)
+    assert len(split._steps) == 1
+
+
+def test_the_second_step_holds_the_moments_through_the_forward_and_backward():
+    layer = _layer(d_model=64, heads=4, dtype="bfloat16")
+    split = _split(layer, Layout(pp=2, dp=2, zero=1), train=True, layers=4)
+    stages = split.per_device(512, 2, 2, 512, 4)  # the backward the busiest
+    moments = [row.optimizer_bytes - row.master_bytes for row in stages]
+    expected = max(
+        max(row.phase_peak_bytes[0] + m, row.phase_peak_bytes[1] + m, row.phase_peak_bytes[2])
+        for row, m in zip(stages, moments, strict=True)
+    )
+    assert steady_peak(stages) == expected > max(row.peak_bytes for row in stages)
+    assert any(format_bytes(expected) in note for note in split.notes(stages, 2))
 
 
 def test_zero_takes_its_shards_out_of_every_phase():
