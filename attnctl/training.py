@@ -84,18 +84,9 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
     count = sum(parameter_sizes(plan, layers))
-    if layers <= EXACT_LAYERS:
-        replayed = _replay(plan, layers)
-        peaks, saved = replayed.phase_peaks, replayed.saved
-        windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
-    else:  # the windows are not carried on: the replay's own, up to EXACT_LAYERS
-        before, last = _replay(plan, EXACT_LAYERS - 1), _replay(plan, EXACT_LAYERS)
-        more = layers - EXACT_LAYERS
-        peaks = tuple(
-            b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
-        )
-        saved = last.saved + more * (last.saved - before.saved)
-        windows = stage_windows = ()
+    replayed = _replay_stack(plan, layers)
+    peaks, saved = replayed.phase_peaks, replayed.saved
+    windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
     peak = max(peaks)
     model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
     step = count * FP32
@@ -112,6 +103,70 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         gradient_window_bytes=windows,
         stage_window_bytes=stage_windows,
     )
+
+
+def _replay_stack(plan: Plan, layers: int) -> Replayed:
+    """The replay of ``layers`` blocks: its own up to EXACT_LAYERS, carried on along a
+    straight line above (without the windows and the saved bytes by stage)."""
+    if layers <= EXACT_LAYERS:
+        return _replay(plan, layers)
+    before, last = _replay(plan, EXACT_LAYERS - 1), _replay(plan, EXACT_LAYERS)
+    more = layers - EXACT_LAYERS
+    peaks = tuple(
+        b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
+    )
+    saved = last.saved + more * (last.saved - before.saved)
+    gradients = last.gradient_bytes + more * (last.gradient_bytes - before.gradient_bytes)
+    return Replayed(peaks, saved, (), (), {}, gradients)
+
+
+@dataclass(frozen=True)
+class StepReplay:
+    """A step of the plan's block ``layers`` times over its embeddings, as
+    :func:`estimate_training` replays it, with the state the replay itself counts (so
+    that a split can put its own in its place)."""
+
+    phase_peak_bytes: tuple[int, ...]  # besides the parameters: forward, backward, step
+    saved_bytes: int
+    master_bytes: int  # float32 masters, alive the whole step (mixed precision)
+    # of the optimizer step's peak, the state (``optimizer_state``): the rest is what the
+    # replay holds besides (the inputs, and what the backward leaves)
+    optimizer_step_state_bytes: int
+
+
+def replay_step(plan: Plan, layers: int) -> StepReplay:
+    """The replay of ``layers`` of the plan's block (a rank's plan too), whatever the
+    plan's own depth: a pipeline stage's blocks."""
+    if plan.config.impl not in ("math", "sdpa"):
+        raise AttnctlError(f"cannot replay training for impl {plan.config.impl!r}")
+    refuse_unreplayable(plan, layers)
+    replayed = _replay_stack(plan, layers)
+    sizes = parameter_sizes(plan, layers)
+    masters, state = optimizer_state(sizes, plan.config.dtype)
+    # the gradients the replay's backward made, not the sizes' (a checkpoint's sizes are
+    # its whole table, whatever ``layers``)
+    state += replayed.gradient_bytes - sum(sizes) * DTYPE_BYTES[plan.config.dtype]
+    return StepReplay(replayed.phase_peaks, replayed.saved, masters, state)
+
+
+def optimizer_state(sizes: list[int], dtype: str) -> tuple[int, int]:
+    """(masters, the state alive at the optimizer step's peak) for trained tensors of
+    ``sizes`` values in ``dtype``, as ``_replay`` allocates them: the gradients, the
+    masters and their float32 gradients, the moments and step counts, and the largest
+    sqrt(v) + denom beside the previous tensor's denom."""
+    count = sum(sizes)
+    mixed, element = dtype != "float32", DTYPE_BYTES[dtype]
+    masters = count * FP32 if mixed else 0
+    temporaries = adam_temporaries(sizes)
+    moments = 2 * count * FP32 + len(sizes) * FP32
+    state = count * element + 2 * masters + moments + temporaries  # masters, their gradients
+    return masters, state
+
+
+def adam_temporaries(sizes: list[int]) -> int:
+    """Adam's sqrt(v) and denom of a tensor beside the previous tensor's denom, at most."""
+    fp32 = [n * FP32 for n in sizes]
+    return max((2 * s + p for s, p in zip(fp32, [0, *fp32], strict=False)), default=0)
 
 
 @dataclass(frozen=True)
@@ -198,6 +253,8 @@ class Replayed(NamedTuple):
     stage_windows: tuple[int, ...]  # the forward's peak up to the end of each recorded stage
     # of ``saved``, by the stage (as the plan names it) whose forward made it; "loss"
     saved_by_stage: dict[str, int]
+    # the parameters' gradients the backward made (alive through the optimizer step)
+    gradient_bytes: int = 0
 
 
 def _replay(plan: Plan, layers: int) -> Replayed:
@@ -254,6 +311,7 @@ def _replay(plan: Plan, layers: int) -> Replayed:
     r.start("backward")
     r.backward(loss, r.new(e))  # the engine's ones_like(loss) seed
 
+    gradients = sum(r.live[storage] for storage in r.param_grads.values())
     r.start("optimizer step")
     if mixed:  # float32 gradients for the masters, made from the model's
         r.new(count * FP32)
@@ -268,6 +326,7 @@ def _replay(plan: Plan, layers: int) -> Replayed:
         tuple(r.gradient_windows),
         tuple(stage_windows),
         by_stage,
+        gradients,
     )
 
 

@@ -618,7 +618,20 @@ def split_properties() -> dict[str, Schema]:
             "gathered_bytes": integer(0, "ZeRO 3: the largest block's parameters, gathered"),
             "activations_bytes": BYTES,
             "kv_cache_bytes": BYTES,
-            "peak_bytes": integer(0, "the sum of the other *_bytes but master_bytes"),
+            "peak_bytes": integer(
+                0,
+                "inference: the sum of the other *_bytes but master_bytes; training: the "
+                "largest of phase_peak_bytes",
+            ),
+            "peak_phase": nullable(
+                enum(("forward", "backward", "optimizer step"), "training: the busiest phase")
+            ),
+            "phase_peak_bytes": nullable(
+                obj(
+                    {"forward": BYTES, "backward": BYTES, "optimizer_step": BYTES},
+                    "training: the device's bytes at the busiest point of each phase",
+                )
+            ),
             "micro_batches_in_flight": POSITIVE,
         },
         "one device of a pipeline stage (any of its tensor-parallel ranks)",

@@ -5,6 +5,7 @@ shares, ZeRO, Korthikanti et al. 2022's activation counts, --budget, the views."
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -16,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_terminal import assert_fits, invoke_at
 
-from attnctl.app.memory_parallel import Split, attention_matrix_bytes
+from attnctl.app.memory_parallel import Split, attention_matrix_bytes, steady_peak
 from attnctl.app.requests import LayerRequest, MemoryRequest
 from attnctl.app.use_cases import memory_use_case, sized_plan
 from attnctl.config import build_config
@@ -166,12 +167,127 @@ def test_one_device_layout_equals_the_single_device_estimate(values, length, bat
         assert row.master_bytes == training.master_bytes
         assert row.activations_bytes == training.saved_bytes
         assert row.kv_cache_bytes == 0
+        # the step's peak is the replay's, phase by phase (not the sum of the parts)
+        assert row.peak_bytes == training.peak_bytes
+        assert row.phase_peak_bytes == tuple(
+            training.parameter_bytes + peak for peak in training.phase_peak_bytes
+        )
+        assert row.peak_phase == training.peak_phase
     else:
         assert row.weights_bytes == single.parameter_bytes
         assert row.activations_bytes == single.peak_activation_bytes
         assert row.kv_cache_bytes == kv_cache_bytes(plan, length, layers)
         assert row.peak_bytes == single.peak_bytes + row.kv_cache_bytes
     assert (row.kind, row.blocks, row.in_flight) == ("all", (0, layers - 1), 1)
+
+
+@FAST
+@given(
+    values=LAYERS,
+    length=st.integers(1, 24),
+    batch=st.integers(1, 3),
+    layers=st.integers(1, 3),
+    copies=st.integers(2, 8),
+)
+def test_data_parallel_copies_train_as_one_device(values, length, batch, layers, copies):
+    """--dp D, ZeRO 0: every copy runs the single-device step, so its peak is the
+    single-device replay's to the byte, phase by phase (the backward's transients with it)."""
+    layer = _layer(**values)
+    plan = sized_plan(layer, length, batch)
+    split = Split(layer, None, plan.description, Layout(dp=copies), True, layers)
+    (row,) = split.per_device(length, batch, 1, length, batch)
+    training = estimate_training(plan, layers)
+    assert row.peak_bytes == training.peak_bytes
+    assert row.phase_peak_bytes == tuple(
+        training.parameter_bytes + peak for peak in training.phase_peak_bytes
+    )
+
+
+def test_the_cli_dp_training_peak_is_the_one_device_peak(invoke, llama):
+    """`memory --dp 4 --train` said 185.36 MiB per device beside 413.36 MiB on one device
+    (the parts summed, the backward's transients left out); a tall stack and header-only
+    Llama-2-7B too."""
+    for args in (("--dp", "4"), ("--dp", "2", "--layers", "3", "-L", "64"),
+                 ("--dp", "2", "--model", llama, "-L", "256")):  # fmt: skip
+        document = _json(invoke, *args, "--train")
+        (device,) = document["per_device"]
+        (whole,) = document["results"]
+        assert device["peak_bytes"] == whole["training_bytes"]
+        assert device["peak_phase"] == whole["training"]["peak_phase"]
+
+
+def test_a_tall_data_parallel_stack_trains_as_one_device():
+    """Above the replay's exact height the single-device phases are carried on along a
+    line; a DP copy's are carried on the same way (70 blocks), and a stage's replay is
+    kept between calls (--budget)."""
+    layer = _layer(d_model=32, heads=2, mask="causal", pos="rope", norm="pre")
+    plan = sized_plan(layer, 12, 1)
+    split = Split(layer, None, plan.description, Layout(dp=3), True, 70)
+    (row,) = split.per_device(12, 1, 1, 12, 1)
+    assert row.peak_bytes == estimate_training(plan, 70).peak_bytes
+    assert list(split._steps) == [(12, 1, 70)]
+    split.per_device(12, 1, 1, 12, 1)
+    assert len(split._steps) == 1
+
+
+def test_the_second_step_holds_the_moments_through_the_forward_and_backward():
+    layer = _layer(d_model=64, heads=4, dtype="bfloat16")
+    split = _split(layer, Layout(pp=2, dp=2, zero=1), train=True, layers=4)
+    stages = split.per_device(512, 2, 2, 512, 4)  # the backward the busiest
+    moments = [row.optimizer_bytes - row.master_bytes for row in stages]
+    expected = max(
+        max(row.phase_peak_bytes[0] + m, row.phase_peak_bytes[1] + m, row.phase_peak_bytes[2])
+        for row, m in zip(stages, moments, strict=True)
+    )
+    assert steady_peak(stages) == expected > max(row.peak_bytes for row in stages)
+    assert any(format_bytes(expected) in note for note in split.notes(stages, 2))
+
+
+def test_zero_takes_its_shards_out_of_every_phase():
+    """ZeRO 1 shards the masters (every phase) and the moments (the optimizer step), 2 the
+    gradients too, 3 the weights too: each phase only falls, and the forward by exactly
+    what was sharded of what it holds."""
+    layer = _layer(d_model=64, heads=4, dtype="bfloat16")
+    rows = [
+        _split(layer, Layout(dp=4, zero=zero), train=True, layers=3).per_device(16, 2, 1, 16, 2)[0]
+        for zero in range(4)
+    ]
+    for before, after in itertools.pairwise(rows):
+        assert all(
+            a <= b for a, b in zip(after.phase_peak_bytes, before.phase_peak_bytes, strict=True)
+        )
+    zero0, zero1, zero2, zero3 = rows
+    assert zero1.phase_peak_bytes[0] == zero0.phase_peak_bytes[0] - (
+        zero0.master_bytes - zero1.master_bytes
+    )
+    assert zero2.phase_peak_bytes[:2] == zero1.phase_peak_bytes[:2]  # gradients arrive whole
+    assert zero2.phase_peak_bytes[2] == zero1.phase_peak_bytes[2] - (
+        zero1.gradients_bytes - zero2.gradients_bytes
+    )
+    assert (
+        zero3.phase_peak_bytes[0]
+        == zero2.phase_peak_bytes[0]
+        - (zero2.weights_bytes - zero3.weights_bytes)
+        + zero3.gathered_bytes
+    )
+
+
+def test_micro_batches_in_flight_and_accumulated_gradients_join_the_step():
+    """Stage 0 of 3 holds the saved activations of the other micro-batches in flight
+    during its forward and backward; with more micro-batches a step than in flight, the
+    gradients of the earlier ones are held too."""
+    layer = _layer(d_model=64, heads=4)
+    split = _split(layer, Layout(pp=3), train=True, layers=6)
+    alone, three, four = (split.per_device(16, 2, m, 16, 2 * m)[0] for m in (1, 3, 4))
+    assert (alone.in_flight, three.in_flight, four.in_flight) == (1, 3, 3)
+    for phase in (0, 1):
+        assert three.phase_peak_bytes[phase] - alone.phase_peak_bytes[phase] == (
+            2 * alone.activations_bytes
+        )
+        assert four.phase_peak_bytes[phase] - three.phase_peak_bytes[phase] == (
+            three.gradients_bytes
+        )
+    assert alone.phase_peak_bytes[2] == three.phase_peak_bytes[2] == four.phase_peak_bytes[2]
 
 
 def test_a_model_on_one_device_equals_its_estimate(llama):
@@ -185,6 +301,10 @@ def test_a_model_on_one_device_equals_its_estimate(llama):
             assert row.gradients_bytes == training.gradient_bytes
             assert row.optimizer_bytes == training.optimizer_bytes + training.master_bytes
             assert row.activations_bytes == training.saved_bytes
+            assert row.peak_bytes == training.peak_bytes
+            assert row.phase_peak_bytes == tuple(
+                training.parameter_bytes + peak for peak in training.phase_peak_bytes
+            )
         else:
             assert row.weights_bytes == estimate(plan).parameter_bytes
             assert row.activations_bytes == estimate(plan).peak_activation_bytes
@@ -274,7 +394,7 @@ def test_the_tied_head_is_copied_to_the_last_stage(gpt2):
     assert any(name.startswith("lm_head (tied") for name in names)
     tied = next(s for s in split.shares[1] if s.name.startswith("lm_head (tied"))
     assert tied.values == vocab_rows(50257, 2) * 768
-    assert any("tied LM head" in note for note in split.notes(()))
+    assert any("tied LM head" in note for note in split.notes((), 1))
     # the copy is held but not trained (the step's loss is the last block's output)
     assert split.trained_values(1) == split.weight_values(1) - tied.values - 2 * 768
 
@@ -359,7 +479,7 @@ def test_kv_cache_shards_kv_heads_and_replicates_past_them(llama):
     gqa = _layer(d_model=64, heads=8, kv_heads=2)
     split = _split(gqa, Layout(tp=8), layers=1)
     assert split.kv_cache_bytes(10, 1, 0) == 2 * 10 * 1 * 8 * 4  # one kv-head on each
-    assert any("replicated on 4 ranks" in note for note in split.notes(()))
+    assert any("replicated on 4 ranks" in note for note in split.notes((), 1))
 
 
 # ---------------------------------------------------------------- Korthikanti et al. 2022
@@ -541,9 +661,20 @@ def test_json_per_device_keys(invoke):
             "activations_bytes", "kv_cache_bytes", "peak_bytes"}  # fmt: skip
     for device in document["per_device"]:
         assert keys <= device.keys()
+        # training: the peak is the busiest phase of the replayed step, not a sum of parts
+        phases = device["phase_peak_bytes"]
+        assert device["peak_bytes"] == max(phases.values())
+        assert device["peak_phase"].replace(" ", "_") == max(phases, key=phases.get)
+        state = ("weights_bytes", "gradients_bytes", "optimizer_bytes")
+        assert phases["optimizer_step"] >= sum(device[k] for k in state)
+        held = ("weights_bytes", "master_bytes", "gathered_bytes", "activations_bytes")
+        assert phases["forward"] >= sum(device[k] for k in held)
+    inference = _json(invoke, "--tp", "2", "--pp", "2", "--layers", "3", "-L", "32")
+    for device in inference["per_device"]:
         parts = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "gathered_bytes",
                  "activations_bytes", "kv_cache_bytes")  # fmt: skip
         assert device["peak_bytes"] == sum(device[k] for k in parts)
+        assert device["phase_peak_bytes"] is None and device["peak_phase"] is None
     assert document["layout"] == {
         "tp": 2, "sp": False, "cp": 1, "pp": 2, "dp": 1, "zero": 0, "micro_batch": 1,
         "recompute": "none", "devices": 4, "micro_batches": 1, "kv_replicas": 1,

@@ -18,7 +18,12 @@ exit 2); then, per pipeline stage, on one of its tensor-parallel ranks (they are
   ``--recompute`` recomputes;
 - the KV cache (inference): the stage's blocks, each rank's kv-heads, L / C positions.
 
-The per-device peak is their sum. Nothing here prints; :mod:`attnctl.render` shows it.
+In inference the per-device peak is their sum. In training it is the busiest phase of
+the step (``training_phases``): the single-device replay (``training.replay_step``) of
+the rank's plan over the stage's blocks, with the replay's own masters, gradients and
+optimizer state replaced by the layout's, plus the other micro-batches in flight, the
+gradients already accumulated, ZeRO 3's gathered block. Nothing here prints;
+:mod:`attnctl.render` shows it.
 """
 
 from __future__ import annotations
@@ -32,7 +37,13 @@ from attnctl.app.requests import Hooks, MemoryRequest
 from attnctl.config import DTYPE_BYTES, LARGEST_SIZE, LayerConfig
 from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.memory import largest_fitting, live_bytes_per_stage, longest_input, parse_size
+from attnctl.memory import (
+    format_bytes,
+    largest_fitting,
+    live_bytes_per_stage,
+    longest_input,
+    parse_size,
+)
 from attnctl.parallel import (
     LARGEST_SPLIT,
     Layout,
@@ -46,7 +57,7 @@ from attnctl.plan import Plan, seeded_model
 from attnctl.plan_parallel import SHARED_FIRST, WeightShare, check_split, rank_plan, rank_weights
 from attnctl.report import MemoryCommandReport
 from attnctl.tokenize import vocab_size
-from attnctl.training import SavedActivations
+from attnctl.training import PHASES, SavedActivations, StepReplay, adam_temporaries
 from attnctl.training_stages import EMBEDDING_STAGES, INPUTS
 
 FP32 = 4
@@ -69,9 +80,19 @@ class StageMemory:
     activations_bytes: int
     kv_cache_bytes: int
     in_flight: int  # micro-batches whose activations it holds at once
+    # training: the device's bytes at the busiest point of each phase (forward,
+    # backward, optimizer step), whose largest is the peak; () in inference
+    phase_peak_bytes: tuple[int, ...] = ()
 
     @property
-    def peak_bytes(self) -> int:
+    def peak_phase(self) -> str | None:
+        if not self.phase_peak_bytes:
+            return None
+        return PHASES[self.phase_peak_bytes.index(self.peak_bytes)]
+
+    @property
+    def held_bytes(self) -> int:
+        """The parts above added up (what a sum of them would say)."""
         return (
             self.weights_bytes
             + self.gradients_bytes
@@ -80,6 +101,14 @@ class StageMemory:
             + self.activations_bytes
             + self.kv_cache_bytes
         )
+
+    @property
+    def peak_bytes(self) -> int:
+        """Training: the busiest phase (the optimizer state exists only in the step, the
+        activations only before it, a backward's transients on top); inference: the sum."""
+        if self.phase_peak_bytes:
+            return max(self.phase_peak_bytes)
+        return self.held_bytes
 
 
 @dataclass(frozen=True)
@@ -237,7 +266,7 @@ def parallel_memory_use_case(
         train=request.train,
         kv_cache_tokens=0 if request.train else kv_tokens,
         stages=stages,
-        notes=split.notes(stages),
+        notes=split.notes(stages, micro_batches),
         fit=fit,
         measured_per_rank=measured,
     )
@@ -270,6 +299,7 @@ class Split:
         self._plans: dict[tuple[int, int, int], Plan] = {}  # kept between calls (--budget)
         self._peaks: dict[tuple[int, int, int, bool], int] = {}
         self._saved: dict[tuple[int, int], tuple[SavedActivations, int]] = {}
+        self._steps: dict[tuple[int, int, int], StepReplay] = {}
 
     # ------------------------------------------------------------ weights and state
 
@@ -392,10 +422,16 @@ class Split:
     def training_activations(self, length: int, micro: int, micro_batches: int, stage: int):
         """(bytes, micro-batches in flight): what the stage's blocks save for the
         backward, for each micro-batch in flight, as ``--recompute`` leaves it."""
+        per_micro, working, _ = self.recompute_parts(length, micro, stage)
+        held = in_flight(stage, self.layout.pp, micro_batches)
+        return held * per_micro + working, held
+
+    def recompute_parts(self, length: int, micro: int, stage: int) -> tuple[int, int, int]:
+        """(what one micro-batch saves on the stage, what one block recomputes during its
+        backward, what ``--recompute`` keeps from being saved over the stage's blocks)."""
         saved, matrices = self.saved(length, micro)
         blocks = len(self.ranges[stage])
         pp = self.layout.pp
-        held = in_flight(stage, pp, micro_batches)
         recompute = self.layout.recompute
         per_block, working = saved.block_bytes, 0
         if recompute == "selective":  # the B·H·L·L tensors, recomputed in the backward
@@ -408,7 +444,74 @@ class Split:
             per_micro += saved.embedding_bytes
         if stage == pp - 1:
             per_micro += saved.loss_bytes
-        return held * per_micro + working, held
+        return per_micro, working, blocks * (saved.block_bytes - per_block)
+
+    def step_replay(self, length: int, micro: int, blocks: int) -> StepReplay:
+        """The single-device step of ``blocks`` of the rank's block over its embeddings,
+        kept by (length, micro-batch, blocks) between calls (--budget)."""
+        from attnctl.training import replay_step
+
+        key = (length, micro, blocks)
+        if key not in self._steps:
+            self._steps[key] = replay_step(self.plan(length, micro), blocks)
+        return self._steps[key]
+
+    def trained_sizes(self, stage: int) -> list[int]:
+        """The values of each tensor the stage's step updates on one rank, in the
+        replay's order (the seeded stack: the shared ones, then each block's)."""
+        head = set()
+        if self.model is not None:
+            head = {entry.key for entry in self.model.source.head_table}
+        trained = [
+            share
+            for share in self.shares[stage]
+            if share.name not in head and not share.name.startswith(TIED_HEAD)
+        ]
+        if self.model is not None:
+            return [share.values * share.copies for share in trained]
+        shared = [s.values for s in trained if s.name.startswith(SHARED_FIRST)]
+        own = [s.values for s in trained if not s.name.startswith(SHARED_FIRST)]
+        return shared + own * len(self.ranges[stage])
+
+    def training_phases(
+        self,
+        length: int,
+        micro: int,
+        micro_batches: int,
+        stage: int,
+        state: tuple[int, int, int, int, int],
+    ) -> tuple[int, int, int]:
+        """The device's bytes at the busiest point of the forward, the backward and the
+        optimizer step of one micro-batch on this stage.
+
+        The replay of the rank's plan over the stage's blocks gives each phase's peak
+        besides the parameters; its own masters (all phases) and optimizer-step state
+        (gradients, masters' float32 gradients, moments, step counts, Adam's largest
+        temporaries) are taken out and the layout's put in. Beside the forward and the
+        backward: the other micro-batches in flight (their saved activations), the
+        gradients accumulated from earlier micro-batches when there are more in the step
+        than in flight, ZeRO 3's gathered block; ``--recompute`` takes out what it does
+        not save and adds one block's recomputation to the backward.
+        """
+        weights, gradients, optimizer, masters, gathered = state
+        blocks = len(self.ranges[stage])
+        replay = self.step_replay(length, micro, blocks)
+        forward, backward, step = replay.phase_peak_bytes
+        per_micro, working, not_saved = self.recompute_parts(length, micro, stage)
+        held = in_flight(stage, self.layout.pp, micro_batches)
+        accumulated = gradients if micro_batches > held else 0
+        around = weights + gathered + masters + accumulated + (held - 1) * per_micro
+        forward_peak = around + forward - replay.master_bytes - not_saved
+        backward_peak = around + backward - replay.master_bytes - not_saved + working
+        rest = step - replay.optimizer_step_state_bytes  # the inputs, what the backward left
+        sizes = self.trained_sizes(stage)
+        if self.layout.zero:  # Adam runs on each tensor's shard
+            sizes = [-(-n // self.state_ranks) for n in sizes]
+        moments = optimizer - masters
+        steps = len(sizes) * FP32  # Adam's step count of each tensor
+        step_state = gradients + 2 * masters + moments + steps + adam_temporaries(sizes)
+        step_peak = weights + step_state + rest
+        return forward_peak, backward_peak, step_peak
 
     def block_input_bytes(self, length: int, micro: int) -> int:
         tokens = length // self.layout.cp
@@ -458,9 +561,12 @@ class Split:
         rows = []
         for stage, blocks in enumerate(self.ranges):
             weights, gradients, optimizer, masters, gathered = self.state(stage)
+            phases: tuple[int, ...] = ()
             if self.train:
                 activations, held = self.training_activations(length, micro, micro_batches, stage)
                 kv = 0
+                state = (weights, gradients, optimizer, masters, gathered)
+                phases = self.training_phases(length, micro, micro_batches, stage, state)
             else:
                 activations, held = self.inference_activations(length, micro, stage), 1
                 kv = self.kv_cache_bytes(kv_tokens, batch, stage)
@@ -477,6 +583,7 @@ class Split:
                     activations_bytes=activations,
                     kv_cache_bytes=kv,
                     in_flight=held,
+                    phase_peak_bytes=phases,
                 )
             )
         return tuple(rows)
@@ -521,7 +628,7 @@ class Split:
 
     # ------------------------------------------------------------ what is said
 
-    def notes(self, stages: tuple[StageMemory, ...]) -> tuple[str, ...]:
+    def notes(self, stages: tuple[StageMemory, ...], micro_batches: int) -> tuple[str, ...]:
         layout, config = self.layout, self.description.config
         said = []
         if layout.tp > 1:
@@ -562,25 +669,54 @@ class Split:
                     + (f" × --cp {layout.cp}" if layout.cp > 1 else "")
                     + "): ⌈n / ranks⌉ values each (a flat buffer padded to a multiple of the ranks)"
                 )
+            said.append(
+                "peak: the busiest phase of one step, replayed as on one device (memory "
+                "--train) on the rank's plan over the stage's blocks, the backward's "
+                "transients with it, and the layout's gradients, optimizer state and masters "
+                "in place of one device's"
+            )
+            if stages:
+                said.append(
+                    "the first step, as on one device: Adam's moments are made by its "
+                    "optimizer step; from the second step on they are held through the "
+                    f"forward and backward too (then {format_bytes(steady_peak(stages))} on "
+                    "the busiest device)"
+                )
+            if layout.zero >= 2:
+                said.append(
+                    f"ZeRO {layout.zero}: the backward's gradients are counted whole as they "
+                    "arrive (one bucket, reduce-scattered after the backward); a bucketed "
+                    "reduce-scatter frees them sooner. Adam runs on each tensor's shard"
+                )
             if layout.zero == 3:
                 said.append(
                     "ZeRO 3 gathers a block's parameters while it computes: the largest "
-                    "block's are counted once (gathered)"
+                    "block's are counted once in the forward and the backward (gathered)"
                 )
             if layout.pp > 1:
                 said.append(
                     "1F1B: stage p holds the activations of min(P − p, micro-batches) "
-                    "micro-batches at once"
+                    "micro-batches at once; every stage's step is replayed with the first "
+                    "stage's embeddings and the loss (a later stage holds a little less)"
+                )
+            if any(row.in_flight < micro_batches for row in stages):
+                said.append(
+                    "more micro-batches a step than in flight: the gradients accumulated "
+                    "so far are held beside each later forward and backward, whose own "
+                    "arriving gradients are counted again (an overcount of at most the "
+                    "stage's gradients)"
                 )
             if layout.recompute == "selective":
                 said.append(
                     "selective recompute: no B·H·L·L tensor is saved; one block's are "
-                    "recomputed during its backward (counted once)"
+                    "recomputed during its backward (counted once, beside the replay's "
+                    "peak, not replayed)"
                 )
             elif layout.recompute == "full":
                 said.append(
                     "full recompute: each block saves its input only; one block's "
-                    "activations are recomputed during its backward (counted once)"
+                    "activations are recomputed during its backward (counted once, beside "
+                    "the replay's peak, not replayed)"
                 )
             if self.model is not None and self.model.source.head_table:
                 said.append(
@@ -595,6 +731,17 @@ class Split:
         if layout.pp > 1 and self.description.head is not None and self.description.head.tied:
             said.append("the tied LM head: the last stage holds a copy of the embedding")
         return tuple(said)
+
+
+def steady_peak(stages: tuple[StageMemory, ...]) -> int:
+    """The busiest device's peak from the second step on, when Adam's moments (its
+    optimizer bytes less the masters) are held through the forward and the backward."""
+    peaks = []
+    for row in stages:
+        forward, backward, step = row.phase_peak_bytes
+        moments = row.optimizer_bytes - row.master_bytes
+        peaks.append(max(forward + moments, backward + moments, step))
+    return max(peaks)
 
 
 def _shared(share: WeightShare, shared_keys: set[str]) -> bool:

@@ -66,6 +66,10 @@ if TYPE_CHECKING:  # generation's reports: their module loads with their use cas
     from attnctl.report_generation import GenerationReport, TranslationReport, TranslationView
 
 
+# the keys of a training device's phase_peak_bytes, in the order of training.PHASES
+PHASE_KEYS = ("forward", "backward", "optimizer_step")
+
+
 def schema_file(command: str) -> Path:
     """The JSON Schema of ``command``'s document (run, shapes, memory, check)."""
     name = f"{command}.schema.json"
@@ -300,6 +304,10 @@ def parallel_fields(report: ParallelReport | None) -> dict[str, Any]:
                 "activations_bytes": row.activations_bytes,
                 "kv_cache_bytes": row.kv_cache_bytes,
                 "peak_bytes": row.peak_bytes,
+                "peak_phase": row.peak_phase,
+                "phase_peak_bytes": dict(zip(PHASE_KEYS, row.phase_peak_bytes, strict=True))
+                if row.phase_peak_bytes
+                else None,
                 "micro_batches_in_flight": row.in_flight,
             }
             for row in report.stages

@@ -131,7 +131,15 @@ def _stage_grid(report: ParallelReport, row: StageMemory, title: str) -> Table:
             + (f" over {layout.cp} CP ranks" if layout.cp > 1 else "")
             + ", this rank's kv-heads",
         )
-    grid.add_row("peak", format_bytes(row.peak_bytes), "all of the above at once", style="bold")
+    if row.phase_peak_bytes:
+        forward, backward, step = (format_bytes(n) for n in row.phase_peak_bytes)
+        why = (
+            f"the {row.peak_phase}'s busiest point (forward {forward}, backward {backward}, "
+            f"optimizer step {step})"
+        )
+    else:
+        why = "all of the above at once"
+    grid.add_row("peak", format_bytes(row.peak_bytes), why, style="bold")
     return grid
 
 
