@@ -348,15 +348,28 @@ def measure_task(
 ) -> dict[str, Any]:
     """The JSON one rank is given to measure its block 0 (checked by the caller)."""
     return {
-        "kind": "measure",
-        "config": _config_values(config),
-        "model_dir": None if model is None else str(model.source.path),
+        **_task("measure", config, model, vocab_size, layout),
         "seq_len": seq_len,
         "batch": batch,
-        "vocab_size": vocab_size,
-        "sp": layout.sp,
         "tp": layout.tp,
         "cp": layout.cp,
+    }
+
+
+def _task(
+    kind: str,
+    config: LayerConfig,
+    model: ModelDescription | None,
+    vocab_size: int,
+    layout: Layout,
+) -> dict[str, Any]:
+    """What every rank's task says: its kind, the layer, the model's folder, the split."""
+    return {
+        "kind": kind,
+        "config": _config_values(config),
+        "model_dir": None if model is None else str(model.source.path),
+        "vocab_size": vocab_size,
+        "sp": layout.sp,
     }
 
 
@@ -573,12 +586,8 @@ def run_task(
 ) -> dict[str, Any]:
     """The JSON one rank is given to run blocks 0..``block`` over ``token_ids``."""
     return {
-        "kind": "run",
-        "config": _config_values(config),
-        "model_dir": None if model is None else str(model.source.path),
+        **_task("run", config, model, vocab_size, layout),
         "token_ids": token_ids,
-        "vocab_size": vocab_size,
-        "sp": layout.sp,
         "last": block,
         "heads": heads,
         "rows": rows,
