@@ -733,3 +733,12 @@ def test_each_fit_answer_keeps_its_label_on_a_narrow_terminal(width):
     assert re.search(r"largest micro-batch at L=2048\s+[\d,]+$", out, re.M), out
     nothing = invoke_at(("memory", "--tp", "2", "--budget", "16"), str(width)).stdout
     assert "does not fit" in " ".join(nothing.split())
+
+
+def test_the_kv_cache_line_says_what_a_sliding_window_keeps():
+    args = ("memory", "--tp", "2", "-L", "64", "--mask", "causal", "--window", "16",
+            "--layers", "4", "--sliding", "sf")  # fmt: skip
+    out = " ".join(invoke_at(args, "200").stdout.split())
+    assert "64 tokens, this rank's kv-heads; a sliding-window block keeps the last 16" in out
+    plain = " ".join(invoke_at(("memory", "--tp", "2", "-L", "64"), "200").stdout.split())
+    assert "sliding-window" not in plain

@@ -139,9 +139,10 @@ class ParallelReport:
     stages: tuple[StageMemory, ...]
     notes: tuple[str, ...]
     fit: ParallelFit | None = None
-    # another change measures the split on torch.distributed: [{rank, peak_bytes,
-    # measured_peak_bytes}, ...]; None: not measured
+    # measured on torch.distributed (memory --measure): [{rank, peak_bytes,
+    # measured_peak_bytes, collective_buffer_bytes}, ...]; None: not measured
     measured_per_rank: list[dict[str, int]] | None = None
+    windows: tuple[int, ...] = ()  # the blocks' sliding windows (their K/V keep W tokens)
 
     @property
     def kv_replicas(self) -> int:
@@ -269,8 +270,18 @@ def parallel_memory_use_case(
         notes=split.notes(stages, micro_batches),
         fit=fit,
         measured_per_rank=measured,
+        windows=_windows(description, split.block_count),
     )
     return dataclasses.replace(whole, parallel=report)
+
+
+def _windows(description: ModelDescription, blocks: int) -> tuple[int, ...]:
+    """The distinct sliding windows of the blocks (a seeded stack's by its pattern)."""
+    if description.checkpoint is None:
+        every = description.stack_windows(min(blocks, 64))  # the pattern repeats
+    else:
+        every = description.layer_windows
+    return tuple(sorted({window for window in every if window}))
 
 
 class Split:

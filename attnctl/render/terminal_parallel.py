@@ -129,7 +129,12 @@ def _stage_grid(report: ParallelReport, row: StageMemory, title: str) -> Table:
             format_bytes(row.kv_cache_bytes),
             f"{report.kv_cache_tokens:,} tokens"
             + (f" over {layout.cp} CP ranks" if layout.cp > 1 else "")
-            + ", this rank's kv-heads",
+            + ", this rank's kv-heads"
+            + (
+                f"; a sliding-window block keeps the last {_or(report.windows)}"
+                if report.windows
+                else ""
+            ),
         )
     if row.phase_peak_bytes:
         forward, backward, step = (format_bytes(n) for n in row.phase_peak_bytes)
@@ -198,3 +203,9 @@ def _measured_table(measured: list[dict[str, int]]) -> Table:
         "not seen by the measurement, and at most the last column"
     )
     return table
+
+
+def _or(numbers: tuple[int, ...]) -> str:
+    """(4096,) -> '4,096'; (512, 4096) -> '512 or 4,096'."""
+    texts = [f"{n:,}" for n in numbers]
+    return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " or " + texts[-1]
