@@ -16,7 +16,8 @@ the ids outside this rank's rows is kept by the ``masked_fill_`` that zeroes the
 vectors (see ``training_stages._lookup``).
 
 These entries follow the plan's bytes; unlike the single-device entries they are not yet
-held to a measured timeline (``memory --measure --tp`` is another change).
+held to a measured timeline: ``memory --measure`` of a split runs the forward pass only
+(a training step on torch.distributed is not run yet).
 """
 
 from __future__ import annotations

@@ -618,7 +618,8 @@ def test_per_device_tables_never_cut_a_number(width):
 
 
 def test_measured_per_rank_shows_when_a_report_carries_it():
-    """Another change measures the split; a hand-made report's list is shown and kept."""
+    """A hand-made report's measured list is shown and kept (tests/test_distributed.py
+    measures a real one)."""
     from rich.console import Console
 
     from attnctl.render.json import parallel_fields

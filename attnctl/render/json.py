@@ -272,8 +272,8 @@ def memory_json(command: MemoryCommandReport) -> dict[str, Any]:
 
 def parallel_fields(report: ParallelReport | None) -> dict[str, Any]:
     """A split's keys (null without one, so every document has them): the layout, one
-    entry per pipeline stage's device, what fits a budget on every device, and what
-    another change measures per rank on torch.distributed."""
+    entry per pipeline stage's device, what fits a budget on every device, and each rank
+    measured on torch.distributed (``memory --measure``)."""
     if report is None:
         return dict.fromkeys(("layout", "per_device", "per_device_fit", "measured_per_rank"))
     layout, fit = report.layout, report.fit
