@@ -743,3 +743,23 @@ def test_the_kv_cache_line_says_what_a_sliding_window_keeps():
     assert "64 tokens, this rank's kv-heads; a sliding-window block keeps the last 16" in out
     plain = " ".join(invoke_at(("memory", "--tp", "2", "-L", "64"), "200").stdout.split())
     assert "sliding-window" not in plain
+
+
+def test_measured_ranks_of_tp_and_cp_say_their_place():
+    from rich.console import Console
+
+    request = MemoryRequest(
+        LayerRequest({"mask": "causal", "pos": "rope"}), seq_len="32", layout=Layout(tp=2, cp=2)
+    )
+    command = memory_use_case(request)
+    measured = [
+        {"rank": rank, "peak_bytes": 1000, "measured_peak_bytes": 1000,
+         "collective_buffer_bytes": 8}
+        for rank in range(4)
+    ]  # fmt: skip
+    parallel = dataclasses.replace(command.parallel, measured_per_rank=measured)
+    console = Console(width=100, record=True, color_system=None)
+    console.print(parallel_view(dataclasses.replace(command, parallel=parallel), 100))
+    text = console.export_text()
+    assert re.search(r"^\s*1\s+CP 0 · TP 1\s", text, re.M), text
+    assert re.search(r"^\s*2\s+CP 1 · TP 0\s", text, re.M), text

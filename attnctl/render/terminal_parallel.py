@@ -19,6 +19,7 @@ from attnctl.render.text import config_line, model_lines
 
 if TYPE_CHECKING:  # the report's types; render only reads them
     from attnctl.app.memory_parallel import ParallelReport, StageMemory
+    from attnctl.parallel import Layout
     from attnctl.report import MemoryCommandReport
 
 KINDS = ("all", "first", "middle", "last")
@@ -61,7 +62,7 @@ def parallel_view(command: MemoryCommandReport, width: int) -> Group:
     if report.fit is not None:
         parts += [Text(""), _fit_table(report)]
     if report.measured_per_rank is not None:
-        parts += [Text(""), _measured_table(report.measured_per_rank)]
+        parts += [Text(""), _measured_table(report.measured_per_rank, report.layout)]
     return Group(*parts)
 
 
@@ -180,17 +181,23 @@ def _fit_table(report: ParallelReport) -> Table:
     return table
 
 
-def _measured_table(measured: list[dict[str, int]]) -> Table:
+def _measured_table(measured: list[dict[str, int]], layout: Layout) -> Table:
+    """One row a rank; with both --tp and --cp its place too (rank = CP rank · T + TP rank)."""
     table = titled_table("measured on torch.distributed, per rank")
     table.add_column("rank", justify="right", no_wrap=True)
+    both = layout.tp > 1 and layout.cp > 1
+    if both:
+        table.add_column("place", no_wrap=True)
     table.add_column("estimated peak", justify="right", no_wrap=True)
     table.add_column("measured peak", justify="right", no_wrap=True)
     table.add_column("difference", justify="right", no_wrap=True)
     table.add_column("in collectives", justify="right", no_wrap=True)
     for entry in measured:
         estimated, got = entry["peak_bytes"], entry["measured_peak_bytes"]
+        place = [f"CP {entry['rank'] // layout.tp} · TP {entry['rank'] % layout.tp}"] * both
         table.add_row(
             str(entry["rank"]),
+            *place,
             format_bytes(estimated),
             format_bytes(got),
             f"{estimated - got:+,} B",
