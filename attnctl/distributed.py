@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from attnctl.config import DTYPE_BYTES, LayerConfig
 from attnctl.describe import ModelDescription
@@ -105,13 +105,28 @@ def check_split_run(
     model: ModelDescription | None,
     lengths: list[int],
     vocab_size: int,
+    train: bool = False,
 ) -> ModelDescription:
     """Every check of a split this machine will run, before any process starts; returns
-    the whole model's description (the seeded layer's too)."""
+    the whole model's description (the seeded layer's too). ``train``: a training step
+    (``memory --measure --train``), which runs the --tp split of the seeded layer."""
     from attnctl.describe import seeded_model
     from attnctl.plan_parallel import check_split
 
-    check_layout(layout, train=False)
+    check_layout(layout, train=train)
+    if train and layout.cp > 1:
+        raise AttnctlError(
+            "--cp with --train is not modelled yet (ring attention's backward): leave "
+            "out --cp, or --train to measure the forward pass"
+        )
+    if train and model is not None:
+        fused = next((e for e in model.source.table if len(e.targets) > 1 or e.transposed), None)
+        if fused is not None:  # the replay follows a view of it; a rank holds its parts
+            raise AttnctlError(
+                f"--measure --train of a split: {model.name} stores {fused.key} "
+                f"{'transposed' if fused.transposed else 'as one tensor of several weights'}"
+                ", which a training step is not run split for yet: leave out --measure"
+            )
     if layout.pp > 1 or layout.dp > 1:
         raise AttnctlError(
             "attnctl runs the --tp split on this machine; --pp and --dp are estimated "
@@ -126,7 +141,7 @@ def check_split_run(
             f"{MOST_PROCESSES} on one machine"
         )
     description = seeded_model(config, vocab_size) if model is None else model.with_run(config)
-    check_split(layout, description, lengths)
+    check_split(layout, description, lengths, train=train)
     cores = os.cpu_count() or 1
     if processes > cores * 8:
         raise AttnctlError(
@@ -338,22 +353,21 @@ def _config_values(config: LayerConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def measure_task(
-    config: LayerConfig,
-    seq_len: int,
-    batch: int,
-    vocab_size: int,
-    layout: Layout,
-    model: ModelDescription | None = None,
-) -> dict[str, Any]:
-    """The JSON one rank is given to measure its block 0 (checked by the caller)."""
-    return {
-        **_task("measure", config, model, vocab_size, layout),
-        "seq_len": seq_len,
-        "batch": batch,
+def measure_task(case: SplitCase) -> dict[str, Any]:
+    """The JSON one rank is given to measure its block 0's forward pass, or its training
+    step (checked by the caller)."""
+    layout = case.layout
+    task = {
+        **_task("train" if case.train else "measure", case.config, case.model,
+                case.vocab_size, layout),
+        "seq_len": case.seq_len,
+        "batch": case.batch,
         "tp": layout.tp,
         "cp": layout.cp,
-    }
+    }  # fmt: skip
+    if case.train:
+        task["layers"] = case.layers
+    return task
 
 
 def _task(
@@ -430,6 +444,8 @@ def measure_split(
     model: ModelDescription | None = None,
     timeout: float | None = None,
     force: bool = False,
+    train: bool = False,
+    layers: int = 1,
 ) -> list[RankMeasurement]:
     """``memory --measure --tp T [--sp] [--cp C]``: each rank's forward of block 0
     (embeddings and block 0, as ``measure.measure_forward`` on one device; under --cp its
@@ -437,12 +453,30 @@ def measure_split(
     cp_rank · T + tp_rank, each under ``measure.LiveStorages``, beside its plan.
     ``config``: the seeded layer, or with ``model`` a checkpoint's run settings (dtype,
     device, impl). Checked, pre-flighted, then run; on the CPU equal to the byte per rank.
-    ``timeout`` None: ``split_timeout`` of one device's plan."""
-    return measure_splits([(config, seq_len, batch, vocab_size, layout, model)], timeout, force)[0]
+    ``timeout`` None: ``split_timeout`` of one device's plan. ``train``: rather one
+    training step of ``layers`` blocks on each TP rank (``rank.train_task``), beside the
+    per-device step of ``memory --train --tp T``, phase by phase."""
+    case = SplitCase(config, seq_len, batch, vocab_size, layout, model, train, layers)
+    return measure_splits([case], timeout, force)[0]
+
+
+class SplitCase(NamedTuple):
+    """One measurement of a split: the layer (or a checkpoint's run settings with
+    ``model``), the sequences, the layout; ``train``: a training step of ``layers``
+    blocks rather than block 0's forward pass."""
+
+    config: LayerConfig
+    seq_len: int
+    batch: int
+    vocab_size: int
+    layout: Layout
+    model: ModelDescription | None = None
+    train: bool = False
+    layers: int = 1
 
 
 def measure_splits(
-    cases: list[tuple[LayerConfig, int, int, int, Layout, ModelDescription | None]],
+    cases: list[SplitCase] | list[tuple],
     timeout: float | None = None,
     force: bool = False,
 ) -> list[list[RankMeasurement]]:
@@ -450,7 +484,8 @@ def measure_splits(
     ranks (each process imports torch once): the tests and the benchmark share them so."""
     if not cases:
         return []
-    worlds = {case[4].model_ranks for case in cases}
+    cases = [SplitCase(*case) for case in cases]
+    worlds = {case.layout.model_ranks for case in cases}
     if len(worlds) > 1:
         raise AttnctlError("one start of the ranks runs one count of processes (--tp × --cp)")
     world = worlds.pop()
@@ -459,24 +494,26 @@ def measure_splits(
     prepared, tasks = [], []  # prepared[case][rank]: that rank's plan, estimate, weights
     peaks, whole = [0] * world, 0
     device = "cpu"
-    for config, seq_len, batch, vocab_size, layout, model in cases:
-        check_layout(layout, train=False, measure=True)  # --measure's own refusals first
-        config = resolve_impl(validate(config))
-        vocab = model.vocab_size if model is not None else vocab_size
-        description = check_split_run(layout, config, model, [seq_len], vocab)
-        by_cp_rank = [
-            estimated_ranks(config, seq_len, batch, vocab, layout, model, cp_rank=cp_rank)
-            for cp_rank in range(layout.cp)
-        ]
-        ranks = [by_cp_rank[rank // layout.tp] for rank in range(world)]  # cp_rank · T + tp
-        peaks = [
-            max(p, parameter_bytes + predicted.peak_activation_bytes)
-            for p, (_, predicted, parameter_bytes) in zip(peaks, ranks, strict=True)
-        ]
+    for case in cases:
+        layout, model = case.layout, case.model
+        check_layout(layout, train=case.train, measure=True)  # --measure's own refusals first
+        config = resolve_impl(validate(case.config))
+        vocab = model.vocab_size if model is not None else case.vocab_size
+        description = check_split_run(layout, config, model, [case.seq_len], vocab, case.train)
+        case = case._replace(config=config, vocab_size=vocab)
+        if case.train:
+            ranks = [training_estimate(case, description)] * world  # the TP ranks are alike
+        else:
+            by_cp_rank = [
+                forward_estimate(config, case.seq_len, case.batch, vocab, layout, model, cp_rank)
+                for cp_rank in range(layout.cp)
+            ]
+            ranks = [by_cp_rank[rank // layout.tp] for rank in range(world)]  # cp_rank · T + tp
+        peaks = [max(p, estimate.peak_bytes) for p, estimate in zip(peaks, ranks, strict=True)]
         whole = max(whole, whole_weight_bytes(description, config))
         device = config.device
         prepared.append(ranks)
-        tasks.append(measure_task(config, seq_len, batch, vocab, layout, model))
+        tasks.append(measure_task(case))
     from attnctl.layer import resolve_device
 
     resolved = resolve_device(device)
@@ -486,17 +523,72 @@ def measure_splits(
         from attnctl.plan import build_plan
 
         timeout = sum(
-            split_timeout(build_plan(resolve_impl(validate(c)), n, b, v, model=m), resolved)
-            for c, n, b, v, _, m in cases
-        )
+            split_timeout(
+                build_plan(resolve_impl(validate(c.config)), c.seq_len, c.batch, c.vocab_size,
+                           model=c.model),
+                resolved,
+                blocks=3 * c.layers if c.train else 1,  # a backward takes about twice
+            )
+            for c in cases
+        )  # fmt: skip
     replies = run_ranks(world, tasks, str(resolved), timeout)
     return [
         [
-            _rank_measurement(reply.results[index], *prepared[index][reply.rank], reply, layout.tp)
+            _rank_measurement(reply.results[index], prepared[index][reply.rank], reply,
+                              case.layout.tp)
             for reply in replies
         ]
-        for index, (*_, layout, _) in enumerate(cases)
-    ]
+        for index, case in enumerate(cases)
+    ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """What one rank's measurement is held to: its plan, its weights' bytes, and the
+    peaks besides them (of each stage of a forward pass, or of each phase of a
+    training step) of which ``peak_bytes`` (with the weights) is the largest."""
+
+    plan: Plan
+    parameter_bytes: int
+    stage_names: tuple[str, ...]
+    stage_peak_bytes: tuple[int, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.parameter_bytes + max(self.stage_peak_bytes)
+
+
+def forward_estimate(
+    config: LayerConfig,
+    seq_len: int,
+    batch: int,
+    vocab_size: int,
+    layout: Layout,
+    model: ModelDescription | None = None,
+    cp_rank: int = 0,
+) -> RankEstimate:
+    """Block 0's forward pass (with the embeddings) on a rank of CP rank ``cp_rank``."""
+    plan, predicted, parameter_bytes = estimated_ranks(
+        config, seq_len, batch, vocab_size, layout, model, cp_rank=cp_rank
+    )
+    names = tuple(stage.name for stage in plan.stages)
+    return RankEstimate(plan, parameter_bytes, names, tuple(predicted.live_bytes))
+
+
+def training_estimate(case: SplitCase, description: ModelDescription) -> RankEstimate:
+    """A training step on one TP rank, as ``memory --train --tp T`` gives it: the split's
+    per-device phases (``app.memory_parallel.Split``), less the rank's weights."""
+    from attnctl.app.memory_parallel import Split  # the one place a split's step is made
+    from attnctl.plan_parallel import rank_plan
+
+    layout = case.layout
+    split = Split(case.config, case.model, description, layout, True, case.layers)
+    (device,) = split.per_device(case.seq_len, case.batch, 1, 0, case.batch)
+    phases = tuple(peak - device.weights_bytes for peak in device.phase_peak_bytes)
+    plan = rank_plan(case.config, case.seq_len, case.batch, case.vocab_size, layout, case.model)
+    from attnctl.training import PHASES
+
+    return RankEstimate(plan, device.weights_bytes, PHASES, phases)
 
 
 def whole_weight_bytes(description: ModelDescription, config: LayerConfig) -> int:
@@ -511,24 +603,24 @@ def whole_weight_bytes(description: ModelDescription, config: LayerConfig) -> in
 
 
 def _rank_measurement(
-    result: dict[str, Any],
-    plan: Plan,
-    predicted: Any,
-    parameter_bytes: int,
-    reply: RankReply,
-    tp: int,
+    result: dict[str, Any], estimate: RankEstimate, reply: RankReply, tp: int
 ) -> RankMeasurement:
     measured_parameters = result["parameter_bytes"]
+    plan = estimate.plan
+    training = "phase_peak_bytes" in result
+    measured = result["phase_peak_bytes"] if training else result["stage_peak_bytes"]
+    what = "a training step" if training else "a forward pass"
     return RankMeasurement(
         rank=result["rank"],
-        peak_bytes=parameter_bytes + predicted.peak_activation_bytes,
+        peak_bytes=estimate.peak_bytes,
         measured_peak_bytes=measured_parameters + result["peak_activation_bytes"],
-        parameter_bytes=parameter_bytes,
+        parameter_bytes=estimate.parameter_bytes,
         measured_parameter_bytes=measured_parameters,
-        stage_names=tuple(s.name for s in plan.stages),
-        stage_peak_bytes=tuple(predicted.live_bytes),
-        measured_stage_peak_bytes=tuple(result["stage_peak_bytes"]),
-        method=result["method"] + " per rank (gloo's buffers inside a collective not seen)",
+        stage_names=estimate.stage_names,
+        stage_peak_bytes=estimate.stage_peak_bytes,
+        measured_stage_peak_bytes=tuple(measured),
+        method=f"{result['method']} per rank over {what} (gloo's buffers inside a "
+        "collective not seen)",
         collective_buffer_bytes=collective_bound(plan, tp),
         collective_buffers="; ".join(_buffer_words(plan)),
         timings=reply.timings,

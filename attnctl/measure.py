@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -334,7 +335,6 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
     last row half padding when the plan masks padding.
     """
     from attnctl.describe import ModelDescription
-    from attnctl.nn import no_record
     from attnctl.nn.model import forward
     from attnctl.nn.weights import seeded_layer, trainable_weights
 
@@ -369,22 +369,41 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
         padding[-1, (key_len + 1) // 2 :] = False
     given = [t for t in (token_ids, context_ids, padding) if t is not None]
 
-    stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
-    recording: list[Callable] = []  # the record the run's stages go to, once there is one
-
-    def run() -> torch.Tensor:
+    def run(record: Callable) -> Any:
         return forward(
             stack,
             named,
             token_ids,
             last=layers - 1,
-            record=recording[0] if recording else no_record,
+            record=record,
             padding=padding,
             context_ids=context_ids,
             training=True,
         )
 
     mixed = config.dtype != "float32"
+    return measure_step(run, parameters, given, parameter_bytes, mixed, device)
+
+
+def measure_step(
+    run: Callable[[Callable], Any],
+    parameters: list[torch.Tensor],
+    given: list[torch.Tensor],
+    parameter_bytes: int,
+    mixed: bool,
+    device: torch.device,
+    after_backward: Callable[[], None] | None = None,
+) -> Measurement:
+    """The memory of one training step of ``run(record)`` (the forward, whose result's
+    ``output`` the loss sums) over ``parameters``, in the order Adam gets them, with the
+    ``given`` inputs alive throughout: on the CPU the live storages after every op (each
+    phase's peak, the backward's peak between one parameter's gradient and the next, and
+    the forward's up to each stage ``run`` records), on CUDA the allocator's peaks.
+    ``after_backward``: what runs between the backward and the optimizer step (a
+    tensor-parallel rank's sum of its replicated weights' gradients over the ranks)."""
+    from attnctl.nn import no_record
+
+    stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
     phases: list[int] = []
     windows: list[int] = []  # CPU: the peak between one parameter's gradient and the next
     try:
@@ -400,7 +419,7 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
                 phases.append(torch.cuda.max_memory_allocated(device) - base)
                 torch.cuda.reset_peak_memory_stats(device)
 
-            _training_step(run, parameters, mixed, phase_ends)
+            _training_step(lambda: run(no_record), parameters, mixed, phase_ends, after_backward)
             method = "max_memory_allocated"
         else:
             tracker = LiveStorages()
@@ -421,10 +440,9 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
             def record(name: str, tensor: torch.Tensor, dims: str) -> None:
                 stage_windows.append(tracker.take_window_peak())
 
-            recording.append(record)
             hooks = [p.register_post_accumulate_grad_hook(gradient_arrived) for p in parameters]
             with tracker:
-                _training_step(run, parameters, mixed, phase_ends)
+                _training_step(lambda: run(record), parameters, mixed, phase_ends, after_backward)
             for hook in hooks:
                 hook.remove()
             method = "live tensor storages"
@@ -445,7 +463,11 @@ def measure_training(config: LayerConfig, plan: Plan, layers: int = 1) -> Measur
 
 
 def _training_step(
-    run: Callable, parameters: list[torch.Tensor], mixed: bool, phase_ends: Callable[[], None]
+    run: Callable,
+    parameters: list[torch.Tensor],
+    mixed: bool,
+    phase_ends: Callable[[], None],
+    after_backward: Callable[[], None] | None = None,
 ) -> None:
     """The step, calling ``phase_ends`` after the forward, the backward and the update."""
     masters = [p.detach().float() for p in parameters] if mixed else parameters
@@ -455,6 +477,8 @@ def _training_step(
     del result
     phase_ends()
     loss.backward()
+    if after_backward is not None:
+        after_backward()
     phase_ends()
     if mixed:
         for master, parameter in zip(masters, parameters, strict=True):

@@ -45,6 +45,9 @@ class Plan:
     # alive before the first stage and held to the last: the inputs, and in a T5 block
     # after the first, block 0's relative position bias
     given: tuple[str, ...] = INPUTS
+    # one rank's plan of a split (``plan_parallel.rank_plan``): its TP group's size, SP
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -251,6 +254,8 @@ def build_plan(
         layer_index=layer_index,
         description=description,
         given=tuple(name for name in given if name in names),
+        tensor_parallel=tensor_parallel,
+        sequence_parallel=sequence_parallel,
     )
 
 

@@ -259,6 +259,7 @@ class WeightShare:
     values: int  # on this rank
     rule: str  # how it is cut: "rows / T", "columns / T", "vocab rows ⌈V/T⌉", "replicated", ...
     copies: int = 1  # a seeded stack's per-layer weights: one per layer
+    read: bool = True  # False: stored, but no block reads it (BERT's pooler): not trained
 
 
 _SHARD = [  # (pattern of the name's end, rule): the first that matches decides
@@ -353,7 +354,7 @@ def rank_weights(
                 values = 1
                 for n in info.shape:
                     values *= n
-                shares.append(WeightShare(key, tuple(info.shape), values, "replicated"))
+                shares.append(WeightShare(key, tuple(info.shape), values, "replicated", read=False))
     head = description.head
     if pp > 1 and last and head is not None and head.tied:
         embedding = next(e for e in source.table if e.targets[0] == "embedding.weight")

@@ -13,6 +13,7 @@ or ``run`` (blocks 0..N over given token ids, the output and the shown weights b
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -68,6 +69,10 @@ def _rank_weights(full, config, device, group, blocks: int | None):
 
     whole = model_weights(full, config, device, blocks=blocks, head=full.checkpoint is not None)
     shard = shard_weights(whole.named, full, group, full.vocab_size)
+    if blocks is None:  # what no block reads (BERT's pooler): held whole, as on one device
+        read = {t.untyped_storage().data_ptr() for t in whole.named.values()}
+        unread = [t for t in whole.stored if t.untyped_storage().data_ptr() not in read]
+        shard.update({f"unread.{n}": tensor for n, tensor in enumerate(unread)})
     del whole
     return shard
 
@@ -188,6 +193,115 @@ def measure_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, An
         "device": measured.device,
         "stages": _stages(recorder.stages),
     }
+
+
+def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]:
+    """One training step of ``layers`` blocks (block 0's weights copied, as
+    ``measure.measure_training`` stacks the seeded layer) on this rank's shard, under
+    ``measure.measure_step``: forward, ``loss = output.sum()``, backward through the
+    collectives' autograd (``nn/collectives.py``), the replicated weights' gradients
+    summed over the ranks that hold a part of them (:func:`sum_replicated_gradients`),
+    then Adam on this rank's tensors. ``gradients``: also hand back every tensor's
+    gradient (a test's oracle: the single device's, cut the same way)."""
+    import torch
+
+    from attnctl.describe import ModelDescription
+    from attnctl.measure import measure_step
+    from attnctl.nn.model import forward
+    from attnctl.parallel import Layout
+    from attnctl.plan_parallel import rank_plan
+
+    config = _config(task["config"])
+    group = place.group
+    layout = Layout(tp=place.tp, sp=bool(task["sp"]))
+    model_dir = task.get("model_dir")
+    full = _full_model(config, task["vocab_size"], model_dir)
+    model = None if model_dir is None else full
+    plan = rank_plan(config, task["seq_len"], task["batch"], task["vocab_size"], layout, model)
+    torch.manual_seed(config.seed)  # the seeded layer's weights, then the token ids drawn
+    shard = _rank_weights(full, config, device, group, None)
+    token_ids = torch.randint(0, full.vocab_size, (plan.batch, task["seq_len"]), device=device)
+    shard = {k: v.detach() for k, v in shard.items()}  # leaves: Adam's parameters
+    if model is None:
+        layers = int(task["layers"])
+        block = {k: v for k, v in shard.items() if k.startswith("blocks.0.")}
+        named = {k: v.requires_grad_() for k, v in shard.items() if not k.startswith("blocks.")}
+        for n in range(layers):  # block n's weights: block 0's values in tensors of their own
+            for key, value in block.items():
+                tensor = value if n == 0 else value.detach().clone()
+                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = tensor.requires_grad_()
+        parameters = list(named.values())  # the shared ones first, then each block's
+        stack = ModelDescription(plan.description.embeddings, plan.description.blocks * layers)
+    else:  # every block; the weights its table maps trained, in its order (a head is not)
+        layers, named, stack = full.layers, shard, plan.description
+        parameters = [shard[e.targets[0]].requires_grad_() for e in full.source.table]
+    held = named if model is None else shard  # the stack's copies; a checkpoint's all
+    parameter_bytes = sum(t.numel() * t.element_size() for t in held.values())
+
+    def run(record):
+        return forward(stack, named, token_ids, last=layers - 1, record=record, group=group,
+                       training=True)  # fmt: skip
+
+    summed = sum_replicated_gradients(named, full, group)
+    mixed = config.dtype != "float32"
+    measured = measure_step(run, parameters, [token_ids], parameter_bytes, mixed, device, summed)
+    result = {
+        "rank": place.rank,
+        "parameter_bytes": measured.parameter_bytes,
+        "peak_activation_bytes": measured.peak_activation_bytes,
+        "phase_peak_bytes": list(measured.phase_peak_bytes),
+        "gradient_window_bytes": list(measured.gradient_window_bytes),
+        "method": measured.method,
+        "device": measured.device,
+    }
+    if task.get("gradients"):
+        result["gradients"] = {
+            k: v.grad.float().cpu().tolist() for k, v in named.items() if v.grad is not None
+        }
+    return result
+
+
+def sum_replicated_gradients(named: dict[str, Any], full, group):
+    """What runs between the backward and the optimizer step: each replicated weight
+    whose gradient is a part (its rank's heads' or tokens' share) summed in place over
+    the ranks that hold it, as Megatron-LM does. A per-head norm (``qk_norm head``)
+    serves this rank's heads only; a kv-head replicated on T / Hkv ranks (T > Hkv) serves
+    each of them its own query heads; under sequence parallelism every other replicated
+    weight (the norms, the biases added after a sum, the positions) sees this rank's
+    L / T tokens. Under TP alone the others see every token: their gradients are whole."""
+    import torch.distributed as dist
+
+    from attnctl.nn.collectives import _kind, _sum_in_place
+
+    if group is None or group.size == 1:
+        return None
+    config = full.blocks[0].attention.config
+    sharing = None  # the kv-heads' groups of ranks, when T > Hkv
+    if group.size > config.kv_heads:
+        copies = group.size // config.kv_heads
+        groups = [dist.new_group(list(range(j * copies, (j + 1) * copies)))
+                  for j in range(config.kv_heads)]  # fmt: skip
+        sharing = dataclasses.replace(group, process_group=groups[group.rank // copies])
+
+    def partial(name: str) -> Any:
+        """The group over which ``name``'s gradient is a part, or None (whole)."""
+        kind = _kind(name)
+        if kind == "kv_heads":  # its rank's query heads' part of a copied kv-head's
+            return sharing
+        if kind != "replicated":
+            return None
+        if ".q_norm." in name or ".k_norm." in name:  # its rank's heads' part, whatever T
+            return group
+        return group if group.sequence_parallel else None
+
+    plan = [(tensor, partial(name)) for name, tensor in named.items()]
+
+    def summed() -> None:
+        for tensor, over in plan:
+            if over is not None and tensor.grad is not None:
+                _sum_in_place(over, tensor.grad)
+
+    return summed
 
 
 def run_task(task: dict[str, Any], group, device) -> dict[str, Any]:
@@ -316,6 +430,7 @@ def _fault(rank: int) -> None:
 
 
 TASKS = {"measure": measure_task, "run": run_task, "buffers": buffers_task}
+PLACED = {"measure": measure_task, "train": train_task}  # given the rank's place
 
 
 def main() -> int:
@@ -350,8 +465,8 @@ def main() -> int:
         places = rank_places(rank, world, document["tasks"])
         for task, place in zip(document["tasks"], places, strict=True):
             _fault(rank)
-            if task["kind"] == "measure":
-                results.append(measure_task(task, place, device))
+            if task["kind"] in PLACED:
+                results.append(PLACED[task["kind"]](task, place, device))
             else:  # a --tp split over the whole world
                 group = place.group or TensorGroup(rank, world, bool(task["sp"]))
                 results.append(TASKS[task["kind"]](task, group, device))

@@ -18,7 +18,11 @@ def _projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     name = {"q": "W_q", "k": "W_k", "v": "W_v", "output_projection": "W_o"}[walk.base]
     bias = walk.config.bias and (name != "W_o" or walk.config.output_bias)
     strided = walk.base == "k" and _key_gradient_is_strided(walk)
-    return linear(walk, stage, ins[0], name, bias, strided_gradient=strided)
+    # under tensor parallelism W_o's bias is added in place after the ranks' sum: its
+    # backward makes the bias's gradient where addmm's would, the same bytes (measured:
+    # tests/test_distributed_training.py), so the linear is replayed as with a bias
+    x = ins[0] if name == "W_o" else walk.column_input(stage, ins[0])
+    return linear(walk, stage, x, name, bias, strided_gradient=strided)
 
 
 def _key_gradient_is_strided(walk: Walk) -> bool:

@@ -15,9 +15,13 @@ None of them keeps a tensor for the backward. The vocab-parallel embedding's mas
 the ids outside this rank's rows is kept by the ``masked_fill_`` that zeroes their
 vectors (see ``training_stages._lookup``).
 
-These entries follow the plan's bytes; unlike the single-device entries they are not yet
-held to a measured timeline: ``memory --measure`` of a split runs the forward pass only
-(a training step on torch.distributed is not run yet).
+Under tensor parallelism alone the column-parallel projections read their input through
+Megatron's f (``training_stages.Walk.column_input``): its gradient is all-reduced in place.
+A row-parallel projection's bias is added in place after the sum, by every rank.
+
+These entries are held to the measured timeline of ``memory --measure --train --tp T``
+(``rank.train_task``: the step of each rank's shard on torch.distributed, the collectives'
+autograd of ``nn/collectives.py``) by tests/test_distributed_training.py, to the byte.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from attnctl.autograd_replay import Replay, Tensor
 from attnctl.config import DTYPE_BYTES, LayerConfig
 from attnctl.describe import FeedForward
+from attnctl.parallel import vocab_rows
 from attnctl.plan import Plan
 from attnctl.trace import Stage
 
@@ -60,6 +61,9 @@ class Walk:
     # the stage; and after it records it (once the stage's window has closed)
     then: list[Callable[[], None]] = field(default_factory=list)
     later: list[Callable[[], None]] = field(default_factory=list)
+    # tensor parallel without SP: what a block's column-parallel projections read, as
+    # Megatron's f hands it to them (by the name of the stage they read)
+    to_ranks: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def feed_forward(self) -> FeedForward:
@@ -86,6 +90,20 @@ class Walk:
         if name.startswith("feed_forward."):
             return f"blocks.{self.block}.{name}"
         return f"blocks.{self.block}.attention.{name}"
+
+    def column_input(self, stage: Stage, x: Tensor) -> Tensor:
+        """What a column-parallel projection (W_q, W_k, W_v, W_up, W_gate) reads. Under
+        tensor parallelism without SP, ``x`` through Megatron's f (``nn/collectives``
+        ``_CopyToRanks``): a view whose gradient, summed from every projection that reads
+        it, is all-reduced in place and handed on to ``x`` (where a residual's is added);
+        made once, before the first projection. Otherwise ``x`` itself."""
+        if self.plan.tensor_parallel == 1 or self.plan.sequence_parallel:
+            return x
+        name = stage.reads[0]
+        if name not in self.to_ranks:
+            r = self.replay
+            self.to_ranks[name] = r.node(r.view(x), (x,), (), (("pass", 0),))
+        return self.to_ranks[name]
 
     def merges_badly(self, stage: Stage) -> bool:
         """Whether (B, H, ·, ·) of this (B, H, L, d_k) view cannot be merged without a copy:
@@ -117,9 +135,7 @@ def _lookup(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     weight = walk.plan.vocab_size * walk.sizes["D"] * walk.e
     if stage.reads == ("local_ids", "vocab_mask"):  # a tensor-parallel rank's rows
         ids, mask = walk.tensors["local_ids"], walk.tensors["vocab_mask"]
-        # the seeded layer's plan holds the rank's ⌈V/T⌉ rows; a checkpoint's, the whole
-        values = next((p.count for p in walk.plan.parameters if p.name == "embedding.weight"),
-                      walk.plan.vocab_size * walk.sizes["D"])  # fmt: skip
+        values = vocab_rows(walk.plan.vocab_size, walk.plan.tensor_parallel) * walk.sizes["D"]
         out = r.new(stage.bytes)
         r.leaf_node(out, (ids,), (("param", "embedding.weight", values * walk.e),))
         # masked_fill_ of the ids outside the rank's rows: it keeps the mask
@@ -329,7 +345,8 @@ def weight_views(walk: Walk) -> None:
 @entry("ffn_up", "ffn_gate", "ffn_down")
 def _ffn_projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     name = "feed_forward." + walk.base.removeprefix("ffn_")
-    return linear(walk, stage, ins[0], name, walk.feed_forward.bias)
+    x = ins[0] if walk.base == "ffn_down" else walk.column_input(stage, ins[0])
+    return linear(walk, stage, x, name, walk.feed_forward.bias)
 
 
 @entry("ffn_act")

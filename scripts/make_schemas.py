@@ -637,6 +637,10 @@ def split_properties() -> dict[str, Schema]:
         "one device of a pipeline stage (any of its tensor-parallel ranks)",
     )
     fit = obj({"budget_bytes": BYTES, "max_seq_len": COUNT, "max_micro_batch": COUNT})
+    phases = obj(
+        {"forward": BYTES, "backward": BYTES, "optimizer_step": BYTES},
+        "a rank's bytes at the busiest point of each phase of its training step",
+    )
     measured = obj(
         {
             "rank": INDEX,
@@ -645,6 +649,9 @@ def split_properties() -> dict[str, Schema]:
             # what gloo / NCCL allocate inside a collective, which the measurement does
             # not see: at most this
             "collective_buffer_bytes": BYTES,
+            # --train: each phase's peak, estimated and measured; null for a forward pass
+            "phase_peak_bytes": nullable(phases),
+            "measured_phase_peak_bytes": nullable(phases),
         }
     )
     return {

@@ -290,8 +290,6 @@ def test_memory_measure_of_a_split_prints_each_rank_beside_its_estimate(invoke):
     assert ranks[0]["peak_bytes"] == device["peak_bytes"] - device["kv_cache_bytes"]
     text = invoke(*args, "--measure", columns=100)
     assert text.exit_code == 0 and "measured on torch.distributed, per rank" in text.stdout
-    refused = invoke(*args, "--measure", "--train")
-    assert refused.exit_code == 2 and "--measure --train of a split" in refused.stderr
 
 
 def test_run_tp_shows_heads_per_rank(invoke, llama):

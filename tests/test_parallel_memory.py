@@ -77,7 +77,7 @@ REFUSALS = [
     (("--dp", "1024", "--pp", "1024", "--tp", "2"), "devices, more than 1,048,576"),
     (("--micro-batch", "3", "--batch", "4", "--tp", "2"), "--micro-batch 3 does not divide"),
     (("--micro-batch", "0", "--tp", "2"), "--micro-batch must be a positive integer"),
-    (("--measure", "--tp", "2", "--train"), "--measure --train of a split"),
+    (("--measure", "--cp", "2", "--train"), "--cp with --train is not modelled yet"),
     (("--measure", "--pp", "2"), "--pp and --dp are estimated only"),
     (("--tp", "2", "-L", "64,128"), "one --seq-len"),
     (("--tp", "2", "--context-len", "8"), "cross-attention (--context-len)"),
@@ -648,10 +648,12 @@ def test_measured_per_rank_shows_when_a_report_carries_it():
     text = console.export_text()
     assert "measured on torch.distributed, per rank" in text
     assert "+567 B" in text and "-433 B" in text
-    assert parallel_fields(parallel)["measured_per_rank"] == measured
+    unmeasured_phases = {"phase_peak_bytes": None, "measured_phase_peak_bytes": None}
+    expected = [{**entry, **unmeasured_phases} for entry in measured]  # a forward pass's
+    assert parallel_fields(parallel)["measured_per_rank"] == expected
     document = json.loads(json.dumps(memory_document(command)))
     json_contract.check(document, "memory")  # the schema takes the list too
-    assert document["measured_per_rank"] == measured
+    assert document["measured_per_rank"] == expected
     broken = {**document, "measured_per_rank": [{"rank": 0, "peak_bytes": 1}]}
     assert json_contract.problems(broken, "memory")
 

@@ -140,7 +140,8 @@ class ParallelReport:
     notes: tuple[str, ...]
     fit: ParallelFit | None = None
     # measured on torch.distributed (memory --measure): [{rank, peak_bytes,
-    # measured_peak_bytes, collective_buffer_bytes}, ...]; None: not measured
+    # measured_peak_bytes, collective_buffer_bytes}, ...], of a training step with
+    # phase_peak_bytes and measured_phase_peak_bytes too; None: not measured
     measured_per_rank: list[dict[str, int]] | None = None
     windows: tuple[int, ...] = ()  # the blocks' sliding windows (their K/V keep W tokens)
 
@@ -157,11 +158,6 @@ def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescri
     per step, the model's description)."""
     layout = request.layout
     check_layout(layout, train=request.train, measure=request.measure)
-    if request.measure and request.train:
-        raise AttnctlError(
-            "--measure --train of a split is not run on torch.distributed yet: its "
-            "estimate is; leave out --measure, or --train to measure the forward pass"
-        )
     if request.generate is not None:
         raise AttnctlError("--generate with a split is not modelled yet: leave out one of them")
     if request.context_len is not None:
@@ -239,10 +235,12 @@ def parallel_memory_use_case(
         from attnctl.distributed import measure_split
 
         processes = layout.model_ranks
-        with hooks.progress(f"measuring a forward pass on {processes} gloo processes"):
+        what = "a training step" if request.train else "a forward pass"
+        with hooks.progress(f"measuring {what} on {processes} gloo processes"):
             ranks = measure_split(
-                layer, length, micro, description.vocab_size, layout, model, force=request.force
-            )
+                layer, length, micro, description.vocab_size, layout, model,
+                force=request.force, train=request.train, layers=request.layers,
+            )  # fmt: skip
         measured = [
             {
                 "rank": rank.rank,
@@ -252,6 +250,13 @@ def parallel_memory_use_case(
             }
             for rank in ranks
         ]
+        if request.train:  # each phase's too: forward, backward, optimizer step
+            for entry, rank in zip(measured, ranks, strict=True):
+                weights, got = rank.parameter_bytes, rank.measured_parameter_bytes
+                entry["phase_peak_bytes"] = [weights + b for b in rank.stage_peak_bytes]
+                entry["measured_phase_peak_bytes"] = [
+                    got + b for b in rank.measured_stage_peak_bytes
+                ]
     config = description.config
     report = ParallelReport(
         layout=dataclasses.replace(layout, micro_batch=micro),
@@ -327,14 +332,18 @@ class Split:
         """The values the training step updates: every weight the plan reads, which is
         all of them but an LM head and the final norm (the step's loss is the last
         block's output summed, as the single-device estimate's)."""
+        return sum(share.values * share.copies for share in self._trained(stage))
+
+    def _trained(self, stage: int) -> list[WeightShare]:
+        """The stage's weights the step updates: not a head, nor one no block reads."""
         head = set()
         if self.model is not None:
             head = {entry.key for entry in self.model.source.head_table}
-        return sum(
-            share.values * share.copies
+        return [
+            share
             for share in self.shares[stage]
-            if share.name not in head and not share.name.startswith(TIED_HEAD)
-        )
+            if share.read and share.name not in head and not share.name.startswith(TIED_HEAD)
+        ]
 
     def _block_values(self) -> list[int]:
         """Each block's values on one tensor-parallel rank (ZeRO 3's gathered copy): a
@@ -470,14 +479,7 @@ class Split:
     def trained_sizes(self, stage: int) -> list[int]:
         """The values of each tensor the stage's step updates on one rank, in the
         replay's order (the seeded stack: the shared ones, then each block's)."""
-        head = set()
-        if self.model is not None:
-            head = {entry.key for entry in self.model.source.head_table}
-        trained = [
-            share
-            for share in self.shares[stage]
-            if share.name not in head and not share.name.startswith(TIED_HEAD)
-        ]
+        trained = self._trained(stage)
         if self.model is not None:
             return [share.values * share.copies for share in trained]
         shared = [s.values for s in trained if s.name.startswith(SHARED_FIRST)]

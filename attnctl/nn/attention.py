@@ -349,8 +349,8 @@ def _output(
     """Steps 3 and 4, for a whole sequence and for a decoding step: ``held = [attended]``
     (B, H, L, d_k) and ``residual = [x]`` (or [] without a residual), both taken out.
     Returns (the sublayer's output, W_o's output), each (B, L, D). ``group``: W_o holds
-    this rank's heads' columns; its partial sums are added over the ranks (its bias on
-    rank 0 only), under sequence parallelism keeping this rank's (B, L/T, D)."""
+    this rank's heads' columns; its partial sums are added over the ranks (its bias
+    after the sum), under sequence parallelism keeping this rank's (B, L/T, D)."""
     config = sublayer.config
     attended = held.pop()
     batch, heads, seq_len, d_k = attended.shape
@@ -360,11 +360,11 @@ def _output(
     concat = concat.view(batch, seq_len, heads * d_k)  # (B, L, H·d_k)
     del attended
     record("concat", concat, f"B L {q_width}")
-    bias = output_bias(group, weights.get("W_o.bias"))
-    attention_output = F.linear(concat, weights["W_o.weight"], bias)  # (B, L, D)
-    del concat
+    bias = weights.get("W_o.bias")
+    attention_output = F.linear(concat, weights["W_o.weight"], output_bias(group, bias))
+    del concat  # (B, L, D) above
     record("output_projection", attention_output, "B L D")
-    attention_output = reduce_partial(group, attention_output, record)  # the ranks' sum
+    attention_output = reduce_partial(group, attention_output, record, bias=bias)  # the sum
     hidden = "B L D" if group is None else group.hidden
 
     # 4. residual, then the norm in a post-norm sublayer (as in the original Transformer)

@@ -56,9 +56,66 @@ def gather_sequence(
     group: TensorGroup | None, h: torch.Tensor, record: Record = no_record, prefix: str = ""
 ) -> torch.Tensor:
     """What the column-parallel projections read: ``h`` itself, or under sequence
-    parallelism the whole (B, L, D) gathered from every rank's (B, L/T, D)."""
-    if group is None or not group.sequence_parallel:
+    parallelism the whole (B, L, D) gathered from every rank's (B, L/T, D).
+
+    Under autograd (a training step) the backward sums over the ranks what they read:
+    the gradient of the gathered sequence reduce-scattered to this rank's tokens (SP),
+    or ``h``'s gradient all-reduced in place (Megatron's "copy to the tensor-parallel
+    region": each rank's projections read all of ``h`` for its own heads and columns)."""
+    if group is None or group.size == 1:
         return h
+    tracked = torch.is_grad_enabled() and h.requires_grad
+    if not group.sequence_parallel:
+        return _CopyToRanks.apply(h, group) if tracked else h
+    gathered = _GatherSequence.apply(h, group) if tracked else _gather(group, h)
+    record(prefix + "all_gather", gathered, "B L D")
+    return gathered
+
+
+def reduce_partial(
+    group: TensorGroup | None,
+    partial: torch.Tensor,
+    record: Record = no_record,
+    prefix: str = "",
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The sum over the ranks of a row-parallel projection's partial output (B, L, D):
+    added in place (all_reduce), or under sequence parallelism this rank's L / T tokens
+    of it, a new (B, L/T, D) (reduce_scatter); then ``bias`` (the projection's, which
+    every rank holds) added in place, as Megatron's RowParallelLinear adds it after the
+    sum. One device: ``partial`` itself (its linear added the bias).
+
+    Under autograd the all_reduce's gradient is the incoming one as it is (each rank's
+    partial sum counts once), the reduce_scatter's the incoming one all-gathered."""
+    if group is None or group.size == 1:
+        return partial
+    if not group.sequence_parallel:
+        _sum_in_place(group, partial)  # autograd does not see it: its gradient is 1
+        if bias is not None:
+            partial += bias  # (B, L, D) += (D,), in place
+        record(prefix + "all_reduce", partial, "B L D")
+        return partial
+    tracked = torch.is_grad_enabled() and partial.requires_grad
+    mine = _ScatterSequence.apply(partial, group) if tracked else _scatter(group, partial)
+    if bias is not None:
+        mine += bias  # (B, L/T, D) += (D,), in place
+    record(prefix + "reduce_scatter", mine, "B L/T D")
+    return mine
+
+
+def _sum_in_place(group: TensorGroup, tensor: torch.Tensor) -> None:
+    """all_reduce: ``tensor`` becomes the sum over the group's ranks, in place."""
+    import torch.distributed as dist
+
+    summed = tensor.view(tensor.shape)  # an alias of its own: see _released
+    dist.all_reduce(summed, group=group.process_group)
+    handed = [summed]
+    del summed
+    _released(handed)
+
+
+def _gather(group: TensorGroup, h: torch.Tensor) -> torch.Tensor:
+    """all_gather along the sequence: a new (B, L, D) from every rank's (B, L/T, D)."""
     import torch.distributed as dist
 
     batch, local, width = h.shape
@@ -70,31 +127,14 @@ def gather_sequence(
     handed = [sent, *slices]
     del sent, slices  # the backend's references alone left: see _released
     _released(handed)
-    record(prefix + "all_gather", gathered, "B L D")
     return gathered
 
 
-def reduce_partial(
-    group: TensorGroup | None,
-    partial: torch.Tensor,
-    record: Record = no_record,
-    prefix: str = "",
-) -> torch.Tensor:
-    """The sum over the ranks of a row-parallel projection's partial output (B, L, D):
-    added in place (all_reduce), or under sequence parallelism this rank's L / T tokens
-    of it, a new (B, L/T, D) (reduce_scatter). One device: ``partial`` itself."""
-    if group is None or group.size == 1:
-        return partial
+def _scatter(group: TensorGroup, partial: torch.Tensor) -> torch.Tensor:
+    """reduce_scatter along the sequence: a new (B, L/T, D), this rank's tokens of the
+    sum over the ranks of their (B, L, D)."""
     import torch.distributed as dist
 
-    if not group.sequence_parallel:
-        summed = partial.view(partial.shape)  # an alias of its own: see _released
-        dist.all_reduce(summed, group=group.process_group)  # in place
-        handed = [summed]
-        del summed
-        _released(handed)
-        record(prefix + "all_reduce", partial, "B L D")
-        return partial
     batch, length, width = partial.shape
     local = length // group.size
     mine = torch.empty(batch, local, width, dtype=partial.dtype, device=partial.device)
@@ -105,8 +145,47 @@ def reduce_partial(
     handed = [received, *slices]
     del received, slices
     _released(handed)
-    record(prefix + "reduce_scatter", mine, "B L/T D")
     return mine
+
+
+class _CopyToRanks(torch.autograd.Function):
+    """Megatron's f: the input as it is; its gradient summed over the ranks, in place."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, group: TensorGroup) -> torch.Tensor:
+        ctx.group = group
+        return h.view_as(h)  # (B, L, D), the same storage
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:
+        _sum_in_place(ctx.group, gradient)
+        return gradient, None
+
+
+class _GatherSequence(torch.autograd.Function):
+    """all_gather along the sequence; its gradient reduce-scattered back (SP)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, group: TensorGroup) -> torch.Tensor:
+        ctx.group = group
+        return _gather(group, h)  # (B, L, D)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _scatter(ctx.group, gradient), None  # (B, L/T, D)
+
+
+class _ScatterSequence(torch.autograd.Function):
+    """reduce_scatter along the sequence; its gradient all-gathered back (SP)."""
+
+    @staticmethod
+    def forward(ctx: Any, partial: torch.Tensor, group: TensorGroup) -> torch.Tensor:
+        ctx.group = group
+        return _scatter(group, partial)  # (B, L/T, D)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _gather(ctx.group, gradient), None  # (B, L, D)
 
 
 def _released(sent: list[torch.Tensor], seconds: float = 60.0) -> None:
@@ -231,7 +310,8 @@ def _config_of(description: Any, name: str) -> Any:
 
 
 def output_bias(group: TensorGroup | None, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """A row-parallel projection's bias: added by rank 0 only, so the sum has it once."""
-    if group is None or group.rank == 0:
+    """The bias a row-parallel projection's linear adds: its own on one device; none
+    under tensor parallelism, where :func:`reduce_partial` adds it after the sum."""
+    if group is None or group.size == 1:
         return bias
     return None

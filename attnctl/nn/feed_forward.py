@@ -74,11 +74,11 @@ def feed_forward(
         inner = activation(up)  # (B, L, I)
         del up
         record("ffn_act", inner, "B L I")
-    bias = output_bias(group, weights.get("down.bias"))  # rank 0's only
-    out = F.linear(inner, weights["down.weight"], bias)  # (B, L, D)
+    bias = weights.get("down.bias")  # under tensor parallelism: added after the sum
+    out = F.linear(inner, weights["down.weight"], output_bias(group, bias))  # (B, L, D)
     del inner
     record("ffn_down", out, "B L D")
-    out = reduce_partial(group, out, record, "ffn_")  # tensor parallel: the ranks' sum
+    out = reduce_partial(group, out, record, "ffn_", bias)  # tensor parallel: the ranks' sum
     if sublayer.output_norm:  # Gemma, OLMo 2: the FFN's output normalised first
         out = _norm(sublayer, out, weights, "post_norm")  # (B, L, D)
         record("ffn_post_norm", out, hidden)

@@ -319,7 +319,9 @@ def parallel_fields(report: ParallelReport | None) -> dict[str, Any]:
             "max_seq_len": fit.max_seq_len,
             "max_micro_batch": fit.max_micro_batch,
         },
-        "measured_per_rank": report.measured_per_rank,
+        "measured_per_rank": None
+        if report.measured_per_rank is None
+        else [_measured_rank(entry) for entry in report.measured_per_rank],
     }
 
 
@@ -568,3 +570,14 @@ def translation_json(report: TranslationReport) -> dict[str, Any]:
         else None,
     }
     return versioned("run", ENCODER_DECODER, fields)
+
+
+def _measured_rank(entry: dict[str, Any]) -> dict[str, Any]:
+    """One rank of ``memory --measure`` of a split; a training step's phases by name
+    (null for a forward pass)."""
+    keys = ("rank", "peak_bytes", "measured_peak_bytes", "collective_buffer_bytes")
+    document = {key: entry[key] for key in keys}
+    for key in ("phase_peak_bytes", "measured_phase_peak_bytes"):
+        phases = entry.get(key)
+        document[key] = dict(zip(PHASE_KEYS, phases, strict=True)) if phases else None
+    return document

@@ -7,7 +7,7 @@ explanations wrap and whose rows stack on a terminal too narrow for them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -19,7 +19,6 @@ from attnctl.render.text import config_line, model_lines
 
 if TYPE_CHECKING:  # the report's types; render only reads them
     from attnctl.app.memory_parallel import ParallelReport, StageMemory
-    from attnctl.parallel import Layout
     from attnctl.report import MemoryCommandReport
 
 KINDS = ("all", "first", "middle", "last")
@@ -62,7 +61,7 @@ def parallel_view(command: MemoryCommandReport, width: int) -> Group:
     if report.fit is not None:
         parts += [Text(""), _fit_table(report)]
     if report.measured_per_rank is not None:
-        parts += [Text(""), _measured_table(report.measured_per_rank, report.layout)]
+        parts += [Text(""), _measured_table(report.measured_per_rank, report)]
     return Group(*parts)
 
 
@@ -181,8 +180,10 @@ def _fit_table(report: ParallelReport) -> Table:
     return table
 
 
-def _measured_table(measured: list[dict[str, int]], layout: Layout) -> Table:
-    """One row a rank; with both --tp and --cp its place too (rank = CP rank · T + TP rank)."""
+def _measured_table(measured: list[dict[str, Any]], report: ParallelReport) -> Table:
+    """One row a rank; with both --tp and --cp its place too (rank = CP rank · T + TP rank);
+    of a training step, each phase's measured peak too."""
+    layout = report.layout
     table = titled_table("measured on torch.distributed, per rank")
     table.add_column("rank", justify="right", no_wrap=True)
     both = layout.tp > 1 and layout.cp > 1
@@ -204,12 +205,38 @@ def _measured_table(measured: list[dict[str, int]], layout: Layout) -> Table:
             "≤ " + format_bytes(entry["collective_buffer_bytes"]),
         )
     table.caption_justify = "left"
+    unseen = (
+        "what the backend allocates inside a collective is not seen by the measurement, "
+        "and at most the last column"
+    )
+    if not report.train:
+        table.caption = (
+            "a forward pass of block 0 with the embeddings, one micro-batch: the rank's "
+            f"weights and activations (no KV cache); {unseen}"
+        )
+        return table
+    phases = [
+        ", ".join(
+            f"{phase} {format_bytes(b)}"
+            for phase, b in zip(PHASE_NAMES, entry["measured_phase_peak_bytes"], strict=True)
+        )
+        for entry in measured
+    ]
+    if len(set(phases)) == 1:
+        measured_phases = f"every rank: {phases[0]}"
+    else:
+        measured_phases = "; ".join(f"rank {n}: {p}" for n, p in enumerate(phases))
+    blocks = f"{report.blocks} block" + "s" * (report.blocks != 1)
     table.caption = (
-        "a forward pass of block 0 with the embeddings, one micro-batch: the rank's weights "
-        "and activations (no KV cache); what the backend allocates inside a collective is "
-        "not seen by the measurement, and at most the last column"
+        f"a training step of {blocks}, one micro-batch (forward, loss.backward(), Adam), "
+        "its collectives' gradients on torch.distributed too: the rank's weights, "
+        f"gradients, Adam's state and activations at the busiest phase; {unseen}. "
+        f"Measured, {measured_phases}"
     )
     return table
+
+
+PHASE_NAMES = ("forward", "backward", "optimizer step")
 
 
 def _or(numbers: tuple[int, ...]) -> str:

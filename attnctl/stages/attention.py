@@ -204,19 +204,13 @@ def plan_attention(
         + (" (already in order: no copy)" if no_copy else " (a copy)"),
     )
     has_output_bias = config.bias and config.output_bias
-    out = plan.add(
-        "output_projection",
-        "B L D",
-        (concat,),
-        what="concat · W_o"
-        + (" + b" if has_output_bias else "")
-        + (
-            f": this rank's {sizes['H']} heads' partial sum" + (" (b on rank 0)" * has_output_bias)
-            if plan.tensor_parallel > 1
-            else ""
-        ),
-    )
-    out = reduce_partial(plan, out)  # tensor parallel: the ranks' partial sums added
+    if plan.tensor_parallel > 1:  # the bias is added after the ranks' sum
+        projected = f"concat · W_o: this rank's {sizes['H']} heads' partial sum"
+        projected += " (b after the sum)" if has_output_bias else ""
+    else:
+        projected = "concat · W_o" + (" + b" if has_output_bias else "")
+    out = plan.add("output_projection", "B L D", (concat,), what=projected)
+    out = reduce_partial(plan, out, bias=has_output_bias)  # tensor parallel: the ranks' sum
     if sublayer.output_norm:  # Gemma, OLMo 2: the attention output normalised first
         out = plan.add(
             "post_norm", plan.hidden, (out,), what=f"{norm_name} over D of the attention output"

@@ -47,25 +47,28 @@ def gather_sequence(plan: PlanBuilder, h: str, prefix: str = "") -> str:
     )
 
 
-def reduce_partial(plan: PlanBuilder, partial: str, prefix: str = "") -> str:
+def reduce_partial(plan: PlanBuilder, partial: str, prefix: str = "", bias: bool = False) -> str:
     """The sum of the T ranks' partial outputs of a row-parallel projection: added in
-    place (all_reduce), or under sequence parallelism each rank's L / T tokens of it."""
+    place (all_reduce), or under sequence parallelism each rank's L / T tokens of it;
+    then the projection's ``bias`` (every rank holds it) added in place."""
     ranks = plan.tensor_parallel
     if ranks == 1:
         return partial
+    then = ", then + b in place" if bias else ""
     if plan.sequence_parallel:
         return plan.add(
             prefix + "reduce_scatter",
             "B L/T D",
             (partial,),
-            what=f"reduce_scatter: the {ranks} ranks' partial sums added, this rank's L/T tokens",
+            what=f"reduce_scatter: the {ranks} ranks' partial sums added, this rank's L/T tokens"
+            + then,
         )
     return plan.add(
         prefix + "all_reduce",
         "B L D",
         (partial,),
         view_of=partial,
-        what=f"all_reduce in place: the {ranks} ranks' partial sums added",
+        what=f"all_reduce in place: the {ranks} ranks' partial sums added" + then,
     )
 
 

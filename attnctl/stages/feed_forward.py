@@ -32,7 +32,7 @@ def plan_feed_forward(plan: PlanBuilder, sublayer: FeedForward, x: str) -> str:
         inner = plan.add("ffn_act", "B L I", ("ffn_up",), what=act)
     partial = " (this rank's I/T columns: a partial sum)" if plan.tensor_parallel > 1 else ""
     out = plan.add("ffn_down", "B L D", (inner,), what="· W_out: I -> D" + partial)
-    out = reduce_partial(plan, out, "ffn_")  # tensor parallel: the ranks' partial sums added
+    out = reduce_partial(plan, out, "ffn_", sublayer.bias)  # tensor parallel: the ranks' sum
     if sublayer.output_norm:  # Gemma, OLMo 2: the FFN's output normalised first
         out = plan.add(
             "ffn_post_norm", plan.hidden, (out,), what=f"{norm} over D of the FFN output"

@@ -1,0 +1,244 @@
+"""``memory --measure --train --tp T [--sp]``: a training step of each rank's shard, run
+on torch.distributed (gloo), held to the per-device step of ``memory --train --tp T``
+phase by phase, to the byte; and its gradients held to the single device's, cut the same
+way (the collectives' autograd, the replicated weights' sums, the bias after the sum).
+
+The ranks of a --tp are started once per module (each process imports torch once) and
+run every case in turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import tiny_models
+import torch
+
+from attnctl.config import LayerConfig, resolve_impl, validate
+from attnctl.describe import ModelDescription, seeded_model
+from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
+from attnctl.errors import AttnctlError
+from attnctl.parallel import Layout
+
+TIMEOUT = 300  # seconds a start of the ranks may take at most, here
+FAMILIES = ("llama", "bert", "qwen2", "qwen3", "mistral", "gemma3")  # FFN, biases, qk norms
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from attnctl.app.calls import load_model
+
+    folder = tmp_path_factory.mktemp("families")
+    return {family: load_model(str(tiny_models.write(family, folder / family)))
+            for family in (*FAMILIES, "gpt2")}  # fmt: skip
+
+
+def _layer(model, impl: str = "math"):
+    from attnctl.app.calls import model_layer
+
+    return model_layer(model, {"device": "cpu", "impl": impl})
+
+
+def _sweep(tp: int) -> list[SplitCase]:
+    """Small stacks of 2 blocks over norm, positions, mask, kernel and the options that
+    change the step (per-head q/k norm, head_dim, a window, a soft cap, half precision,
+    one or two kv-heads, copied on T / Hkv ranks), with and without SP."""
+    variants = [{}, {"qk_norm": "head", "norm_type": "rms"}, {"head_dim": 12}, {"window": 3},
+                {"softcap": 5.0, "impl": "math"}, {"dtype": "bfloat16", "bias": False},
+                {"kv_heads": 1}, {"kv_heads": 2, "dtype": "float16"}]  # fmt: skip
+    cases = []
+    for norm, pos, mask, impl, extra, sp in itertools.product(
+        ["pre", "post", "none"], ["sinusoidal", "learned", "rope", "none"], ["none", "causal"],
+        ["math", "sdpa"], variants, [False, True],
+    ):  # fmt: skip
+        values = {"d_model": 32, "heads": 4, "norm": norm, "pos": pos, "mask": mask,
+                  "impl": impl, "device": "cpu", **extra}  # fmt: skip
+        try:
+            config = resolve_impl(validate(LayerConfig(**values)))
+        except AttnctlError:  # a window without the causal mask, ...
+            continue
+        cases.append(SplitCase(config, 8, 2, 50, Layout(tp=tp, sp=sp), None, True, 2))
+    return cases[:: 5 if tp == 2 else 23]  # 4 ranks on 2 cores: fewer
+
+
+def _cases(tp: int, models) -> list[SplitCase]:
+    named = []
+    for family, impl, sp in itertools.product(FAMILIES, ("math", "sdpa"), (False, True)):
+        fewer = tp == 4 and (impl, sp) != ("sdpa", True)  # 4 ranks on 2 cores: fewer
+        if fewer or (family == "bert" and impl == "sdpa"):
+            continue
+        model = models[family]
+        layout = Layout(tp=tp, sp=sp)
+        named.append(SplitCase(_layer(model, impl), 8, 2, model.vocab_size, layout, model, True))
+    return [*_sweep(tp), *named]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
+def measured(request, models):
+    cases = _cases(request.param, models)
+    return cases, measure_splits(cases, timeout=TIMEOUT)
+
+
+def test_every_rank_steps_as_the_split_estimates_to_the_byte(measured):
+    cases, results = measured
+    for case, ranks in zip(cases, results, strict=True):
+        config, layout = case.config, case.layout
+        what = case.model.name if case.model is not None else "the layer"
+        assert [r.rank for r in ranks] == list(range(layout.tp))
+        for rank in ranks:
+            where = f"{what} {layout.summary()} {config.impl} {config.dtype} rank {rank.rank}"
+            assert rank.stage_names == ("forward", "backward", "optimizer step")
+            assert rank.measured_parameter_bytes == rank.parameter_bytes, where
+            assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
+            assert rank.measured_peak_bytes == rank.peak_bytes, where
+            assert "training step" in rank.method and rank.collective_buffer_bytes > 0
+
+
+def test_the_step_is_the_peak_of_the_per_device_table(measured):
+    """What a rank is held to is ``memory --train --tp T``'s own per-device row."""
+    from attnctl.app.memory_parallel import Split
+
+    cases, results = measured
+    case, ranks = cases[-1], results[-1]  # a checkpoint
+    description = case.model.with_run(case.config)
+    split = Split(case.config, case.model, description, case.layout, True, 1)
+    (device,) = split.per_device(case.seq_len, case.batch, 1, 0, case.batch)
+    assert device.peak_bytes == ranks[0].peak_bytes == ranks[0].measured_peak_bytes
+    assert device.weights_bytes == ranks[0].measured_parameter_bytes
+
+
+# ---------------------------------------------------------------- the gradients
+
+
+def _single_device_gradients(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
+    """One device's gradients of the same step: the weights the ranks cut, under the
+    same seed, the same token ids; a seeded stack of ``layers`` copies of block 0."""
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
+
+    config = case.config
+    torch.manual_seed(config.seed)
+    checkpoint = case.model is not None
+    whole = model_weights(full, config, torch.device("cpu"), blocks=None, head=checkpoint)
+    token_ids = torch.randint(0, full.vocab_size, (case.batch, case.seq_len))
+    named = {k: v.detach().clone().requires_grad_() for k, v in whole.named.items()}
+    stack, last = full, full.layers - 1
+    if not checkpoint:
+        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
+        for n in range(1, case.layers):
+            for key, value in block.items():
+                copy = value.detach().clone().requires_grad_()
+                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = copy
+        stack, last = ModelDescription(full.embeddings, full.blocks * case.layers), case.layers - 1
+    forward(stack, named, token_ids, last=last, training=True).output.sum().backward()
+    return {k: v.grad for k, v in named.items() if v.grad is not None}
+
+
+GRADIENT_CASES = [
+    # pre-norm: a post-norm's last LayerNorm summed has a gradient of 0 (float noise only)
+    ("layer", dict(d_model=32, heads=4, norm="pre", pos="learned"), 2, True),
+    (
+        "layer",
+        dict(
+            d_model=32,
+            heads=4,
+            kv_heads=1,
+            norm="pre",
+            pos="rope",
+            mask="causal",
+            norm_type="rms",
+            qk_norm="head",
+        ),
+        2,
+        False,
+    ),
+    ("layer", dict(d_model=32, heads=8, kv_heads=2, norm="pre", pos="rope"), 4, False),
+    ("layer", dict(d_model=32, heads=4, impl="sdpa", mask="causal", norm="pre"), 4, True),
+    ("llama", {}, 2, True),
+    ("bert", {}, 2, False),
+    ("qwen3", {}, 2, False),
+]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_every_gradient_is_the_single_devices_cut_the_same_way(tp, models):
+    """Each rank's gradient of every weight (after the replicated ones' sums) is its
+    share of one device's: the collectives' backward, the kv-heads copied on
+    T / Hkv ranks, the per-head norms, the norms and biases under SP."""
+    from attnctl.nn.collectives import TensorGroup, shard_weights
+
+    cases, wholes = [], []
+    for what, values, ranks, sp in GRADIENT_CASES:
+        if ranks != tp:
+            continue
+        if what == "layer":
+            config = resolve_impl(validate(LayerConfig(**{"impl": "math", "device": "cpu",
+                                                          **values})))  # fmt: skip
+            case = SplitCase(config, 8, 2, 50, Layout(tp=tp, sp=sp), None, True, 2)
+            full = seeded_model(config, 50)
+        else:
+            model = models[what]
+            case = SplitCase(_layer(model), 8, 2, model.vocab_size, Layout(tp=tp, sp=sp), model,
+                             True)  # fmt: skip
+            full = model.with_run(case.config)
+        cases.append(case)
+        wholes.append(full)
+    tasks = [{**measure_task(case), "gradients": True} for case in cases]
+    replies = run_ranks(tp, tasks, "cpu", TIMEOUT)
+    for index, (case, full) in enumerate(zip(cases, wholes, strict=True)):
+        expected = _single_device_gradients(case, full)
+        # float32 sums in another order: within 1e-4 of the model's largest gradient (a
+        # missing sum over the ranks would be off by as much as the value; W_k's bias has
+        # a gradient of 0, softmax being blind to a shift of every score of a row)
+        scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())
+        for reply in replies:
+            got = reply.results[index]["gradients"]
+            cut = shard_weights(expected, full, TensorGroup(reply.rank, tp), full.vocab_size)
+            assert set(got) == set(cut), f"case {index} rank {reply.rank}"
+            for name, gradient in got.items():
+                where = f"case {index} rank {reply.rank} {name}"
+                torch.testing.assert_close(torch.tensor(gradient), cut[name].float(), rtol=0,
+                                           atol=scale, msg=where)  # fmt: skip
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_memory_measure_train_prints_each_rank_and_its_phases(invoke):
+    args = ("memory", "-L", "16", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
+            "--pos", "rope", "--mask", "causal", "--norm", "pre", "--tp", "2", "--sp",
+            "--train", "--layers", "2")  # fmt: skip
+    result = invoke(*args, "--measure", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    ranks = document["measured_per_rank"]
+    (device,) = document["per_device"]
+    for rank in ranks:
+        assert rank["peak_bytes"] == rank["measured_peak_bytes"] == device["peak_bytes"]
+        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
+        assert rank["phase_peak_bytes"] == device["phase_peak_bytes"]
+    text = invoke(*args, "--measure", columns=100)
+    assert text.exit_code == 0
+    assert "a training step of 2 blocks" in text.stdout and "every rank: forward" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--cp", "2"), "--cp with --train is not modelled yet"),
+        (("--tp", "2", "--dp", "2", "--zero", "1"), "--pp and --dp are estimated only"),
+    ],
+)
+def test_memory_measure_train_refusals_start_no_process(invoke, extra, words):
+    result = invoke("memory", "-L", "16", "--d-model", "32", "--heads", "4", "--train",
+                    "--measure", *extra)  # fmt: skip
+    assert result.exit_code == 2 and words in result.stderr and result.stdout == ""
+
+
+def test_a_fused_checkpoint_is_refused_by_name(invoke, models):
+    folder = str(models["gpt2"].source.path)
+    result = invoke("memory", "-L", "16", "--model", folder, "--tp", "2", "--train", "--measure")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "c_attn.weight transposed" in result.stderr
