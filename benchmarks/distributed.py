@@ -1,13 +1,15 @@
 """`memory --measure --tp 2` against one device's `memory --measure`, side by side.
 
-    python benchmarks/distributed.py [--lengths 256,1024] [--tp 2]
+    python benchmarks/distributed.py [--lengths 256,1024] [--tp 2] [--train]
 
 For d_model 512, 8 heads, a causal mask and the bundled tokenizer's vocabulary, at each
 length it measures block 0 on one device (``measure.measure_forward``, in this process)
 and split over T gloo processes (``distributed.measure_split``: the ranks started,
 torch imported in each, the group joined, each rank measured), with and without
 sequence parallelism, and prints the wall times, their ratio and where a rank's time
-goes. Target: every rank's measured peak equal to its estimate, to the byte.
+goes. ``--train``: a training step instead (``measure.measure_training`` on one device,
+``measure_split(..., train=True)`` split: each rank's step on gloo, its collectives'
+gradients too). Target: every rank's measured peak equal to its estimate, to the byte.
 """
 
 from __future__ import annotations
@@ -18,17 +20,19 @@ import time
 
 from attnctl.config import build_config, resolve_impl, validate
 from attnctl.distributed import collective_buffers, measure_split, threads_per_rank
-from attnctl.measure import measure_forward
+from attnctl.measure import measure_forward, measure_training
 from attnctl.memory import estimate, format_bytes
 from attnctl.parallel import Layout
 from attnctl.plan import build_plan
 from attnctl.tokenize import vocab_size
+from attnctl.training import estimate_training
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="256,1024")
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--train", action="store_true", help="a training step, not a forward")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     vocab = vocab_size("bundled", 1)
@@ -42,15 +46,19 @@ def main() -> int:
     for length in lengths:
         start = time.perf_counter()
         plan = build_plan(config, length, 1, vocab)
-        one = measure_forward(plan)
+        if args.train:
+            one = measure_training(config, plan)
+            predicted = estimate_training(plan).peak_bytes
+        else:
+            one, predicted = measure_forward(plan), estimate(plan).peak_bytes
         single = time.perf_counter() - start
-        equal = one.peak_bytes == estimate(plan).peak_bytes
+        equal = one.peak_bytes == predicted
         print(f"{length:>5} {'one device':<10} {single:>8.2f} {1:>6.1f} "
               f"{format_bytes(one.peak_bytes):>14} {equal!s:>6}", flush=True)  # fmt: skip
         for sp in (False, True):
             layout = Layout(tp=args.tp, sp=sp)
             start = time.perf_counter()
-            ranks = measure_split(config, length, 1, vocab, layout)
+            ranks = measure_split(config, length, 1, vocab, layout, train=args.train)
             split = time.perf_counter() - start
             equal = all(r.measured_peak_bytes == r.peak_bytes for r in ranks)
             exact = exact and equal
