@@ -504,10 +504,7 @@ def measure_splits(
         if case.train:
             ranks = [training_estimate(case, description)] * world  # the TP ranks are alike
         else:
-            by_cp_rank = [
-                forward_estimate(config, case.seq_len, case.batch, vocab, layout, model, cp_rank)
-                for cp_rank in range(layout.cp)
-            ]
+            by_cp_rank = [forward_estimate(case, cp_rank) for cp_rank in range(layout.cp)]
             ranks = [by_cp_rank[rank // layout.tp] for rank in range(world)]  # cp_rank · T + tp
         peaks = [max(p, estimate.peak_bytes) for p, estimate in zip(peaks, ranks, strict=True)]
         whole = max(whole, whole_weight_bytes(description, config))
@@ -558,19 +555,12 @@ class RankEstimate:
         return self.parameter_bytes + max(self.stage_peak_bytes)
 
 
-def forward_estimate(
-    config: LayerConfig,
-    seq_len: int,
-    batch: int,
-    vocab_size: int,
-    layout: Layout,
-    model: ModelDescription | None = None,
-    cp_rank: int = 0,
-) -> RankEstimate:
+def forward_estimate(case: SplitCase, cp_rank: int = 0) -> RankEstimate:
     """Block 0's forward pass (with the embeddings) on a rank of CP rank ``cp_rank``."""
     plan, predicted, parameter_bytes = estimated_ranks(
-        config, seq_len, batch, vocab_size, layout, model, cp_rank=cp_rank
-    )
+        case.config, case.seq_len, case.batch, case.vocab_size, case.layout, case.model,
+        cp_rank=cp_rank,
+    )  # fmt: skip
     names = tuple(stage.name for stage in plan.stages)
     return RankEstimate(plan, parameter_bytes, names, tuple(predicted.live_bytes))
 

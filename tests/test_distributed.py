@@ -9,7 +9,6 @@ task of that size in turn.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
+from split_cases import small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.distributed import measure_splits, run_ranks
@@ -67,23 +67,14 @@ def _sweep(tp: int) -> list:
     """Small layers over norm, positions, mask, kernel and the options that change the
     stages (per-head q/k norm, head_dim, a window, a soft cap, bfloat16 without biases,
     one kv-head), with and without SP: every 3rd of those validate accepts (8th for 4)."""
-    from attnctl.errors import AttnctlError
-
     variants = [{}, {"qk_norm": "head", "norm_type": "rms"}, {"head_dim": 12}, {"window": 3},
                 {"softcap": 5.0, "impl": "math"}, {"dtype": "bfloat16", "bias": False},
                 {"kv_heads": 1}]  # fmt: skip
-    cases = []
-    for norm, pos, mask, impl, extra, sp in itertools.product(
-        ["pre", "post", "none"], ["sinusoidal", "learned", "rope", "none"], ["none", "causal"],
-        ["math", "sdpa"], variants, [False, True],
-    ):  # fmt: skip
-        values = {"d_model": 32, "heads": 4, "norm": norm, "pos": pos, "mask": mask,
-                  "impl": impl, "device": "cpu", **extra}  # fmt: skip
-        try:
-            config = resolve_impl(validate(LayerConfig(**values)))
-        except AttnctlError:  # a window without the causal mask, ...
-            continue
-        cases.append((config, 8, 2, 50, Layout(tp=tp, sp=sp), None))
+    cases = [
+        (config, 8, 2, 50, Layout(tp=tp, sp=sp), None)
+        for config in small_layers(variants)
+        for sp in (False, True)
+    ]
     return cases[:: 3 if tp == 2 else 8]  # 4 ranks on 2 cores: fewer
 
 

@@ -15,11 +15,11 @@ import json
 import pytest
 import tiny_models
 import torch
+from split_cases import small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.describe import ModelDescription, seeded_model
 from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
-from attnctl.errors import AttnctlError
 from attnctl.parallel import Layout
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
@@ -48,18 +48,11 @@ def _sweep(tp: int) -> list[SplitCase]:
     variants = [{}, {"qk_norm": "head", "norm_type": "rms"}, {"head_dim": 12}, {"window": 3},
                 {"softcap": 5.0, "impl": "math"}, {"dtype": "bfloat16", "bias": False},
                 {"kv_heads": 1}, {"kv_heads": 2, "dtype": "float16"}]  # fmt: skip
-    cases = []
-    for norm, pos, mask, impl, extra, sp in itertools.product(
-        ["pre", "post", "none"], ["sinusoidal", "learned", "rope", "none"], ["none", "causal"],
-        ["math", "sdpa"], variants, [False, True],
-    ):  # fmt: skip
-        values = {"d_model": 32, "heads": 4, "norm": norm, "pos": pos, "mask": mask,
-                  "impl": impl, "device": "cpu", **extra}  # fmt: skip
-        try:
-            config = resolve_impl(validate(LayerConfig(**values)))
-        except AttnctlError:  # a window without the causal mask, ...
-            continue
-        cases.append(SplitCase(config, 8, 2, 50, Layout(tp=tp, sp=sp), None, True, 2))
+    cases = [
+        SplitCase(config, 8, 2, 50, Layout(tp=tp, sp=sp), None, True, 2)
+        for config in small_layers(variants)
+        for sp in (False, True)
+    ]
     return cases[:: 5 if tp == 2 else 23]  # 4 ranks on 2 cores: fewer
 
 
