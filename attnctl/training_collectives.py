@@ -47,8 +47,12 @@ def _all_reduce(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 
 @entry("all_gather", "ffn_all_gather")
 def _all_gather(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
+    """The gathered sequence; the code keeps the rank's tokens (``kept_shard``) until the
+    sublayer's last column-parallel projection has saved them (``training_stages.
+    _sequence_parallel_linear`` lets go of them)."""
     r = walk.replay
     (shard,) = ins
+    r.hold(shard.storage)
     return r.node(r.new(stage.bytes), (shard,), (), (("grad", 0, shard.nbytes),))
 
 

@@ -105,6 +105,16 @@ class Walk:
             self.to_ranks[name] = r.node(r.view(x), (x,), (), (("pass", 0),))
         return self.to_ranks[name]
 
+    def gathered_from(self, stage: Stage) -> Tensor | None:
+        """Under SP, the L / T tokens a column-parallel projection's input was gathered
+        from (what Megatron's projection keeps for the backward); else None."""
+        if not self.plan.sequence_parallel or self.plan.tensor_parallel == 1:
+            return None
+        read = stage.reads[0] if stage.reads else ""
+        if not read.endswith("all_gather"):
+            return None
+        return self.tensors[self.stages[read].reads[0]]
+
     def merges_badly(self, stage: Stage) -> bool:
         """Whether (B, H, ·, ·) of this (B, H, L, d_k) view cannot be merged without a copy:
         only when B, H and L are all above 1 (size-1 dims merge freely)."""
@@ -276,7 +286,9 @@ def linear(
 ) -> Tensor:
     """F.linear over (B, L, ·): addmm with a bias (input's gradient first), mm without
     (the weight's first). ``strided_gradient``: the incoming gradient is not contiguous,
-    so the backward first copies it (and lets the original go)."""
+    so the backward first copies it (and lets the original go). A column-parallel
+    projection of the gathered sequence under SP is Megatron's instead
+    (:func:`_sequence_parallel_linear`)."""
     r = walk.replay
     e = walk.e
     rows = 1
@@ -287,6 +299,13 @@ def linear(
     weight_name, bias_name = walk.param(f"{name}.weight"), walk.param(f"{name}.bias")
     weight_view = walk.weight_views.get(weight_name)  # a part of a stored tensor, or None
     bias_view = walk.weight_views.get(bias_name) if bias else None
+    shard = walk.gathered_from(stage)
+    if shard is not None:
+        weight_bytes, bias_bytes = width_in * width_out * e, width_out * e if bias else 0
+        return _sequence_parallel_linear(
+            walk, stage, x, shard, (weight_name, weight_view, weight_bytes),
+            (bias_name, bias_view, bias_bytes), strided_gradient,
+        )  # fmt: skip
 
     def flattened() -> Tensor:  # x.view(B·L, ·): its node hands the gradient back to x
         return r.node(r.view(x), (x,), (), (("pass", 0),))
@@ -309,6 +328,45 @@ def linear(
     if strided_gradient:
         steps = (("temp", "g", stage.bytes), ("drop_incoming",), *steps, ("free", "g"))
     return r.node(out, (x_2d, weight_t, bias_view), (x,), steps)
+
+
+def _sequence_parallel_linear(
+    walk: Walk,
+    stage: Stage,
+    x: Tensor,
+    shard: Tensor,
+    weight: tuple[str, Tensor | None, int],
+    bias: tuple[str, Tensor | None, int],
+    strided_gradient: bool,
+) -> Tensor:
+    """``nn/collectives._SequenceParallelLinear``: the output made as F.linear makes it;
+    autograd keeps the rank's L / T tokens (``shard``) and the weight, not the gathered
+    ``x``. Its backward: (a copy of a strided gradient,) x's gradient, the tokens
+    gathered again, the weight's gradient, the bias's, then the gathered let go."""
+    r = walk.replay
+    (weight_name, weight_view, weight_bytes), (bias_name, bias_view, bias_bytes) = weight, bias
+    out = r.new(stage.bytes)
+
+    def to(name: str, view: Tensor | None, slot: int, nbytes: int) -> tuple:
+        return ("grad", slot, nbytes) if view is not None else ("param", name, nbytes)
+
+    steps: list[tuple] = [("temp", "c", stage.bytes)] if strided_gradient else []
+    steps += [("grad", 0, x.nbytes), ("temp", "t", x.nbytes),
+              to(weight_name, weight_view, 1, weight_bytes)]  # fmt: skip
+    if bias_bytes:
+        steps.append(to(bias_name, bias_view, 2, bias_bytes))
+    steps.append(("free", "t"))
+    if strided_gradient:
+        steps.append(("free", "c"))
+    node = r.node(out, (x, weight_view, bias_view), (shard,), tuple(steps))
+    if walk.base in LAST_COLUMN_PROJECTIONS:  # `del h, shard`: the code's hold ends
+        r.drop(shard.storage)
+    return node
+
+
+# the last projection that reads a sublayer's gathered sequence (nn/attention.py: W_v;
+# nn/feed_forward.py: W_up), after which the code lets go of the tokens it kept for them
+LAST_COLUMN_PROJECTIONS = ("v", "ffn_up")
 
 
 def weight_views(walk: Walk) -> None:

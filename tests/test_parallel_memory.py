@@ -511,21 +511,18 @@ def test_korthikanti_without_sequence_parallelism(gpt2, tp):
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_korthikanti_with_sequence_parallelism(gpt2, tp):
-    """(sbh/t)(34 + 5as/h): all divided by t. attnctl's projections keep the
-    all-gathered (B, L, D) input (Megatron keeps each rank's L/T and gathers it again in
-    the backward): 2·2sbh(1 − 1/t) more."""
+    """(sbh/t)(34 + 5as/h): all divided by t. attnctl's column-parallel projections keep
+    each rank's L/T tokens and gather them again in the backward, as Megatron's do: the
+    all-gathered (B, L, D) is not kept."""
     s, b, h, a = 1024, 1, 768, 12
     plan, saved = _gpt2_block(gpt2, Layout(tp=tp, sp=True))
     formula = s * b * h / tp * (34 + 5 * a * s / h)
     dropout = (3 * a * s * s * b + 2 * s * b * h) / tp
     kept = s * s + 2 * (2 * b * s * 2) / tp
-    gathered = 2 * 2 * s * b * h * (1 - 1 / tp)
-    assert saved.block_bytes == formula - dropout + kept + gathered
+    assert saved.block_bytes == formula - dropout + kept
     # selective recompute: 34sbh/t, less the two dropout masks; no B·H·L·L kept
     selective = saved.block_bytes - attention_matrix_bytes(plan, saved.block_by_stage)
-    assert (
-        selective == 34 * s * b * h / tp - 2 * s * b * h / tp + 2 * (2 * b * s * 2) / tp + gathered
-    )
+    assert selective == 34 * s * b * h / tp - 2 * s * b * h / tp + 2 * (2 * b * s * 2) / tp
 
 
 def test_recompute_on_the_cli(invoke, gpt2):

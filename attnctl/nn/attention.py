@@ -18,7 +18,14 @@ from attnctl.config import LayerConfig
 from attnctl.describe import Attention
 from attnctl.errors import AttnctlError
 from attnctl.nn import Record, no_record, positions, ring_attention
-from attnctl.nn.collectives import TensorGroup, gather_sequence, output_bias, reduce_partial
+from attnctl.nn.collectives import (
+    TensorGroup,
+    column_projection,
+    gather_sequence,
+    kept_shard,
+    output_bias,
+    reduce_partial,
+)
 from attnctl.rope import attention_scaling
 
 
@@ -145,12 +152,14 @@ def attention(
     if config.norm == "pre":
         h = norm(config, x, norm_weight, norm_bias)  # (B, L, D)
         record("norm", h, hidden)
+    shard = kept_shard(group, h)  # what W_q, W_k, W_v keep for a training step under SP
     h = gather_sequence(group, h, record)  # sequence parallel: (B, L, D) from every rank
     x_freed = False
     if group is not None and group.sequence_parallel and not has_norm:
         del x  # no residual: the gathered sequence is all that is read from here
         x_freed = True
-    q = F.linear(h, weights["W_q.weight"], weights.get("W_q.bias"))  # (B, L, H·d_k)
+    q = column_projection(group, h, shard, weights["W_q.weight"], weights.get("W_q.bias"))
+    # (B, L, H·d_k)
     q_width = "D" if config.q_width == d_model else "D_q"  # D_q: head_dim is not D / H
     record("q", q, f"B L {q_width}")
     if config.qk_norm == "all":  # OLMo 2: over every head at once, before the split
@@ -176,15 +185,16 @@ def attention(
         del context
         if not has_norm:
             del x  # no residual, and K and V come from the context: x is done
-    k = F.linear(h, weights["W_k.weight"], weights.get("W_k.bias"))  # (B, Lk, Hkv·d_k)
+    k = column_projection(group, h, shard, weights["W_k.weight"], weights.get("W_k.bias"))
+    # (B, Lk, Hkv·d_k)
     record("k", k, kv_dims)
     if config.qk_norm == "all":
         k = norm(
             config, k, weights["k_norm.weight"], weights.get("k_norm.bias")
         )  # (B, Lk, Hkv·d_k)
         record("k_norm", k, kv_dims)
-    v = F.linear(h, weights["W_v.weight"], weights.get("W_v.bias"))  # (B, Lk, Hkv·d_k)
-    del h
+    v = column_projection(group, h, shard, weights["W_v.weight"], weights.get("W_v.bias"))
+    del h, shard  # (B, Lk, Hkv·d_k) above
     if not has_norm and not cross and not x_freed:
         del x  # no residual: x is not needed again
     record("v", v, kv_dims)

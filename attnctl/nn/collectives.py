@@ -148,6 +148,63 @@ def _scatter(group: TensorGroup, partial: torch.Tensor) -> torch.Tensor:
     return mine
 
 
+def kept_shard(group: TensorGroup | None, h: torch.Tensor) -> torch.Tensor | None:
+    """What the column-parallel projections keep for the backward instead of the whole
+    sequence gathered from ``h`` (this rank's L / T tokens): ``h`` under sequence
+    parallelism in a training step, else None (nothing is held beyond the plan's)."""
+    sequence_parallel = group is not None and group.sequence_parallel
+    return h if sequence_parallel and torch.is_grad_enabled() and h.requires_grad else None
+
+
+def column_projection(
+    group: TensorGroup | None,
+    h: torch.Tensor,
+    shard: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """A column-parallel projection of what :func:`gather_sequence` handed it, ``h``:
+    ``F.linear(h, weight, bias)``. Under sequence parallelism in a training step, as
+    Megatron-LM's: autograd keeps this rank's L / T tokens (``shard``, what was gathered)
+    rather than the whole ``h``, and the backward gathers them again for the weight's
+    gradient, so the gathered (B, L, D) lives only while the projections read it.
+    ``shard``: :func:`kept_shard`'s (None: the plain linear)."""
+    if shard is None:
+        return torch.nn.functional.linear(h, weight, bias)
+    return _SequenceParallelLinear.apply(h, shard.detach(), weight, bias, group)
+
+
+class _SequenceParallelLinear(torch.autograd.Function):
+    """h · Wᵀ + b, keeping the L / T tokens h was gathered from; the backward makes, in
+    this order: h's gradient (B, L, D), the gathered tokens again (B, L, D), W's gradient,
+    b's, then lets the gathered go."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        h: torch.Tensor,
+        shard: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        group: TensorGroup,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(shard, weight)
+        ctx.group, ctx.biased = group, bias is not None
+        return torch.nn.functional.linear(h, weight, bias)  # (B, L, out)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[Any, ...]:
+        shard, weight = ctx.saved_tensors
+        width = gradient.shape[-1]
+        flat = gradient.reshape(-1, width)  # (B·L, out): a copy when it is strided
+        to_input = flat.mm(weight).view(*gradient.shape[:-1], weight.shape[1])  # (B, L, D)
+        gathered = _gather(ctx.group, shard)  # (B, L, D) again
+        to_weight = flat.t().mm(gathered.view(-1, gathered.shape[-1]))  # (out, D)
+        to_bias = flat.sum(0) if ctx.biased else None  # (out,)
+        del gathered, flat
+        return to_input, None, to_weight, to_bias, None
+
+
 class _CopyToRanks(torch.autograd.Function):
     """Megatron's f: the input as it is; its gradient summed over the ranks, in place."""
 

@@ -12,7 +12,14 @@ import torch.nn.functional as F
 
 from attnctl.describe import FeedForward
 from attnctl.nn import Record, no_record
-from attnctl.nn.collectives import TensorGroup, gather_sequence, output_bias, reduce_partial
+from attnctl.nn.collectives import (
+    TensorGroup,
+    column_projection,
+    gather_sequence,
+    kept_shard,
+    output_bias,
+    reduce_partial,
+)
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # the exact, erf-based one (BERT)
@@ -54,22 +61,24 @@ def feed_forward(
     if sublayer.placement == "pre":
         h = _norm(sublayer, x, weights)  # (B, L, D)
         record("ffn_norm", h, hidden)
+    shard = kept_shard(group, h)  # what W_gate, W_up keep for a training step under SP
     h = gather_sequence(group, h, record, "ffn_")  # sequence parallel: the whole sequence
     if sublayer.gated:  # SwiGLU: down(silu(gate(h)) * up(h))
-        gate = F.linear(h, weights["gate.weight"], weights.get("gate.bias"))  # (B, L, I)
+        gate = column_projection(group, h, shard, weights["gate.weight"], weights.get("gate.bias"))
+        # (B, L, I)
         record("ffn_gate", gate, "B L I")
         inner = activation(gate)  # (B, L, I)
         del gate
         record("ffn_act", inner, "B L I")
-        up = F.linear(h, weights["up.weight"], weights.get("up.bias"))  # (B, L, I)
-        del h
+        up = column_projection(group, h, shard, weights["up.weight"], weights.get("up.bias"))
+        del h, shard  # (B, L, I) above
         record("ffn_up", up, "B L I")
         inner *= up
         del up
         record("ffn_product", inner, "B L I")
     else:
-        up = F.linear(h, weights["up.weight"], weights.get("up.bias"))  # (B, L, I)
-        del h
+        up = column_projection(group, h, shard, weights["up.weight"], weights.get("up.bias"))
+        del h, shard  # (B, L, I) above
         record("ffn_up", up, "B L I")
         inner = activation(up)  # (B, L, I)
         del up
