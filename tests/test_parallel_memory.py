@@ -23,7 +23,13 @@ from attnctl.app.use_cases import memory_use_case, sized_plan
 from attnctl.config import build_config
 from attnctl.families import read_model
 from attnctl.memory import estimate, format_bytes, kv_cache_bytes
-from attnctl.parallel import Layout, vocab_rows
+from attnctl.parallel import (
+    Layout,
+    vocab_rows,
+    zero_distinct_ranks,
+    zero_pieces,
+    zero_ranges,
+)
 from attnctl.plan import layer_parameters, seeded_model
 from attnctl.plan_parallel import rank_plan, rank_weights
 from attnctl.render.terminal_parallel import parallel_view
@@ -424,6 +430,45 @@ def test_llama_tp2_pp2_dp4_zero_stages(llama, zero):
             assert gathered == 2 * block
         else:
             assert gathered == 0
+
+
+@FAST
+@given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=12), ranks=st.integers(1, 40))
+def test_zero_pieces_tile_the_flat_buffer(sizes, ranks):
+    """Every rank's pieces of Megatron's flat layout: together each tensor once, in order,
+    each rank at most S = ⌈n / D⌉ values and exactly S before the padding."""
+    total = sum(sizes)
+    shard = -(-total // ranks)
+    covered = {index: [] for index in range(len(sizes))}
+    for rank in range(ranks):
+        ranges = zero_ranges(sizes, ranks, rank)
+        pieces = zero_pieces(sizes, ranks, rank)
+        assert pieces == [end - first for _, first, end in ranges] and all(pieces)
+        assert sum(pieces) == max(0, min(shard, total - rank * shard))
+        assert [index for index, _, _ in ranges] == sorted({i for i, _, _ in ranges})
+        for index, first, end in ranges:
+            covered[index].append((first, end))
+    assert sum(sum(zero_pieces(sizes, ranks, r)) for r in range(ranks)) == total
+    for index, size in enumerate(sizes):  # each tensor cut into consecutive pieces
+        bounds = covered[index]
+        assert bounds[0][0] == 0 and bounds[-1][1] == size
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+
+
+@FAST
+@given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=12), ranks=st.integers(1, 40))
+def test_zero_distinct_ranks_hold_every_kind_of_rank(sizes, ranks):
+    kinds = {tuple(zero_pieces(sizes, ranks, r)) for r in range(ranks)}
+    chosen = zero_distinct_ranks(sizes, ranks)
+    assert len(chosen) <= len(sizes) + 3 and all(0 <= r < ranks for r in chosen)
+    assert {tuple(zero_pieces(sizes, ranks, r)) for r in chosen} == kinds
+
+
+def test_zero_distinct_ranks_of_a_million_ranks_are_few():
+    sizes = [4096 * 4096, 4096, 11008 * 4096]
+    chosen = zero_distinct_ranks(sizes, 2**20)
+    assert len(chosen) <= 6
+    assert zero_pieces(sizes, 2**20, chosen[-1]) == []  # the padding's rank is among them
 
 
 @FAST
