@@ -129,14 +129,29 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
                 f"--micro-batch {layout.micro_batch} is more than {LARGEST_SPLIT:,} sequences"
             )
     if measure:
-        if layout.pp > 1 or layout.dp > 1:
+        if layout.pp > 1:
             raise AttnctlError(
-                "--measure runs the --tp and --cp split on this machine; --pp and --dp "
-                "are estimated only: leave them out to measure"
+                "--measure runs the --tp, --cp and --dp split on this machine; --pp is "
+                "estimated only: leave it out to measure"
             )
-        if layout.model_ranks > MOST_PROCESSES:
+        if layout.dp > 1 and not train:
             raise AttnctlError(
-                f"--measure would start {layout.model_ranks} processes (--tp × --cp); "
+                "--measure with --dp runs a training step (each copy's forward pass is one "
+                "device's): add --train"
+            )
+        if layout.dp > 1 and layout.model_ranks > 1:
+            raise AttnctlError(
+                "--measure runs --dp alone (with --tp 1 and --cp 1); --dp with --tp or --cp "
+                "is estimated only: leave out --measure, or --tp and --cp"
+            )
+        if layout.zero >= 2:
+            raise AttnctlError(
+                f"--measure: --zero {layout.zero} is not run on torch.distributed yet: its "
+                "estimate is shown without --measure (--zero 0 and 1 are measured)"
+            )
+        if layout.ranks > MOST_PROCESSES:
+            raise AttnctlError(
+                f"--measure would start {layout.ranks} processes (--tp × --cp × --dp); "
                 f"attnctl starts at most {MOST_PROCESSES} on one machine"
             )
 

@@ -84,7 +84,7 @@ REFUSALS = [
     (("--micro-batch", "3", "--batch", "4", "--tp", "2"), "--micro-batch 3 does not divide"),
     (("--micro-batch", "0", "--tp", "2"), "--micro-batch must be a positive integer"),
     (("--measure", "--cp", "2", "--train"), "--cp with --train is not modelled yet"),
-    (("--measure", "--pp", "2"), "--pp and --dp are estimated only"),
+    (("--measure", "--pp", "2"), "--pp is estimated only"),
     (("--tp", "2", "-L", "64,128"), "one --seq-len"),
     (("--tp", "2", "--context-len", "8"), "cross-attention (--context-len)"),
     (("--tp", "2", "--dropout", "0.1", "--train", "--impl", "math"), "attention dropout"),
@@ -482,6 +482,31 @@ def test_zero_state_times_the_copies_covers_the_whole(dp, zero, tp):
     assert o * dp >= o0 and o * dp - o0 < 12 * dp
     assert (g * dp >= g0) if zero >= 2 else g == g0
     assert (w * dp >= w0) if zero == 3 else w == w0
+
+
+@FAST
+@given(dp=st.integers(2, 9), zero=st.sampled_from([1, 2, 3]), mixed=st.booleans())
+def test_zero_device_is_the_busiest_rank_of_its_pieces(dp, zero, mixed):
+    """Under ZeRO each rank's step state is its own pieces' (moments, masters, a step
+    count a piece, Adam's temporaries of its largest): the table's device is the busiest
+    of every rank, each rank's figures at hand (the measurement compares rank by rank)."""
+    from attnctl.training import adam_temporaries
+
+    layer = _layer(d_model=36, heads=4, dtype="bfloat16" if mixed else "float32")
+    split = _split(layer, Layout(dp=dp, zero=zero), train=True, layers=2)
+    sizes = split.trained_sizes(0)
+    ranks = [split.per_device(16, 2, 1, 16, 2, rank=r)[0] for r in range(dp)]
+    for rank, row in enumerate(ranks):
+        pieces = zero_pieces(sizes, dp, rank)
+        assert row.optimizer_bytes == sum(pieces) * (12 if mixed else 8)
+        assert row.master_bytes == sum(pieces) * 4 * mixed
+        whole = split.rank_optimizer(0, rank)
+        assert whole.tensors == len(pieces) and whole.temporaries == adam_temporaries(pieces)
+    (device,) = split.per_device(16, 2, 1, 16, 2)
+    assert device.peak_bytes == max(row.peak_bytes for row in ranks)
+    assert device == next(row for row in ranks if row.peak_bytes == device.peak_bytes)
+    steps = {row.phase_peak_bytes[2] for row in ranks}
+    assert len(steps) > 1  # 36 · 36 values a matrix: the ranks' pieces differ
 
 
 def test_context_parallel_ranks_share_the_zero_shards_and_the_sequence():
