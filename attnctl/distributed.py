@@ -127,14 +127,14 @@ def check_split_run(
                 f"{'transposed' if fused.transposed else 'as one tensor of several weights'}"
                 ", which a training step is not run split for yet: leave out --measure"
             )
-    if layout.pp > 1 or layout.dp > 1:
+    if layout.pp > 1 or (layout.dp > 1 and not (train and layout.model_ranks == 1)):
         raise AttnctlError(
-            "attnctl runs the --tp split on this machine; --pp and --dp are estimated "
-            "only: leave them out to run it"
+            "attnctl runs the --tp split on this machine, or --dp alone with --train; "
+            "--pp and --dp besides are estimated only: leave them out to run it"
         )
-    processes = layout.model_ranks  # T · C
+    processes = layout.ranks  # T · C, or D
     if processes < 2:
-        raise AttnctlError("a split runs over --tp 2 or --cp 2 or more processes")
+        raise AttnctlError("a split runs over --tp 2, --cp 2 or --dp 2 or more processes")
     if processes > MOST_PROCESSES:
         raise AttnctlError(
             f"{_options(layout)} would start {processes} processes; attnctl starts at most "
@@ -153,8 +153,8 @@ def check_split_run(
 
 def _options(layout: Layout) -> str:
     """The options that set the processes' count: ``--tp 2 --cp 2``."""
-    said = [f"--{name} {value}" for name, value in (("tp", layout.tp), ("cp", layout.cp))
-            if value > 1]  # fmt: skip
+    said = [f"--{name} {value}" for name, value in (("tp", layout.tp), ("cp", layout.cp),
+            ("dp", layout.dp)) if value > 1]  # fmt: skip
     return " ".join(said) or "--tp 1"
 
 
@@ -367,6 +367,8 @@ def measure_task(case: SplitCase) -> dict[str, Any]:
     }  # fmt: skip
     if case.train:
         task["layers"] = case.layers
+    if layout.dp > 1:  # data-parallel copies, ZeRO 0 or 1
+        task.update(dp=layout.dp, zero=layout.zero)
     return task
 
 
@@ -485,9 +487,11 @@ def measure_splits(
     if not cases:
         return []
     cases = [SplitCase(*case) for case in cases]
-    worlds = {case.layout.model_ranks for case in cases}
+    worlds = {case.layout.ranks for case in cases}
     if len(worlds) > 1:
-        raise AttnctlError("one start of the ranks runs one count of processes (--tp × --cp)")
+        raise AttnctlError(
+            "one start of the ranks runs one count of processes (--tp × --cp × --dp)"
+        )
     world = worlds.pop()
     from attnctl.config import resolve_impl, validate
 
@@ -501,8 +505,8 @@ def measure_splits(
         vocab = model.vocab_size if model is not None else case.vocab_size
         description = check_split_run(layout, config, model, [case.seq_len], vocab, case.train)
         case = case._replace(config=config, vocab_size=vocab)
-        if case.train:
-            ranks = [training_estimate(case, description)] * world  # the TP ranks are alike
+        if case.train:  # the TP ranks are alike; the data-parallel ones differ under ZeRO
+            ranks = training_estimates(case, description, world)
         else:
             by_cp_rank = [forward_estimate(case, cp_rank) for cp_rank in range(layout.cp)]
             ranks = [by_cp_rank[rank // layout.tp] for rank in range(world)]  # cp_rank · T + tp
@@ -565,20 +569,30 @@ def forward_estimate(case: SplitCase, cp_rank: int = 0) -> RankEstimate:
     return RankEstimate(plan, parameter_bytes, names, tuple(predicted.live_bytes))
 
 
-def training_estimate(case: SplitCase, description: ModelDescription) -> RankEstimate:
-    """A training step on one TP rank, as ``memory --train --tp T`` gives it: the split's
-    per-device phases (``app.memory_parallel.Split``), less the rank's weights."""
+def training_estimates(
+    case: SplitCase, description: ModelDescription, world: int
+) -> list[RankEstimate]:
+    """A training step on each of the ``world`` ranks, as ``memory --train --tp T`` or
+    ``--dp D --zero Z`` gives it: the split's per-device phases
+    (``app.memory_parallel.Split``) of the rank (its data-parallel rank's under ZeRO: its
+    own pieces), less the rank's weights. The split is made once (one replay)."""
     from attnctl.app.memory_parallel import Split  # the one place a split's step is made
     from attnctl.plan_parallel import rank_plan
+    from attnctl.training import PHASES
 
     layout = case.layout
     split = Split(case.config, case.model, description, layout, True, case.layers)
-    (device,) = split.per_device(case.seq_len, case.batch, 1, 0, case.batch)
-    phases = tuple(peak - device.weights_bytes for peak in device.phase_peak_bytes)
     plan = rank_plan(case.config, case.seq_len, case.batch, case.vocab_size, layout, case.model)
-    from attnctl.training import PHASES
-
-    return RankEstimate(plan, device.weights_bytes, PHASES, phases)
+    estimates = []
+    for rank in range(world):
+        dp_rank = rank // layout.model_ranks
+        if estimates and not layout.zero:  # without ZeRO every rank is alike
+            estimates.append(estimates[0])
+            continue
+        (device,) = split.per_device(case.seq_len, case.batch, 1, 0, case.batch, dp_rank)
+        phases = tuple(peak - device.weights_bytes for peak in device.phase_peak_bytes)
+        estimates.append(RankEstimate(plan, device.weights_bytes, PHASES, phases))
+    return estimates
 
 
 def whole_weight_bytes(description: ModelDescription, config: LayerConfig) -> int:
@@ -600,6 +614,15 @@ def _rank_measurement(
     training = "phase_peak_bytes" in result
     measured = result["phase_peak_bytes"] if training else result["stage_peak_bytes"]
     what = "a training step" if training else "a forward pass"
+    buffers, words = collective_bound(plan, tp), "; ".join(_buffer_words(plan))
+    if training and "dp" in result:  # the gradients' all_reduce, ZeRO 1's broadcasts
+        from attnctl.stages.collectives import COLLECTIVE_BUFFERS, COLLECTIVE_FIXED_BYTES
+
+        buffers = max(buffers, COLLECTIVE_FIXED_BYTES)
+        words = "; ".join(
+            w for w in (words, "the gradients' all_reduce, ZeRO 1's broadcasts of the pieces: "
+                        f"{COLLECTIVE_BUFFERS['all_reduce']}") if w
+        )  # fmt: skip
     return RankMeasurement(
         rank=result["rank"],
         peak_bytes=estimate.peak_bytes,
@@ -611,8 +634,8 @@ def _rank_measurement(
         measured_stage_peak_bytes=tuple(measured),
         method=f"{result['method']} per rank over {what} (gloo's buffers inside a "
         "collective not seen)",
-        collective_buffer_bytes=collective_bound(plan, tp),
-        collective_buffers="; ".join(_buffer_words(plan)),
+        collective_buffer_bytes=buffers,
+        collective_buffers=words,
         timings=reply.timings,
         resident_peak_bytes=reply.resident_peak_bytes,
     )

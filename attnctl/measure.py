@@ -393,6 +393,7 @@ def measure_step(
     mixed: bool,
     device: torch.device,
     after_backward: Callable[[], None] | None = None,
+    optimizer_step: Callable[[], Callable[[], None]] | None = None,
 ) -> Measurement:
     """The memory of one training step of ``run(record)`` (the forward, whose result's
     ``output`` the loss sums) over ``parameters``, in the order Adam gets them, with the
@@ -400,7 +401,10 @@ def measure_step(
     phase's peak, the backward's peak between one parameter's gradient and the next, and
     the forward's up to each stage ``run`` records), on CUDA the allocator's peaks.
     ``after_backward``: what runs between the backward and the optimizer step (a
-    tensor-parallel rank's sum of its replicated weights' gradients over the ranks)."""
+    tensor-parallel rank's sum of its replicated weights' gradients over the ranks).
+    ``optimizer_step``: made before the forward (what it holds the whole step, such as
+    masters, is made then), the step it returns run after the backward; None:
+    :func:`adam_step` of ``parameters`` (one device's)."""
     from attnctl.nn import no_record
 
     stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
@@ -419,7 +423,8 @@ def measure_step(
                 phases.append(torch.cuda.max_memory_allocated(device) - base)
                 torch.cuda.reset_peak_memory_stats(device)
 
-            _training_step(lambda: run(no_record), parameters, mixed, phase_ends, after_backward)
+            _training_step(lambda: run(no_record), parameters, mixed, phase_ends, after_backward,
+                           optimizer_step)  # fmt: skip
             method = "max_memory_allocated"
         else:
             tracker = LiveStorages()
@@ -442,7 +447,8 @@ def measure_step(
 
             hooks = [p.register_post_accumulate_grad_hook(gradient_arrived) for p in parameters]
             with tracker:
-                _training_step(lambda: run(record), parameters, mixed, phase_ends, after_backward)
+                _training_step(lambda: run(record), parameters, mixed, phase_ends,
+                               after_backward, optimizer_step)  # fmt: skip
             for hook in hooks:
                 hook.remove()
             method = "live tensor storages"
@@ -468,10 +474,10 @@ def _training_step(
     mixed: bool,
     phase_ends: Callable[[], None],
     after_backward: Callable[[], None] | None = None,
+    optimizer_step: Callable[[], Callable[[], None]] | None = None,
 ) -> None:
     """The step, calling ``phase_ends`` after the forward, the backward and the update."""
-    masters = [p.detach().float() for p in parameters] if mixed else parameters
-    optimizer = torch.optim.Adam(masters, foreach=False)
+    step = adam_step(parameters, mixed) if optimizer_step is None else optimizer_step()
     result = run()
     loss = result.output.sum()
     del result
@@ -480,12 +486,25 @@ def _training_step(
     if after_backward is not None:
         after_backward()
     phase_ends()
-    if mixed:
-        for master, parameter in zip(masters, parameters, strict=True):
-            master.grad = parameter.grad.float()
-    optimizer.step()
-    if mixed:
-        with torch.no_grad():
-            for master, parameter in zip(masters, parameters, strict=True):
-                parameter.copy_(master)
+    step()
     phase_ends()
+
+
+def adam_step(parameters: list[torch.Tensor], mixed: bool) -> Callable[[], None]:
+    """Adam (foreach=False) on ``parameters``, or under mixed precision on float32 master
+    weights made now (alive as long as the step returned): just before the step their
+    gradients are copied from the parameters', after it the masters into the parameters."""
+    masters = [p.detach().float() for p in parameters] if mixed else parameters
+    optimizer = torch.optim.Adam(masters, foreach=False)
+
+    def step() -> None:
+        if mixed:
+            for master, parameter in zip(masters, parameters, strict=True):
+                master.grad = parameter.grad.float()
+        optimizer.step()
+        if mixed:
+            with torch.no_grad():
+                for master, parameter in zip(masters, parameters, strict=True):
+                    parameter.copy_(master)
+
+    return step

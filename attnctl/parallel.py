@@ -129,14 +129,29 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
                 f"--micro-batch {layout.micro_batch} is more than {LARGEST_SPLIT:,} sequences"
             )
     if measure:
-        if layout.pp > 1 or layout.dp > 1:
+        if layout.pp > 1:
             raise AttnctlError(
-                "--measure runs the --tp and --cp split on this machine; --pp and --dp "
-                "are estimated only: leave them out to measure"
+                "--measure runs the --tp, --cp and --dp split on this machine; --pp is "
+                "estimated only: leave it out to measure"
             )
-        if layout.model_ranks > MOST_PROCESSES:
+        if layout.dp > 1 and not train:
             raise AttnctlError(
-                f"--measure would start {layout.model_ranks} processes (--tp × --cp); "
+                "--measure with --dp runs a training step (each copy's forward pass is one "
+                "device's): add --train"
+            )
+        if layout.dp > 1 and layout.model_ranks > 1:
+            raise AttnctlError(
+                "--measure runs --dp alone (with --tp 1 and --cp 1); --dp with --tp or --cp "
+                "is estimated only: leave out --measure, or --tp and --cp"
+            )
+        if layout.zero >= 2:
+            raise AttnctlError(
+                f"--measure: --zero {layout.zero} is not run on torch.distributed yet: its "
+                "estimate is shown without --measure (--zero 0 and 1 are measured)"
+            )
+        if layout.ranks > MOST_PROCESSES:
+            raise AttnctlError(
+                f"--measure would start {layout.ranks} processes (--tp × --cp × --dp); "
                 f"attnctl starts at most {MOST_PROCESSES} on one machine"
             )
 
@@ -279,6 +294,52 @@ def in_flight(stage: int, pp: int, micro_batches: int) -> int:
     """Micro-batches whose activations pipeline stage ``stage`` holds at once under 1F1B:
     the first stage P of them (warm-up), the last one, each at most the step's count."""
     return min(pp - stage, micro_batches)
+
+
+def zero_ranges(sizes: list[int], ranks: int, rank: int) -> list[tuple[int, int, int]]:
+    """The pieces ZeRO 1's distributed optimizer gives data-parallel rank ``rank`` of
+    ``ranks``, as Megatron-LM lays them out: the trained tensors (of ``sizes`` values, in
+    order) end to end in one flat range padded to a multiple of the ranks, rank r owning
+    [r·S, (r+1)·S), S = ⌈n / ranks⌉. Each piece is (tensor index, first value, end) within
+    that tensor, for every tensor that overlaps the rank's range, in tensor order (none
+    for a rank wholly in the padding). A loop over the tensors, never over the ranks."""
+    if ranks < 1 or not 0 <= rank < ranks:
+        raise ValueError(f"rank {rank} of {ranks} ranks")
+    total = sum(sizes)
+    shard = -(-total // ranks)
+    first, end = rank * shard, min((rank + 1) * shard, total)
+    pieces, start = [], 0
+    for index, size in enumerate(sizes):
+        low, high = max(first, start), min(end, start + size)
+        if low < high:
+            pieces.append((index, low - start, high - start))
+        start += size
+    return pieces
+
+
+def zero_pieces(sizes: list[int], ranks: int, rank: int) -> list[int]:
+    """The sizes of rank ``rank``'s pieces (:func:`zero_ranges`), in tensor order: its
+    Adam parameters under ZeRO 1."""
+    return [end - first for _, first, end in zero_ranges(sizes, ranks, rank)]
+
+
+def zero_distinct_ranks(sizes: list[int], ranks: int) -> list[int]:
+    """Ranks whose pieces (:func:`zero_pieces`) are every kind there is, without a loop
+    over the ranks: those whose range holds a tensor's first value or the end of the
+    values, the first wholly in the padding, and one inside a single tensor (its one
+    piece of S values, as every other such rank's). Any rank's pieces equal one of
+    theirs, so the busiest of them is the busiest rank."""
+    total = sum(sizes)
+    shard = max(-(-total // ranks), 1)
+    starts = list(itertools.accumulate([0, *sizes[:-1]])) if sizes else [0]
+    chosen = {min(start // shard, ranks - 1) for start in starts}
+    chosen.add(min(total // shard, ranks - 1))  # the end: a part of a piece, or padding
+    chosen.add(min(-(-total // shard), ranks - 1))  # the first rank after the values
+    for rank in range(len(chosen) + 1):  # a rank none of them is, inside one tensor
+        if rank not in chosen and (rank + 1) * shard <= total:
+            chosen.add(rank)
+            break
+    return sorted(chosen)
 
 
 def stage_kind(stage: int, pp: int) -> str:

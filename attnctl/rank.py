@@ -79,19 +79,25 @@ def _rank_weights(full, config, device, group, blocks: int | None):
 
 @dataclass(frozen=True)
 class RankPlace:
-    """Where a rank sits in a world of T · C processes, rank = cp_rank · T + tp_rank: its
-    tensor-parallel group (the T ranks of its CP rank; None when T = 1) and its
-    context-parallel ring (the C ranks of its TP rank; None when C = 1)."""
+    """Where a rank sits in a world of T · C · D processes, rank = (dp_rank · C + cp_rank)
+    · T + tp_rank: its tensor-parallel group (the T ranks of its CP rank; None when T = 1)
+    and its context-parallel ring (the C ranks of its TP rank; None when C = 1). Data
+    parallelism is run alone (T = C = 1): the world is the D copies."""
 
     rank: int
     tp: int
     cp: int
     group: Any = None  # nn.collectives.TensorGroup
     ring: Any = None  # nn.ring_attention.Ring
+    dp: int = 1
 
     @property
     def cp_rank(self) -> int:
-        return self.rank // self.tp
+        return self.rank // self.tp % self.cp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // (self.tp * self.cp)
 
     @property
     def tp_rank(self) -> int:
@@ -109,9 +115,9 @@ def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[Rank
     made: dict[tuple[int, int], tuple[Any, Any]] = {}
     places = []
     for task in tasks:
-        tp, cp = int(task.get("tp", world)), int(task.get("cp", 1))
-        if tp * cp != world:
-            raise ValueError(f"--tp {tp} --cp {cp} is not a world of {world} ranks")
+        tp, cp, dp = int(task.get("tp", world)), int(task.get("cp", 1)), int(task.get("dp", 1))
+        if tp * cp * dp != world or (dp > 1 and tp * cp > 1):
+            raise ValueError(f"--tp {tp} --cp {cp} --dp {dp} is not a world of {world} ranks")
         if (tp, cp) not in made:
             if cp == 1:  # the world is the one TP group: the default group
                 made[tp, cp] = (None, None)
@@ -129,7 +135,7 @@ def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[Rank
         ring = None
         if cp > 1:
             ring = Ring(cp_rank, cp, int(task["seq_len"]), group=ring_group)
-        places.append(RankPlace(rank, tp, cp, group, ring))
+        places.append(RankPlace(rank, tp, cp, group, ring, dp))
     return places
 
 
@@ -201,12 +207,19 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     ``measure.measure_step``: forward, ``loss = output.sum()``, backward through the
     collectives' autograd (``nn/collectives.py``), the replicated weights' gradients
     summed over the ranks that hold a part of them (:func:`sum_replicated_gradients`),
-    then Adam on this rank's tensors. ``gradients``: also hand back every tensor's
-    gradient (a test's oracle: the single device's, cut the same way)."""
+    then Adam on this rank's tensors.
+
+    A data-parallel copy (``dp`` D > 1, T = 1) draws token ids of its own (seed + its
+    rank), averages every gradient over the copies after the backward
+    (:func:`mean_gradients`) and steps Adam on every tensor (``zero`` 0) or on its pieces
+    of the flat buffer, handing them to the others after (``zero`` 1, :func:`zero_step`).
+    ``gradients``: also hand back every tensor's gradient (a test's oracle: the single
+    device's, cut the same way); ``parameters``: every tensor after the step."""
     import torch
 
     from attnctl.describe import ModelDescription
     from attnctl.measure import measure_step
+    from attnctl.nn.collectives import TensorGroup
     from attnctl.nn.model import forward
     from attnctl.parallel import Layout
     from attnctl.plan_parallel import rank_plan
@@ -219,8 +232,12 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     model = None if model_dir is None else full
     plan = rank_plan(config, task["seq_len"], task["batch"], task["vocab_size"], layout, model)
     torch.manual_seed(config.seed)  # the seeded layer's weights, then the token ids drawn
-    shard = _rank_weights(full, config, device, group, None)
-    token_ids = torch.randint(0, full.vocab_size, (plan.batch, task["seq_len"]), device=device)
+    shard = _rank_weights(full, config, device, group or TensorGroup(0, 1), None)
+    drawn = None  # a data-parallel copy's own batch: seed + its rank
+    if place.dp > 1:
+        drawn = torch.Generator(device=device).manual_seed(config.seed + place.dp_rank)
+    token_ids = torch.randint(0, full.vocab_size, (plan.batch, task["seq_len"]), device=device,
+                              generator=drawn)  # fmt: skip
     shard = {k: v.detach() for k, v in shard.items()}  # leaves: Adam's parameters
     if model is None:
         layers = int(task["layers"])
@@ -244,7 +261,13 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
 
     summed = sum_replicated_gradients(named, full, group)
     mixed = config.dtype != "float32"
-    measured = measure_step(run, parameters, [token_ids], parameter_bytes, mixed, device, summed)
+    step = None
+    if place.dp > 1:
+        summed = mean_gradients(parameters, place.dp)
+        if int(task.get("zero", 0)) == 1:
+            step = lambda: zero_step(parameters, mixed, place.dp, place.dp_rank)  # noqa: E731
+    measured = measure_step(run, parameters, [token_ids], parameter_bytes, mixed, device, summed,
+                            step)  # fmt: skip
     result = {
         "rank": place.rank,
         "parameter_bytes": measured.parameter_bytes,
@@ -254,11 +277,68 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
         "method": measured.method,
         "device": measured.device,
     }
+    if place.dp > 1:
+        result.update(dp=place.dp, dp_rank=place.dp_rank)
     if task.get("gradients"):
         result["gradients"] = {
             k: v.grad.float().cpu().tolist() for k, v in named.items() if v.grad is not None
         }
+    if task.get("parameters"):
+        result["parameters"] = {k: v.detach().float().cpu().tolist() for k, v in named.items()}
     return result
+
+
+def mean_gradients(parameters: list[Any], copies: int):
+    """What runs between a data-parallel copy's backward and its optimizer step: every
+    gradient all-reduced in place over the ``copies`` and divided by them in place (the
+    mean, as Megatron-LM and DDP take it)."""
+    import torch.distributed as dist
+
+    def mean() -> None:
+        for parameter in parameters:
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad)
+                parameter.grad.div_(copies)
+
+    return mean
+
+
+def zero_step(parameters: list[Any], mixed: bool, copies: int, rank: int):
+    """ZeRO 1's optimizer step on data-parallel rank ``rank`` of ``copies``, as Megatron-LM's
+    distributed optimizer: Adam (foreach=False) on this rank's pieces of the flat buffer
+    (``parallel.zero_ranges``). In float32 they are views of the parameters' flat pieces,
+    their gradients views of the gradients' pieces; under mixed precision float32 master
+    pieces made now (alive the whole step), their gradients made from the gradients'
+    pieces just before the step, copied back into the parameters' pieces after it. Then
+    every rank's pieces go to the others: each piece broadcast from its owner into the
+    same piece of everybody's parameter (no temporaries). Returns the step."""
+    import torch
+    import torch.distributed as dist
+
+    from attnctl.parallel import zero_ranges
+
+    sizes = [parameter.numel() for parameter in parameters]
+    flat = [parameter.detach().view(-1) for parameter in parameters]  # views: no storage
+    owned = [zero_ranges(sizes, copies, owner) for owner in range(copies)]
+    pieces = [flat[index][first:end] for index, first, end in owned[rank]]
+    masters = [piece.float() for piece in pieces] if mixed else pieces
+    optimizer = torch.optim.Adam(masters, foreach=False) if masters else None
+
+    def step() -> None:
+        for (index, first, end), master in zip(owned[rank], masters, strict=True):
+            gradient = parameters[index].grad.view(-1)[first:end]
+            master.grad = gradient.float() if mixed else gradient
+        if optimizer is not None:
+            optimizer.step()
+        if mixed:
+            with torch.no_grad():
+                for piece, master in zip(pieces, masters, strict=True):
+                    piece.copy_(master)
+        for owner, ranges in enumerate(owned):
+            for index, first, end in ranges:
+                dist.broadcast(flat[index][first:end], src=owner)
+
+    return step
 
 
 def sum_replicated_gradients(named: dict[str, Any], full, group):

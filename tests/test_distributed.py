@@ -396,7 +396,7 @@ def test_measure_split_refuses_before_any_process(monkeypatch):
         measure_split(GQA, 16, 1, 100, Layout(tp=3))
     with pytest.raises(AttnctlError, match="--sp with --tp 2 does not divide the length 15"):
         measure_split(GQA, 15, 1, 100, Layout(tp=2, sp=True))
-    with pytest.raises(AttnctlError, match="--pp and --dp are estimated only"):
+    with pytest.raises(AttnctlError, match="--pp is estimated only"):
         measure_split(GQA, 16, 1, 100, Layout(tp=2, pp=2))
 
 

@@ -221,7 +221,7 @@ def test_memory_measure_train_prints_each_rank_and_its_phases(invoke):
     ("extra", "words"),
     [
         (("--cp", "2"), "--cp with --train is not modelled yet"),
-        (("--tp", "2", "--dp", "2", "--zero", "1"), "--pp and --dp are estimated only"),
+        (("--tp", "2", "--dp", "2", "--zero", "1"), "--dp with --tp or --cp is estimated only"),
     ],
 )
 def test_memory_measure_train_refusals_start_no_process(invoke, extra, words):

@@ -23,7 +23,13 @@ from attnctl.app.use_cases import memory_use_case, sized_plan
 from attnctl.config import build_config
 from attnctl.families import read_model
 from attnctl.memory import estimate, format_bytes, kv_cache_bytes
-from attnctl.parallel import Layout, vocab_rows
+from attnctl.parallel import (
+    Layout,
+    vocab_rows,
+    zero_distinct_ranks,
+    zero_pieces,
+    zero_ranges,
+)
 from attnctl.plan import layer_parameters, seeded_model
 from attnctl.plan_parallel import rank_plan, rank_weights
 from attnctl.render.terminal_parallel import parallel_view
@@ -78,7 +84,7 @@ REFUSALS = [
     (("--micro-batch", "3", "--batch", "4", "--tp", "2"), "--micro-batch 3 does not divide"),
     (("--micro-batch", "0", "--tp", "2"), "--micro-batch must be a positive integer"),
     (("--measure", "--cp", "2", "--train"), "--cp with --train is not modelled yet"),
-    (("--measure", "--pp", "2"), "--pp and --dp are estimated only"),
+    (("--measure", "--pp", "2"), "--pp is estimated only"),
     (("--tp", "2", "-L", "64,128"), "one --seq-len"),
     (("--tp", "2", "--context-len", "8"), "cross-attention (--context-len)"),
     (("--tp", "2", "--dropout", "0.1", "--train", "--impl", "math"), "attention dropout"),
@@ -427,6 +433,45 @@ def test_llama_tp2_pp2_dp4_zero_stages(llama, zero):
 
 
 @FAST
+@given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=12), ranks=st.integers(1, 40))
+def test_zero_pieces_tile_the_flat_buffer(sizes, ranks):
+    """Every rank's pieces of Megatron's flat layout: together each tensor once, in order,
+    each rank at most S = ⌈n / D⌉ values and exactly S before the padding."""
+    total = sum(sizes)
+    shard = -(-total // ranks)
+    covered = {index: [] for index in range(len(sizes))}
+    for rank in range(ranks):
+        ranges = zero_ranges(sizes, ranks, rank)
+        pieces = zero_pieces(sizes, ranks, rank)
+        assert pieces == [end - first for _, first, end in ranges] and all(pieces)
+        assert sum(pieces) == max(0, min(shard, total - rank * shard))
+        assert [index for index, _, _ in ranges] == sorted({i for i, _, _ in ranges})
+        for index, first, end in ranges:
+            covered[index].append((first, end))
+    assert sum(sum(zero_pieces(sizes, ranks, r)) for r in range(ranks)) == total
+    for index, size in enumerate(sizes):  # each tensor cut into consecutive pieces
+        bounds = covered[index]
+        assert bounds[0][0] == 0 and bounds[-1][1] == size
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+
+
+@FAST
+@given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=12), ranks=st.integers(1, 40))
+def test_zero_distinct_ranks_hold_every_kind_of_rank(sizes, ranks):
+    kinds = {tuple(zero_pieces(sizes, ranks, r)) for r in range(ranks)}
+    chosen = zero_distinct_ranks(sizes, ranks)
+    assert len(chosen) <= len(sizes) + 3 and all(0 <= r < ranks for r in chosen)
+    assert {tuple(zero_pieces(sizes, ranks, r)) for r in chosen} == kinds
+
+
+def test_zero_distinct_ranks_of_a_million_ranks_are_few():
+    sizes = [4096 * 4096, 4096, 11008 * 4096]
+    chosen = zero_distinct_ranks(sizes, 2**20)
+    assert len(chosen) <= 6
+    assert zero_pieces(sizes, 2**20, chosen[-1]) == []  # the padding's rank is among them
+
+
+@FAST
 @given(dp=st.integers(2, 9), zero=st.sampled_from([1, 2, 3]), tp=st.sampled_from([1, 2]))
 def test_zero_state_times_the_copies_covers_the_whole(dp, zero, tp):
     layer = _layer(d_model=64, heads=4, dtype="float16")
@@ -437,6 +482,31 @@ def test_zero_state_times_the_copies_covers_the_whole(dp, zero, tp):
     assert o * dp >= o0 and o * dp - o0 < 12 * dp
     assert (g * dp >= g0) if zero >= 2 else g == g0
     assert (w * dp >= w0) if zero == 3 else w == w0
+
+
+@FAST
+@given(dp=st.integers(2, 9), zero=st.sampled_from([1, 2, 3]), mixed=st.booleans())
+def test_zero_device_is_the_busiest_rank_of_its_pieces(dp, zero, mixed):
+    """Under ZeRO each rank's step state is its own pieces' (moments, masters, a step
+    count a piece, Adam's temporaries of its largest): the table's device is the busiest
+    of every rank, each rank's figures at hand (the measurement compares rank by rank)."""
+    from attnctl.training import adam_temporaries
+
+    layer = _layer(d_model=36, heads=4, dtype="bfloat16" if mixed else "float32")
+    split = _split(layer, Layout(dp=dp, zero=zero), train=True, layers=2)
+    sizes = split.trained_sizes(0)
+    ranks = [split.per_device(16, 2, 1, 16, 2, rank=r)[0] for r in range(dp)]
+    for rank, row in enumerate(ranks):
+        pieces = zero_pieces(sizes, dp, rank)
+        assert row.optimizer_bytes == sum(pieces) * (12 if mixed else 8)
+        assert row.master_bytes == sum(pieces) * 4 * mixed
+        whole = split.rank_optimizer(0, rank)
+        assert whole.tensors == len(pieces) and whole.temporaries == adam_temporaries(pieces)
+    (device,) = split.per_device(16, 2, 1, 16, 2)
+    assert device.peak_bytes == max(row.peak_bytes for row in ranks)
+    assert device == next(row for row in ranks if row.peak_bytes == device.peak_bytes)
+    steps = {row.phase_peak_bytes[2] for row in ranks}
+    assert len(steps) > 1  # 36 · 36 values a matrix: the ranks' pieces differ
 
 
 def test_context_parallel_ranks_share_the_zero_shards_and_the_sequence():

@@ -172,7 +172,7 @@ def test_options_that_cannot_make_a_layout_are_refused_by_name(layout, train, me
 def test_measure_refuses_what_it_cannot_start():
     with pytest.raises(AttnctlError, match="at most 64"):
         check_layout(Layout(tp=16, cp=8), train=False, measure=True)
-    with pytest.raises(AttnctlError, match="--pp and --dp are estimated only"):
+    with pytest.raises(AttnctlError, match="--pp is estimated only"):
         check_layout(Layout(pp=2), train=False, measure=True)
 
 

@@ -52,6 +52,8 @@ from attnctl.parallel import (
     in_flight,
     kv_replicas,
     stage_kind,
+    zero_distinct_ranks,
+    zero_pieces,
 )
 from attnctl.plan import Plan, seeded_model
 from attnctl.plan_parallel import SHARED_FIRST, WeightShare, check_split, rank_plan, rank_weights
@@ -109,6 +111,18 @@ class StageMemory:
         if self.phase_peak_bytes:
             return max(self.phase_peak_bytes)
         return self.held_bytes
+
+
+@dataclass(frozen=True)
+class RankOptimizer:
+    """What Adam holds on one data-parallel rank: the values of its tensors (ZeRO: its
+    pieces of the flat buffer), how many tensors (a 4-byte step count each), its largest
+    sqrt(v) + denom beside the previous denom (``training.adam_temporaries``)."""
+
+    rank: int
+    values: int
+    tensors: int
+    temporaries: int
 
 
 @dataclass(frozen=True)
@@ -234,7 +248,7 @@ def parallel_memory_use_case(
     if request.measure:
         from attnctl.distributed import measure_split
 
-        processes = layout.model_ranks
+        processes = layout.ranks  # T · C, or D (each run alone)
         what = "a training step" if request.train else "a forward pass"
         with hooks.progress(f"measuring {what} on {processes} gloo processes"):
             ranks = measure_split(
@@ -316,6 +330,7 @@ class Split:
         self._peaks: dict[tuple[int, int, int, bool], int] = {}
         self._saved: dict[tuple[int, int], tuple[SavedActivations, int]] = {}
         self._steps: dict[tuple[int, int, int], StepReplay] = {}
+        self._optimizers: dict[int, list[RankOptimizer]] = {}  # per stage: its rank kinds
 
     # ------------------------------------------------------------ weights and state
 
@@ -361,17 +376,41 @@ class Split:
             values.append(sum(s.values * s.copies for s in shares if not _shared(s, shared)))
         return values
 
-    def state(self, stage: int) -> tuple[int, int, int, int, int]:
-        """(weights, gradients, optimizer, masters, gathered) bytes of one device."""
+    def rank_optimizer(self, stage: int, rank: int = 0) -> RankOptimizer:
+        """What Adam holds on data-parallel rank ``rank`` (of D·C) of the stage: every
+        trained tensor, or under ZeRO its pieces of the flat buffer (``zero_pieces``)."""
+        sizes = self.trained_sizes(stage)
+        if self.layout.zero:
+            sizes = zero_pieces(sizes, self.state_ranks, rank)
+        return RankOptimizer(rank, sum(sizes), len(sizes), adam_temporaries(sizes))
+
+    def rank_optimizers(self, stage: int) -> list[RankOptimizer]:
+        """One rank of every kind of the stage's (``zero_distinct_ranks``: their pieces are
+        every rank's there is, found without a loop over D); kept per stage."""
+        if stage not in self._optimizers:
+            ranks = [0]
+            if self.train and self.layout.zero:
+                ranks = zero_distinct_ranks(self.trained_sizes(stage), self.state_ranks)
+            self._optimizers[stage] = [self.rank_optimizer(stage, r) for r in ranks]
+        return self._optimizers[stage]
+
+    def state(
+        self, stage: int, optimizer_of: RankOptimizer | None = None
+    ) -> tuple[int, int, int, int, int]:
+        """(weights, gradients, optimizer, masters, gathered) bytes of one device: of the
+        data-parallel rank ``optimizer_of`` says (None: rank 0, which holds S values)."""
         e, ranks, zero = self.element, self.state_ranks, self.layout.zero
         weights = self.weight_values(stage) * e
         if not self.train:
             return weights, 0, 0, 0, 0
         trained = self.trained_values(stage)
         shard = -(-trained // ranks) if zero else trained  # ⌈n / (D·C)⌉ of a padded buffer
+        if optimizer_of is None:
+            optimizer_of = self.rank_optimizer(stage, 0)
         mixed = self.layer.dtype != "float32"
-        masters = shard * FP32 if mixed else 0
-        optimizer = shard * ADAM_MOMENTS * FP32 + masters
+        held = optimizer_of.values  # the rank's pieces' values (all of them without ZeRO)
+        masters = held * FP32 if mixed else 0
+        optimizer = held * ADAM_MOMENTS * FP32 + masters
         gradients = (shard if zero >= 2 else trained) * e
         gathered = 0
         if zero == 3:  # the untrained head stays whole; the trained values are sharded
@@ -493,6 +532,7 @@ class Split:
         micro_batches: int,
         stage: int,
         state: tuple[int, int, int, int, int],
+        optimizer_of: RankOptimizer | None = None,
     ) -> tuple[int, int, int]:
         """The device's bytes at the busiest point of the forward, the backward and the
         optimizer step of one micro-batch on this stage.
@@ -500,7 +540,8 @@ class Split:
         The replay of the rank's plan over the stage's blocks gives each phase's peak
         besides the parameters; its own masters (all phases) and optimizer-step state
         (gradients, masters' float32 gradients, moments, step counts, Adam's largest
-        temporaries) are taken out and the layout's put in. Beside the forward and the
+        temporaries) are taken out and the layout's put in (those of the data-parallel
+        rank ``optimizer_of``, rank 0 when None: under ZeRO its pieces'). Beside the forward and the
         backward: the other micro-batches in flight (their saved activations), the
         gradients accumulated from earlier micro-batches when there are more in the step
         than in flight, ZeRO 3's gathered block; ``--recompute`` takes out what it does
@@ -517,12 +558,11 @@ class Split:
         forward_peak = around + forward - replay.master_bytes - not_saved
         backward_peak = around + backward - replay.master_bytes - not_saved + working
         rest = step - replay.optimizer_step_state_bytes  # the inputs, what the backward left
-        sizes = self.trained_sizes(stage)
-        if self.layout.zero:  # Adam runs on each tensor's shard
-            sizes = [-(-n // self.state_ranks) for n in sizes]
+        if optimizer_of is None:
+            optimizer_of = self.rank_optimizer(stage, 0)
         moments = optimizer - masters
-        steps = len(sizes) * FP32  # Adam's step count of each tensor
-        step_state = gradients + 2 * masters + moments + steps + adam_temporaries(sizes)
+        steps = optimizer_of.tensors * FP32  # Adam's step count of each tensor (piece)
+        step_state = gradients + 2 * masters + moments + steps + optimizer_of.temporaries
         step_peak = weights + step_state + rest
         return forward_peak, backward_peak, step_peak
 
@@ -569,18 +609,34 @@ class Split:
     # ------------------------------------------------------------ per device
 
     def per_device(
-        self, length: int, micro: int, micro_batches: int, kv_tokens: int, batch: int
+        self,
+        length: int,
+        micro: int,
+        micro_batches: int,
+        kv_tokens: int,
+        batch: int,
+        rank: int | None = None,
     ) -> tuple[StageMemory, ...]:
+        """Each stage's device: its busiest data-parallel rank (under ZeRO the ranks'
+        pieces differ), or data-parallel rank ``rank`` (of D·C) when given."""
         rows = []
         for stage, blocks in enumerate(self.ranges):
-            weights, gradients, optimizer, masters, gathered = self.state(stage)
             phases: tuple[int, ...] = ()
             if self.train:
                 activations, held = self.training_activations(length, micro, micro_batches, stage)
                 kv = 0
-                state = (weights, gradients, optimizer, masters, gathered)
-                phases = self.training_phases(length, micro, micro_batches, stage, state)
+                if rank is None:
+                    kinds = self.rank_optimizers(stage)
+                else:
+                    kinds = [self.rank_optimizer(stage, rank)]
+                states = [self.state(stage, kind) for kind in kinds]
+                every = [self.training_phases(length, micro, micro_batches, stage, state, kind)
+                         for state, kind in zip(states, kinds, strict=True)]  # fmt: skip
+                busiest = max(range(len(every)), key=lambda n: max(every[n]))  # the first
+                phases = every[busiest]
+                weights, gradients, optimizer, masters, gathered = states[busiest]
             else:
+                weights, gradients, optimizer, masters, gathered = self.state(stage)
                 activations, held = self.inference_activations(length, micro, stage), 1
                 kv = self.kv_cache_bytes(kv_tokens, batch, stage)
             rows.append(
@@ -680,7 +736,9 @@ class Split:
                     f"ZeRO {layout.zero} shards the {sharded} over {self.state_ranks} ranks "
                     f"(--dp {layout.dp}"
                     + (f" × --cp {layout.cp}" if layout.cp > 1 else "")
-                    + "): ⌈n / ranks⌉ values each (a flat buffer padded to a multiple of the ranks)"
+                    + "): ⌈n / ranks⌉ values each (a flat buffer padded to a multiple of the "
+                    "ranks); Adam steps a rank's pieces of it (each tensor's part in its range): "
+                    "the table is the busiest rank's"
                 )
             said.append(
                 "peak: the busiest phase of one step, replayed as on one device (memory "
@@ -699,7 +757,7 @@ class Split:
                 said.append(
                     f"ZeRO {layout.zero}: the backward's gradients are counted whole as they "
                     "arrive (one bucket, reduce-scattered after the backward); a bucketed "
-                    "reduce-scatter frees them sooner. Adam runs on each tensor's shard"
+                    "reduce-scatter frees them sooner"
                 )
             if layout.zero == 3:
                 said.append(

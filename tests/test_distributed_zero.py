@@ -1,0 +1,242 @@
+"""``memory --measure --train --dp D --zero 0|1``: D data-parallel copies run on
+torch.distributed (gloo), each on token ids of its own, their gradients averaged (an
+all_reduce), Adam on every tensor (ZeRO 0) or on the rank's pieces of Megatron's flat
+buffer, broadcast to the others after (ZeRO 1). Each rank's training step is held to its
+own estimate (``Split.per_device(..., rank)``: under ZeRO 1 its pieces) phase by phase,
+to the byte; its gradients to one device's of the whole batch (the copies' token ids
+together, the loss / D); its weights after the step to one device's Adam step.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import tiny_models
+import torch
+
+from attnctl.config import LayerConfig, resolve_impl, validate
+from attnctl.describe import ModelDescription, seeded_model
+from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
+from attnctl.parallel import Layout, zero_pieces
+
+TIMEOUT = 300  # seconds a start of the ranks may take at most, here
+LENGTH, BATCH, VOCAB = 8, 2, 50
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from attnctl.app.calls import load_model
+
+    return load_model(str(tiny_models.write("llama", tmp_path_factory.mktemp("zero") / "llama")))
+
+
+def _layer(dtype: str) -> LayerConfig:
+    """d_model 36: neither the matrices' 1,296 values, the biases' 36 nor the 50 vocabulary
+    rows' 1,800 cut into 4 pieces along the tensors' own ends."""
+    values = dict(d_model=36, heads=4, norm="pre", pos="learned", impl="math", device="cpu")
+    return resolve_impl(validate(LayerConfig(**values, dtype=dtype)))
+
+
+def _checkpoint(model, dtype: str) -> LayerConfig:
+    from attnctl.app.calls import model_layer
+
+    return model_layer(model, {"device": "cpu", "impl": "math", "dtype": dtype})
+
+
+def _cases(dp: int, llama) -> list[SplitCase]:
+    cases = []
+    for dtype in ("float32", "bfloat16"):
+        for zero in (0, 1):
+            layout = Layout(dp=dp, zero=zero)
+            cases.append(SplitCase(_layer(dtype), LENGTH, BATCH, VOCAB, layout, None, True, 2))
+            config = _checkpoint(llama, dtype)
+            cases.append(SplitCase(config, LENGTH, BATCH, llama.vocab_size, layout, llama, True))
+    return cases
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["dp2", "dp4"])
+def measured(request, llama):
+    cases = _cases(request.param, llama)
+    return request.param, cases, measure_splits(cases, timeout=TIMEOUT)
+
+
+def test_every_rank_steps_as_its_own_estimate_to_the_byte(measured):
+    dp, cases, results = measured
+    for case, ranks in zip(cases, results, strict=True):
+        what = "the layer" if case.model is None else case.model.name
+        assert [r.rank for r in ranks] == list(range(dp))
+        for rank in ranks:
+            where = f"{what} {case.layout.summary()} {case.config.dtype} rank {rank.rank}"
+            assert rank.stage_names == ("forward", "backward", "optimizer step")
+            assert rank.measured_parameter_bytes == rank.parameter_bytes, where
+            assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
+            assert rank.measured_peak_bytes == rank.peak_bytes, where
+            assert rank.collective_buffer_bytes > 0 and "all_reduce" in rank.collective_buffers
+
+
+def test_zero_1_ranks_differ_as_their_pieces_and_the_table_is_the_busiest(measured):
+    """Under ZeRO 1 the ranks hold different pieces (so different bytes, all measured);
+    the per-device table is the busiest of them. Without ZeRO every copy is alike."""
+    from attnctl.app.memory_parallel import Split
+
+    dp, cases, results = measured
+    for case, ranks in zip(cases, results, strict=True):
+        steps = {rank.measured_stage_peak_bytes[2] for rank in ranks}
+        description = seeded_model(case.config, VOCAB) if case.model is None else (
+            case.model.with_run(case.config))  # fmt: skip
+        split = Split(case.config, case.model, description, case.layout, True, case.layers)
+        (device,) = split.per_device(case.seq_len, case.batch, 1, 0, case.batch)
+        assert device.peak_bytes == max(rank.measured_peak_bytes for rank in ranks)
+        if case.layout.zero == 0:
+            assert len(steps) == 1
+            continue
+        assert len(steps) > 1, case  # the pieces' counts and sizes differ by rank
+        sizes = split.trained_sizes(0)
+        for rank in ranks:
+            pieces = zero_pieces(sizes, dp, rank.rank)
+            assert split.rank_optimizer(0, rank.rank).values == sum(pieces)
+
+
+# ---------------------------------------------------------------- the oracles
+
+
+def _weights(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
+    """One device's weights of the step under the same seed: a seeded stack of
+    ``layers`` copies of block 0, or the checkpoint's."""
+    from attnctl.nn.weights import model_weights
+
+    torch.manual_seed(case.config.seed)
+    checkpoint = case.model is not None
+    whole = model_weights(full, case.config, torch.device("cpu"), blocks=None, head=checkpoint)
+    named = {k: v.detach().clone() for k, v in whole.named.items()}
+    if not checkpoint:
+        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
+        for n in range(1, case.layers):
+            for key, value in block.items():
+                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = value.clone()
+    return named
+
+
+def _whole_batch_gradients(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
+    """One device's gradients of every copy's token ids together (rank r's drawn under
+    seed + r), of the loss summed over them divided by D: the copies' mean."""
+    from attnctl.nn.model import forward
+
+    dp = case.layout.dp
+    named = {k: v.requires_grad_() for k, v in _weights(case, full).items()}
+    drawn = [
+        torch.randint(0, full.vocab_size, (case.batch, case.seq_len),
+                      generator=torch.Generator().manual_seed(case.config.seed + rank))
+        for rank in range(dp)
+    ]  # fmt: skip
+    token_ids = torch.cat(drawn)  # (D·B, L)
+    stack, last = full, full.layers - 1
+    if case.model is None:
+        stack, last = ModelDescription(full.embeddings, full.blocks * case.layers), case.layers - 1
+    (forward(stack, named, token_ids, last=last, training=True).output.sum() / dp).backward()
+    return {k: v.grad for k, v in named.items() if v.grad is not None}
+
+
+def _oracle_cases(dp: int, llama) -> list[SplitCase]:
+    cases = []
+    for dtype, zero in (("float32", 0), ("float32", 1), ("bfloat16", 1)):
+        layout = Layout(dp=dp, zero=zero)
+        cases.append(SplitCase(_layer(dtype), LENGTH, BATCH, VOCAB, layout, None, True, 2))
+    layout = Layout(dp=dp, zero=1)
+    cases.append(
+        SplitCase(_checkpoint(llama, "float32"), LENGTH, BATCH, llama.vocab_size, layout, llama,
+                  True)
+    )  # fmt: skip
+    return cases
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_the_mean_gradients_and_the_step_are_one_devices(dp, llama):
+    """(a) every rank's gradients after the mean are one device's of the whole batch
+    (float32: within 1e-4 of the largest gradient); (b) every rank's weights after the
+    step are one device's Adam step on those mean gradients (within 1e-6 of the largest
+    weight): the pieces and their broadcasts put every value back where it belongs."""
+    from attnctl.measure import adam_step
+
+    cases = _oracle_cases(dp, llama)
+    tasks = [{**measure_task(case), "gradients": True, "parameters": True} for case in cases]
+    replies = run_ranks(dp, tasks, "cpu", TIMEOUT)
+    for index, case in enumerate(cases):
+        full = seeded_model(case.config, VOCAB) if case.model is None else (
+            case.model.with_run(case.config))  # fmt: skip
+        where = f"{case.layout.summary()} {case.config.dtype} case {index}"
+        mean = {k: torch.tensor(v) for k, v in replies[0].results[index]["gradients"].items()}
+        if case.config.dtype == "float32":  # (a): half precision rounds another batch
+            expected = _whole_batch_gradients(case, full)
+            scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())
+            assert set(mean) == set(expected), where
+            for name, gradient in mean.items():
+                torch.testing.assert_close(gradient, expected[name].float(), rtol=0,
+                                           atol=scale, msg=f"{where} {name}")  # fmt: skip
+        weights = _weights(case, full)  # (b): one device's step on the mean gradients
+        trained = [weights[name] for name in mean]
+        for name, tensor in zip(mean, trained, strict=True):
+            tensor.grad = mean[name].to(tensor.dtype)
+        adam_step(trained, case.config.dtype != "float32")()
+        scale = 1e-6 * max(float(w.abs().max()) for w in weights.values())
+        for reply in replies:
+            got = reply.results[index]["parameters"]
+            assert set(got) == set(weights), where
+            for name, value in got.items():
+                said = f"{where} rank {reply.rank} {name}"
+                torch.testing.assert_close(torch.tensor(value), weights[name].float(), rtol=0,
+                                           atol=scale, msg=said)  # fmt: skip
+        gradients = [r.results[index]["gradients"] for r in replies]
+        assert all(g == gradients[0] for g in gradients), where  # the mean, everywhere
+
+
+# ---------------------------------------------------------------- the command
+
+
+ARGS = ("memory", "-L", "8", "--d-model", "36", "--heads", "4", "--norm", "pre", "--train",
+        "--layers", "2", "--dtype", "bfloat16", "--dp", "2", "--zero", "1")  # fmt: skip
+
+
+def test_memory_measure_dp_zero_prints_each_rank(invoke):
+    result = invoke(*ARGS, "--measure", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    ranks = document["measured_per_rank"]
+    (device,) = document["per_device"]
+    assert [rank["rank"] for rank in ranks] == [0, 1]
+    for rank in ranks:
+        assert rank["peak_bytes"] == rank["measured_peak_bytes"]
+        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
+    assert device["peak_bytes"] == max(rank["peak_bytes"] for rank in ranks)
+    assert ranks[0]["phase_peak_bytes"] != ranks[1]["phase_peak_bytes"]  # their own pieces
+    text = invoke(*ARGS, "--measure", columns=100)
+    assert text.exit_code == 0, text.output
+    assert "a training step of 2 blocks" in text.stdout and "rank 1:" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (("--zero", "2"), "--zero 2 is not run on torch.distributed yet: its estimate is"),
+        (("--zero", "3"), "--zero 3 is not run on torch.distributed yet: its estimate is"),
+        (("--tp", "2"), "--dp with --tp or --cp is estimated only"),
+        (("--cp", "2"), "--dp with --tp or --cp is estimated only"),
+        (("--dp", "65"), "--measure would start 65 processes"),
+    ],
+)
+def test_measure_dp_refusals_start_no_process(invoke, monkeypatch, extra, words):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    args = [*ARGS[:-4], "--dp", "2", "--zero", "1", *extra]
+    result = invoke(*args, "--measure")
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr and result.stdout == ""
+
+
+def test_measure_dp_without_train_is_refused(invoke, monkeypatch):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    result = invoke("memory", "-L", "8", "--d-model", "36", "--heads", "4", "--dp", "2",
+                    "--measure")  # fmt: skip
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--measure with --dp runs a training step" in result.stderr
