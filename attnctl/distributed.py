@@ -11,7 +11,9 @@ outlives attnctl; a rank's error comes back as one line naming the rank.
 :func:`measure_split` is ``memory --measure --tp T [--sp] [--cp C]``: each rank's block 0
 under ``measure.LiveStorages`` beside its plan (``plan_parallel.rank_plan`` of its CP
 rank). Rank r is CP rank r // T and TP rank r % T (``rank.rank_places`` makes the groups:
-a TP group per CP rank, a ring per TP rank).
+a TP group per CP rank, a ring per TP rank). With ``--train --dp D --zero 0|1`` (T = C = 1)
+the world is the D data-parallel copies, each held to its own estimate (under ZeRO 1 its
+pieces of the optimizer's flat buffer: ``training_estimates``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ says which number does not divide which. The names follow Megatron-LM:
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass
 
@@ -296,31 +297,42 @@ def in_flight(stage: int, pp: int, micro_batches: int) -> int:
     return min(pp - stage, micro_batches)
 
 
-def zero_ranges(sizes: list[int], ranks: int, rank: int) -> list[tuple[int, int, int]]:
+def zero_ranges(
+    sizes: list[int], ranks: int, rank: int, ends: list[int] | None = None
+) -> list[tuple[int, int, int]]:
     """The pieces ZeRO 1's distributed optimizer gives data-parallel rank ``rank`` of
     ``ranks``, as Megatron-LM lays them out: the trained tensors (of ``sizes`` values, in
     order) end to end in one flat range padded to a multiple of the ranks, rank r owning
     [r·S, (r+1)·S), S = ⌈n / ranks⌉. Each piece is (tensor index, first value, end) within
     that tensor, for every tensor that overlaps the rank's range, in tensor order (none
-    for a rank wholly in the padding). A loop over the tensors, never over the ranks."""
+    for a rank wholly in the padding). ``ends``: the tensors' running sums of ``sizes``
+    (made when None; a caller asking for many ranks makes them once): the rank's first
+    tensor is found by bisection, so a call costs its pieces, never a loop over the ranks.
+    """
     if ranks < 1 or not 0 <= rank < ranks:
         raise ValueError(f"rank {rank} of {ranks} ranks")
-    total = sum(sizes)
+    if ends is None:
+        ends = list(itertools.accumulate(sizes))
+    total = ends[-1] if ends else 0
     shard = -(-total // ranks)
     first, end = rank * shard, min((rank + 1) * shard, total)
-    pieces, start = [], 0
-    for index, size in enumerate(sizes):
-        low, high = max(first, start), min(end, start + size)
+    pieces = []
+    index = bisect.bisect_right(ends, first)  # the first tensor ending after ``first``
+    while index < len(sizes) and ends[index] - sizes[index] < end:
+        start = ends[index] - sizes[index]
+        low, high = max(first, start), min(end, ends[index])
         if low < high:
             pieces.append((index, low - start, high - start))
-        start += size
+        index += 1
     return pieces
 
 
-def zero_pieces(sizes: list[int], ranks: int, rank: int) -> list[int]:
+def zero_pieces(
+    sizes: list[int], ranks: int, rank: int, ends: list[int] | None = None
+) -> list[int]:
     """The sizes of rank ``rank``'s pieces (:func:`zero_ranges`), in tensor order: its
     Adam parameters under ZeRO 1."""
-    return [end - first for _, first, end in zero_ranges(sizes, ranks, rank)]
+    return [end - first for _, first, end in zero_ranges(sizes, ranks, rank, ends)]
 
 
 def zero_distinct_ranks(sizes: list[int], ranks: int) -> list[int]:

@@ -442,6 +442,7 @@ def test_zero_pieces_tile_the_flat_buffer(sizes, ranks):
     covered = {index: [] for index in range(len(sizes))}
     for rank in range(ranks):
         ranges = zero_ranges(sizes, ranks, rank)
+        assert zero_ranges(sizes, ranks, rank, list(itertools.accumulate(sizes))) == ranges
         pieces = zero_pieces(sizes, ranks, rank)
         assert pieces == [end - first for _, first, end in ranges] and all(pieces)
         assert sum(pieces) == max(0, min(shard, total - rank * shard))

@@ -29,6 +29,7 @@ gradients already accumulated, ZeRO 3's gathered block. Nothing here prints;
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -331,6 +332,8 @@ class Split:
         self._saved: dict[tuple[int, int], tuple[SavedActivations, int]] = {}
         self._steps: dict[tuple[int, int, int], StepReplay] = {}
         self._optimizers: dict[int, list[RankOptimizer]] = {}  # per stage: its rank kinds
+        self._ends: dict[int, list[int]] = {}  # per stage: the trained sizes' running sums
+        self._sizes: dict[int, list[int]] = {}  # per stage: trained_sizes
 
     # ------------------------------------------------------------ weights and state
 
@@ -381,7 +384,9 @@ class Split:
         trained tensor, or under ZeRO its pieces of the flat buffer (``zero_pieces``)."""
         sizes = self.trained_sizes(stage)
         if self.layout.zero:
-            sizes = zero_pieces(sizes, self.state_ranks, rank)
+            if stage not in self._ends:  # the running sums, once: a rank costs its pieces
+                self._ends[stage] = list(itertools.accumulate(sizes))
+            sizes = zero_pieces(sizes, self.state_ranks, rank, self._ends[stage])
         return RankOptimizer(rank, sum(sizes), len(sizes), adam_temporaries(sizes))
 
     def rank_optimizers(self, stage: int) -> list[RankOptimizer]:
@@ -391,7 +396,11 @@ class Split:
             ranks = [0]
             if self.train and self.layout.zero:
                 ranks = zero_distinct_ranks(self.trained_sizes(stage), self.state_ranks)
-            self._optimizers[stage] = [self.rank_optimizer(stage, r) for r in ranks]
+            kinds: dict[tuple[int, int, int], RankOptimizer] = {}  # the lowest rank of each
+            for rank in ranks:
+                held = self.rank_optimizer(stage, rank)
+                kinds.setdefault((held.values, held.tensors, held.temporaries), held)
+            self._optimizers[stage] = list(kinds.values())
         return self._optimizers[stage]
 
     def state(
@@ -517,7 +526,12 @@ class Split:
 
     def trained_sizes(self, stage: int) -> list[int]:
         """The values of each tensor the stage's step updates on one rank, in the
-        replay's order (the seeded stack: the shared ones, then each block's)."""
+        replay's order (the seeded stack: the shared ones, then each block's); kept."""
+        if stage not in self._sizes:
+            self._sizes[stage] = self._trained_sizes(stage)
+        return self._sizes[stage]
+
+    def _trained_sizes(self, stage: int) -> list[int]:
         trained = self._trained(stage)
         if self.model is not None:
             return [share.values * share.copies for share in trained]
