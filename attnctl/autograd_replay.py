@@ -70,6 +70,11 @@ class Replay:
     nodes: list[Node] = field(default_factory=list)
     # the backward's peak up to each parameter's gradient (measure.py reads the same)
     gradient_windows: list[int] = field(default_factory=list)
+    # each parameter's gradient let go as soon as AccumulateGrad has made it (ZeRO 2 and
+    # 3: a hook reduce-scatters it into the rank's shard and frees it); the shard, of
+    # these bytes, is made by the first gradient's hook (None: gradients kept)
+    gradient_shard_bytes: int | None = None
+    shard_made: bool = False
     _window: int = -1  # the peak since the last gradient; -1: no op since
     # the stage whose forward made each storage (``origin`` while it is replayed): what
     # the forward saves, stage by stage (``training.saved_by_stage``)
@@ -249,4 +254,9 @@ class Replay:
                     self.param_grads[name] = copy.storage
                 # AccumulateGrad runs first of the ready nodes: a gradient window ends
                 self.close_window(self.gradient_windows)
+                if self.gradient_shard_bytes is not None:  # its post-accumulate hook
+                    if not self.shard_made:
+                        self.new(self.gradient_shard_bytes)  # the first one makes the shard
+                        self.shard_made = True
+                    self.drop(self.param_grads.pop(name))  # and frees it
         self.drop(seed.storage)

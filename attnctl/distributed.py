@@ -11,8 +11,8 @@ outlives attnctl; a rank's error comes back as one line naming the rank.
 :func:`measure_split` is ``memory --measure --tp T [--sp] [--cp C]``: each rank's block 0
 under ``measure.LiveStorages`` beside its plan (``plan_parallel.rank_plan`` of its CP
 rank). Rank r is CP rank r // T and TP rank r % T (``rank.rank_places`` makes the groups:
-a TP group per CP rank, a ring per TP rank). With ``--train --dp D --zero 0|1`` (T = C = 1)
-the world is the D data-parallel copies, each held to its own estimate (under ZeRO 1 its
+a TP group per CP rank, a ring per TP rank). With ``--train --dp D --zero 0|1|2`` (T = C =
+1) the world is the D data-parallel copies, each held to its own estimate (under ZeRO its
 pieces of the optimizer's flat buffer: ``training_estimates``).
 """
 
@@ -617,14 +617,12 @@ def _rank_measurement(
     measured = result["phase_peak_bytes"] if training else result["stage_peak_bytes"]
     what = "a training step" if training else "a forward pass"
     buffers, words = collective_bound(plan, tp), "; ".join(_buffer_words(plan))
-    if training and "dp" in result:  # the gradients' all_reduce, ZeRO 1's broadcasts
+    if training and "dp" in result:  # the gradients' all_reduce or reduce, the broadcasts
         from attnctl.stages.collectives import COLLECTIVE_BUFFERS, COLLECTIVE_FIXED_BYTES
 
         buffers = max(buffers, COLLECTIVE_FIXED_BYTES)
-        words = "; ".join(
-            w for w in (words, "the gradients' all_reduce, ZeRO 1's broadcasts of the pieces: "
-                        f"{COLLECTIVE_BUFFERS['all_reduce']}") if w
-        )  # fmt: skip
+        which = DATA_PARALLEL_COLLECTIVES[int(result.get("zero", 0))]
+        words = "; ".join(w for w in (words, f"{which}: {COLLECTIVE_BUFFERS['all_reduce']}") if w)
     return RankMeasurement(
         rank=result["rank"],
         peak_bytes=estimate.peak_bytes,
@@ -641,6 +639,15 @@ def _rank_measurement(
         timings=reply.timings,
         resident_peak_bytes=reply.resident_peak_bytes,
     )
+
+
+# What a data-parallel copy's step hands to gloo, by ZeRO stage (none that grows, as an
+# all_reduce: ``rank.buffers_task`` measures the reduce and the broadcast too).
+DATA_PARALLEL_COLLECTIVES = {
+    0: "the gradients' all_reduce",
+    1: "the gradients' all_reduce, ZeRO 1's broadcasts of the pieces",
+    2: "each gradient's reduce onto its pieces' owners, ZeRO 2's broadcasts of the pieces",
+}
 
 
 def _buffer_words(plan: Plan) -> Iterator[str]:

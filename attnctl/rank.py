@@ -262,10 +262,13 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     summed = sum_replicated_gradients(named, full, group)
     mixed = config.dtype != "float32"
     step = None
+    zero = int(task.get("zero", 0))
+    shards: list[Any] = []  # ZeRO 2: the rank's gradient pieces, once the step has made them
     if place.dp > 1:
-        summed = mean_gradients(parameters, place.dp)
-        if int(task.get("zero", 0)) == 1:
-            step = lambda: zero_step(parameters, mixed, place.dp, place.dp_rank)  # noqa: E731
+        summed = None if zero >= 2 else mean_gradients(parameters, place.dp)
+        if zero:
+            step = lambda: zero_step(parameters, mixed, place.dp, place.dp_rank,  # noqa: E731
+                                     shards if zero >= 2 else None)  # fmt: skip
     measured = measure_step(run, parameters, [token_ids], parameter_bytes, mixed, device, summed,
                             step)  # fmt: skip
     result = {
@@ -278,8 +281,14 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
         "device": measured.device,
     }
     if place.dp > 1:
-        result.update(dp=place.dp, dp_rank=place.dp_rank)
-    if task.get("gradients"):
+        result.update(dp=place.dp, dp_rank=place.dp_rank, zero=zero)
+    if task.get("gradients") and zero >= 2:  # the pieces this rank holds: (first, values)
+        name_of = {id(tensor): name for name, tensor in named.items()}
+        result["gradient_pieces"] = [
+            [name_of[id(parameters[index])], first, piece.float().cpu().tolist()]
+            for index, first, piece in shards
+        ]
+    elif task.get("gradients"):
         result["gradients"] = {
             k: v.grad.float().cpu().tolist() for k, v in named.items() if v.grad is not None
         }
@@ -303,7 +312,9 @@ def mean_gradients(parameters: list[Any], copies: int):
     return mean
 
 
-def zero_step(parameters: list[Any], mixed: bool, copies: int, rank: int):
+def zero_step(
+    parameters: list[Any], mixed: bool, copies: int, rank: int, shards: list | None = None
+):
     """ZeRO 1's optimizer step on data-parallel rank ``rank`` of ``copies``, as Megatron-LM's
     distributed optimizer: Adam (foreach=False) on this rank's pieces of the flat buffer
     (``parallel.zero_ranges``). In float32 they are views of the parameters' flat pieces,
@@ -311,7 +322,11 @@ def zero_step(parameters: list[Any], mixed: bool, copies: int, rank: int):
     pieces made now (alive the whole step), their gradients made from the gradients'
     pieces just before the step, copied back into the parameters' pieces after it. Then
     every rank's pieces go to the others: each piece broadcast from its owner into the
-    same piece of everybody's parameter (no temporaries). Returns the step."""
+    same piece of everybody's parameter (no temporaries). Returns the step.
+
+    ``shards`` (a list, ZeRO 2): the gradients are reduce-scattered as they arrive
+    (:class:`GradientShard`) and the step's gradients are views of the rank's shard;
+    ``shards`` gets (tensor index, first value, view) of each of the rank's pieces."""
     import torch
     import torch.distributed as dist
 
@@ -323,10 +338,15 @@ def zero_step(parameters: list[Any], mixed: bool, copies: int, rank: int):
     pieces = [flat[index][first:end] for index, first, end in owned[rank]]
     masters = [piece.float() for piece in pieces] if mixed else pieces
     optimizer = torch.optim.Adam(masters, foreach=False) if masters else None
+    shard = None if shards is None else GradientShard(parameters, owned, rank, copies)
 
     def step() -> None:
         for (index, first, end), master in zip(owned[rank], masters, strict=True):
-            gradient = parameters[index].grad.view(-1)[first:end]
+            if shard is None:
+                gradient = parameters[index].grad.view(-1)[first:end]
+            else:
+                gradient = shard.pieces[index]
+                shards.append((index, first, gradient))
             master.grad = gradient.float() if mixed else gradient
         if optimizer is not None:
             optimizer.step()
@@ -339,6 +359,70 @@ def zero_step(parameters: list[Any], mixed: bool, copies: int, rank: int):
                 dist.broadcast(flat[index][first:end], src=owner)
 
     return step
+
+
+class GradientShard:
+    """ZeRO 2's gradients on data-parallel rank ``rank`` of ``copies``, reduce-scattered
+    as they arrive, as DeepSpeed's stage 2 does with a bucket of one tensor: when the
+    first gradient is made, a buffer of S values (⌈n / copies⌉, the gradients' dtype,
+    alive from then on) holds the rank's pieces end to end (``pieces``: tensor index ->
+    its view); each parameter's post-accumulate hook reduces (sums) every piece of its
+    gradient onto the piece's owner in place, the owner copies its piece into the buffer
+    and divides it by the copies (the mean), then the whole gradient is freed."""
+
+    def __init__(
+        self, parameters: list[Any], owned: list[list[tuple[int, int, int]]], rank: int,
+        copies: int,
+    ) -> None:  # fmt: skip
+        self.parameters, self.owned, self.rank, self.copies = parameters, owned, rank, copies
+        self.owners: dict[int, list[tuple[int, int, int]]] = {}  # tensor -> (owner, first, end)
+        for owner, ranges in enumerate(owned):
+            for index, first, end in ranges:
+                self.owners.setdefault(index, []).append((owner, first, end))
+        self.pieces: dict[int, Any] = {}
+        self.buffer = None
+        for index, parameter in enumerate(parameters):
+            parameter.register_post_accumulate_grad_hook(self._arrived(index))
+
+    def _make_buffer(self, like) -> None:
+        import torch
+
+        size = -(-sum(p.numel() for p in self.parameters) // self.copies)
+        self.buffer = torch.empty(size, dtype=like.dtype, device=like.device)  # (S,)
+        offset = 0
+        for index, first, end in self.owned[self.rank]:  # the pieces, then the padding
+            self.pieces[index] = self.buffer[offset : offset + end - first]
+            offset += end - first
+
+    def _arrived(self, index: int):
+        import torch
+        import torch.distributed as dist
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        def hook(parameter) -> None:
+            gradient = parameter.grad.view(-1)  # (n,)
+            if self.buffer is None:
+                self._make_buffer(gradient)
+            freed = StorageWeakRef(gradient.untyped_storage())
+            with torch.no_grad():
+                for owner, first, end in self.owners.get(index, ()):
+                    dist.reduce(gradient[first:end], dst=owner)
+                    if owner == self.rank:
+                        self.pieces[index].copy_(gradient[first:end]).div_(self.copies)
+            parameter.grad = gradient = None
+            _wait_until_freed(freed)
+
+        return hook
+
+
+def _wait_until_freed(storage, seconds: float = 1.0) -> None:
+    """Until ``storage`` is freed: gloo's worker thread lets go of the tensors a
+    collective was handed a moment after ``wait()`` has returned, so without this the
+    gradient would live on into the next op on some steps and not on others. At most
+    ``seconds`` (a storage something else holds is left as it is)."""
+    deadline = time.monotonic() + seconds
+    while not storage.expired() and time.monotonic() < deadline:
+        time.sleep(0.0001)
 
 
 def sum_replicated_gradients(named: dict[str, Any], full, group):
@@ -451,6 +535,8 @@ def buffers_task(task: dict[str, Any], group, device) -> dict[str, Any]:
         ("all_gather", lambda: gather_sequence(split, mine)),
         ("reduce_scatter", lambda: reduce_partial(split, partial)),
         ("all_reduce", lambda: reduce_partial(whole, partial)),
+        ("reduce", lambda: _in_place(dist.reduce, partial, dst=0)),  # ZeRO 2's gradients
+        ("broadcast", lambda: _in_place(dist.broadcast, partial, src=0)),  # ZeRO's pieces
         ("send_recv", lambda: _ring_pass(group, partial, incoming)),
     ):
         dist.barrier()
@@ -464,6 +550,12 @@ def buffers_task(task: dict[str, Any], group, device) -> dict[str, Any]:
         risen[name] = after - before - made  # what it returned is not the backend's own
         del returned
     return {"rank": group.rank, "bytes": batch * length * width * 4, "buffers": risen}
+
+
+def _in_place(collective, tensor, **where):
+    """``collective(tensor, ...)``, which works in place: returns ``tensor``."""
+    collective(tensor, **where)
+    return tensor
 
 
 def _ring_pass(group, sent, received):

@@ -105,12 +105,13 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     )
 
 
-def _replay_stack(plan: Plan, layers: int) -> Replayed:
+def _replay_stack(plan: Plan, layers: int, shard: int | None = None) -> Replayed:
     """The replay of ``layers`` blocks: its own up to EXACT_LAYERS, carried on along a
     straight line above (without the windows and the saved bytes by stage)."""
     if layers <= EXACT_LAYERS:
-        return _replay(plan, layers)
-    before, last = _replay(plan, EXACT_LAYERS - 1), _replay(plan, EXACT_LAYERS)
+        return _replay(plan, layers, shard)
+    before = _replay(plan, EXACT_LAYERS - 1, shard)
+    last = _replay(plan, EXACT_LAYERS, shard)
     more = layers - EXACT_LAYERS
     peaks = tuple(
         b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
@@ -134,18 +135,22 @@ class StepReplay:
     optimizer_step_state_bytes: int
 
 
-def replay_step(plan: Plan, layers: int) -> StepReplay:
+def replay_step(plan: Plan, layers: int, shard: int | None = None) -> StepReplay:
     """The replay of ``layers`` of the plan's block (a rank's plan too), whatever the
-    plan's own depth: a pipeline stage's blocks."""
+    plan's own depth: a pipeline stage's blocks. ``shard`` (ZeRO 2 and 3): each
+    parameter's gradient is freed as soon as it is made, reduce-scattered into a shard
+    of ``shard`` bytes the first one's hook makes; the shard is the optimizer step's
+    gradients (in its state)."""
     if plan.config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {plan.config.impl!r}")
     refuse_unreplayable(plan, layers)
-    replayed = _replay_stack(plan, layers)
+    replayed = _replay_stack(plan, layers, shard)
     sizes = parameter_sizes(plan, layers)
     masters, state = optimizer_state(sizes, plan.config.dtype)
-    # the gradients the replay's backward made, not the sizes' (a checkpoint's sizes are
-    # its whole table, whatever ``layers``)
-    state += replayed.gradient_bytes - sum(sizes) * DTYPE_BYTES[plan.config.dtype]
+    # the gradients the replay's backward made (or the shard it made), not the sizes' (a
+    # checkpoint's sizes are its whole table, whatever ``layers``)
+    made = replayed.gradient_bytes if shard is None else shard
+    state += made - sum(sizes) * DTYPE_BYTES[plan.config.dtype]
     return StepReplay(replayed.phase_peaks, replayed.saved, masters, state)
 
 
@@ -257,15 +262,15 @@ class Replayed(NamedTuple):
     gradient_bytes: int = 0
 
 
-def _replay(plan: Plan, layers: int) -> Replayed:
-    """The step replayed, a layer at a time."""
+def _replay(plan: Plan, layers: int, shard: int | None = None) -> Replayed:
+    """The step replayed, a layer at a time (``shard``: ``replay_step``'s)."""
     config = plan.config
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
     sizes = parameter_sizes(plan, layers)
     count = sum(sizes)
 
-    r = Replay()
+    r = Replay(gradient_shard_bytes=shard)
     if mixed:  # float32 master weights exist for the whole run
         r.new(count * FP32)
     stages = _stack(plan, layers)

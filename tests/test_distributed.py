@@ -191,8 +191,8 @@ def split_runs(request, llama, gpt2):
 def test_gloos_own_buffers_are_within_their_bound(split_runs):
     """What gloo allocates inside a collective (no rank's count sees it) is what
     ``collective_bound`` bounds: the whole (B, L, D) for an all_gather, (T - 1) / T of it
-    for a reduce_scatter, nothing that grows for an all_reduce or for ring attention's
-    isend / irecv (``--cp``), a few MiB beside each."""
+    for a reduce_scatter, nothing that grows for an all_reduce, a reduce, a broadcast or
+    for ring attention's isend / irecv (``--cp``), a few MiB beside each."""
     from attnctl.stages.collectives import COLLECTIVE_FIXED_BYTES
 
     _, _, replies = split_runs
@@ -204,6 +204,8 @@ def test_gloos_own_buffers_are_within_their_bound(split_runs):
         share = whole * (tp - 1) // tp
         assert 0.9 * share <= found["reduce_scatter"] <= share + COLLECTIVE_FIXED_BYTES
         assert found["all_reduce"] <= COLLECTIVE_FIXED_BYTES
+        assert found["reduce"] <= COLLECTIVE_FIXED_BYTES  # ZeRO 2's, onto a piece's owner
+        assert found["broadcast"] <= COLLECTIVE_FIXED_BYTES  # ZeRO's pieces to the others
         assert found["send_recv"] <= COLLECTIVE_FIXED_BYTES  # ring attention's isend / irecv
 
 

@@ -1,7 +1,8 @@
-"""``memory --measure --train --dp D --zero 0|1``: D data-parallel copies run on
+"""``memory --measure --train --dp D --zero 0|1|2``: D data-parallel copies run on
 torch.distributed (gloo), each on token ids of its own, their gradients averaged (an
-all_reduce), Adam on every tensor (ZeRO 0) or on the rank's pieces of Megatron's flat
-buffer, broadcast to the others after (ZeRO 1). Each rank's training step is held to its
+all_reduce; under ZeRO 2 each reduced onto its pieces' owners as it arrives, then freed),
+Adam on every tensor (ZeRO 0) or on the rank's pieces of Megatron's flat buffer,
+broadcast to the others after (ZeRO 1 and 2). Each rank's training step is held to its
 own estimate (``Split.per_device(..., rank)``: under ZeRO 1 its pieces) phase by phase,
 to the byte; its gradients to one device's of the whole batch (the copies' token ids
 together, the loss / D); its weights after the step to one device's Adam step.
@@ -48,7 +49,7 @@ def _checkpoint(model, dtype: str) -> LayerConfig:
 def _cases(dp: int, llama) -> list[SplitCase]:
     cases = []
     for dtype in ("float32", "bfloat16"):
-        for zero in (0, 1):
+        for zero in (0, 1, 2):
             layout = Layout(dp=dp, zero=zero)
             cases.append(SplitCase(_layer(dtype), LENGTH, BATCH, VOCAB, layout, None, True, 2))
             config = _checkpoint(llama, dtype)
@@ -73,11 +74,11 @@ def test_every_rank_steps_as_its_own_estimate_to_the_byte(measured):
             assert rank.measured_parameter_bytes == rank.parameter_bytes, where
             assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
             assert rank.measured_peak_bytes == rank.peak_bytes, where
-            assert rank.collective_buffer_bytes > 0 and "all_reduce" in rank.collective_buffers
+            assert rank.collective_buffer_bytes > 0 and "reduce" in rank.collective_buffers
 
 
-def test_zero_1_ranks_differ_as_their_pieces_and_the_table_is_the_busiest(measured):
-    """Under ZeRO 1 the ranks hold different pieces (so different bytes, all measured);
+def test_zero_ranks_differ_as_their_pieces_and_the_table_is_the_busiest(measured):
+    """Under ZeRO 1 and 2 the ranks hold different pieces (so different bytes, all measured);
     the per-device table is the busiest of them. Without ZeRO every copy is alike."""
     from attnctl.app.memory_parallel import Split
 
@@ -141,20 +142,47 @@ def _whole_batch_gradients(case: SplitCase, full: ModelDescription) -> dict[str,
 
 def _oracle_cases(dp: int, llama) -> list[SplitCase]:
     cases = []
-    for dtype, zero in (("float32", 0), ("float32", 1), ("bfloat16", 1)):
+    for dtype, zero in (("float32", 0), ("float32", 1), ("bfloat16", 1), ("float32", 2),
+                        ("bfloat16", 2)):  # fmt: skip
         layout = Layout(dp=dp, zero=zero)
         cases.append(SplitCase(_layer(dtype), LENGTH, BATCH, VOCAB, layout, None, True, 2))
-    layout = Layout(dp=dp, zero=1)
-    cases.append(
-        SplitCase(_checkpoint(llama, "float32"), LENGTH, BATCH, llama.vocab_size, layout, llama,
-                  True)
-    )  # fmt: skip
+    for zero in (1, 2):
+        layout = Layout(dp=dp, zero=zero)
+        cases.append(
+            SplitCase(_checkpoint(llama, "float32"), LENGTH, BATCH, llama.vocab_size, layout,
+                      llama, True)
+        )  # fmt: skip
     return cases
+
+
+def _mean_gradients(case: SplitCase, replies, index: int, full) -> dict[str, torch.Tensor]:
+    """The mean gradients the ranks hold: every rank's whole under ZeRO 0 and 1 (the same
+    everywhere), each rank's pieces of the flat buffer under ZeRO 2, put together (every
+    value held by exactly one rank)."""
+    results = [reply.results[index] for reply in replies]
+    if case.layout.zero < 2:
+        gradients = [result["gradients"] for result in results]
+        assert all(g == gradients[0] for g in gradients)  # the mean, everywhere
+        return {k: torch.tensor(v) for k, v in gradients[0].items()}
+    shapes = {k: v.shape for k, v in _weights(case, full).items()}
+    flat: dict[str, torch.Tensor] = {}
+    held: dict[str, torch.Tensor] = {}
+    for result in results:
+        assert "gradients" not in result  # no rank keeps a whole gradient
+        for name, first, values in result["gradient_pieces"]:
+            whole = flat.setdefault(name, torch.zeros(shapes[name].numel()))
+            count = held.setdefault(name, torch.zeros(shapes[name].numel(), dtype=torch.int64))
+            whole[first : first + len(values)] = torch.tensor(values)
+            count[first : first + len(values)] += 1
+    for name, count in held.items():
+        assert bool((count == 1).all()), name  # every value on exactly one rank
+    return {k: v.view(shapes[k]) for k, v in flat.items()}
 
 
 @pytest.mark.parametrize("dp", [2, 4])
 def test_the_mean_gradients_and_the_step_are_one_devices(dp, llama):
-    """(a) every rank's gradients after the mean are one device's of the whole batch
+    """(a) every rank's gradients after the mean (under ZeRO 2 the ranks' pieces put
+    together) are one device's of the whole batch
     (float32: within 1e-4 of the largest gradient); (b) every rank's weights after the
     step are one device's Adam step on those mean gradients (within 1e-6 of the largest
     weight): the pieces and their broadcasts put every value back where it belongs."""
@@ -167,7 +195,7 @@ def test_the_mean_gradients_and_the_step_are_one_devices(dp, llama):
         full = seeded_model(case.config, VOCAB) if case.model is None else (
             case.model.with_run(case.config))  # fmt: skip
         where = f"{case.layout.summary()} {case.config.dtype} case {index}"
-        mean = {k: torch.tensor(v) for k, v in replies[0].results[index]["gradients"].items()}
+        mean = _mean_gradients(case, replies, index, full)
         if case.config.dtype == "float32":  # (a): half precision rounds another batch
             expected = _whole_batch_gradients(case, full)
             scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())
@@ -188,8 +216,6 @@ def test_the_mean_gradients_and_the_step_are_one_devices(dp, llama):
                 said = f"{where} rank {reply.rank} {name}"
                 torch.testing.assert_close(torch.tensor(value), weights[name].float(), rtol=0,
                                            atol=scale, msg=said)  # fmt: skip
-        gradients = [r.results[index]["gradients"] for r in replies]
-        assert all(g == gradients[0] for g in gradients), where  # the mean, everywhere
 
 
 # ---------------------------------------------------------------- the command
@@ -219,7 +245,6 @@ def test_memory_measure_dp_zero_prints_each_rank(invoke):
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--zero", "2"), "--zero 2 is not run on torch.distributed yet: its estimate is"),
         (("--zero", "3"), "--zero 3 is not run on torch.distributed yet: its estimate is"),
         (("--tp", "2"), "--dp with --tp or --cp is estimated only"),
         (("--cp", "2"), "--dp with --tp or --cp is estimated only"),

@@ -330,7 +330,7 @@ class Split:
         self._plans: dict[tuple[int, int, int], Plan] = {}  # kept between calls (--budget)
         self._peaks: dict[tuple[int, int, int, bool], int] = {}
         self._saved: dict[tuple[int, int], tuple[SavedActivations, int]] = {}
-        self._steps: dict[tuple[int, int, int], StepReplay] = {}
+        self._steps: dict[tuple[int, int, int, int | None], StepReplay] = {}
         self._optimizers: dict[int, list[RankOptimizer]] = {}  # per stage: its rank kinds
         self._ends: dict[int, list[int]] = {}  # per stage: the trained sizes' running sums
         self._sizes: dict[int, list[int]] = {}  # per stage: trained_sizes
@@ -514,14 +514,18 @@ class Split:
             per_micro += saved.loss_bytes
         return per_micro, working, blocks * (saved.block_bytes - per_block)
 
-    def step_replay(self, length: int, micro: int, blocks: int) -> StepReplay:
+    def step_replay(
+        self, length: int, micro: int, blocks: int, shard: int | None = None
+    ) -> StepReplay:
         """The single-device step of ``blocks`` of the rank's block over its embeddings,
-        kept by (length, micro-batch, blocks) between calls (--budget)."""
+        kept by (length, micro-batch, blocks, shard) between calls (--budget). ``shard``:
+        the bytes of ZeRO 2's and 3's gradient shard, which each gradient is
+        reduce-scattered into as it arrives (``training.replay_step``)."""
         from attnctl.training import replay_step
 
-        key = (length, micro, blocks)
+        key = (length, micro, blocks, shard)
         if key not in self._steps:
-            self._steps[key] = replay_step(self.plan(length, micro), blocks)
+            self._steps[key] = replay_step(self.plan(length, micro), blocks, shard)
         return self._steps[key]
 
     def trained_sizes(self, stage: int) -> list[int]:
@@ -555,15 +559,18 @@ class Split:
         besides the parameters; its own masters (all phases) and optimizer-step state
         (gradients, masters' float32 gradients, moments, step counts, Adam's largest
         temporaries) are taken out and the layout's put in (those of the data-parallel
-        rank ``optimizer_of``, rank 0 when None: under ZeRO its pieces'). Beside the forward and the
-        backward: the other micro-batches in flight (their saved activations), the
-        gradients accumulated from earlier micro-batches when there are more in the step
-        than in flight, ZeRO 3's gathered block; ``--recompute`` takes out what it does
-        not save and adds one block's recomputation to the backward.
+        rank ``optimizer_of``, rank 0 when None: under ZeRO its pieces'). Beside the
+        forward and the backward: the other micro-batches in flight (their saved
+        activations), the gradients accumulated from earlier micro-batches when there are
+        more in the step than in flight, ZeRO 3's gathered block; ``--recompute`` takes
+        out what it does not save and adds one block's recomputation to the backward.
+        Under ZeRO 2 and 3 the replay frees each gradient as it arrives (its hook
+        reduce-scatters it into the rank's shard, made by the first one's).
         """
         weights, gradients, optimizer, masters, gathered = state
         blocks = len(self.ranges[stage])
-        replay = self.step_replay(length, micro, blocks)
+        shard = gradients if self.layout.zero >= 2 else None  # reduce-scattered into
+        replay = self.step_replay(length, micro, blocks, shard)
         forward, backward, step = replay.phase_peak_bytes
         per_micro, working, not_saved = self.recompute_parts(length, micro, stage)
         held = in_flight(stage, self.layout.pp, micro_batches)
@@ -769,9 +776,10 @@ class Split:
                 )
             if layout.zero >= 2:
                 said.append(
-                    f"ZeRO {layout.zero}: the backward's gradients are counted whole as they "
-                    "arrive (one bucket, reduce-scattered after the backward); a bucketed "
-                    "reduce-scatter frees them sooner"
+                    f"ZeRO {layout.zero}: each gradient is reduce-scattered as it arrives "
+                    "(a bucket of one tensor) and freed; the rank's shard of them (⌈n / "
+                    "ranks⌉ values) is held the whole step. A bigger bucket holds up to its "
+                    "size of whole gradients more"
                 )
             if layout.zero == 3:
                 said.append(
