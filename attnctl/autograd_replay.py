@@ -43,6 +43,7 @@ class Node:
     saved: tuple[int, ...]  # storages it holds until it has run
     steps: tuple[tuple, ...]
     pending: int = 0  # gradients still to arrive
+    unit: int | None = None  # ZeRO 3: the unit (block, -1 outside) whose forward made it
 
 
 # The steps of a node's backward (each op's allocation is read once it is made):
@@ -75,6 +76,13 @@ class Replay:
     # these bytes, is made by the first gradient's hook (None: gradients kept)
     gradient_shard_bytes: int | None = None
     shard_made: bool = False
+    # ZeRO 3: each unit's gathered weights (bytes, by unit: -1 outside the blocks, then
+    # each block), gathered while its forward runs, again when the backward reaches its
+    # first node, freed once its last gradient has gone (None: the weights are whole)
+    unit_bytes: dict[int, int] | None = None
+    unit: int | None = None  # the unit the forward is in (its nodes are tagged with it)
+    _gathered: dict[int, int] = field(default_factory=dict)  # unit -> its storage
+    _regathered: set[int] = field(default_factory=set)  # units the backward has gathered
     _window: int = -1  # the peak since the last gradient; -1: no op since
     # the stage whose forward made each storage (``origin`` while it is replayed): what
     # the forward saves, stage by stage (``training.saved_by_stage``)
@@ -128,6 +136,26 @@ class Replay:
             del self.holds[storage]
             self.current -= self.live.pop(storage)
 
+    # ---------------------------------------------------------------- ZeRO 3's units
+    def gather(self, unit: int | None) -> None:
+        """Unit ``unit``'s weights gathered (once; not a unit of this replay: nothing)."""
+        if self.unit_bytes is None or unit is None or unit in self._gathered:
+            return
+        if unit in self.unit_bytes:
+            self._gathered[unit] = self.new(self.unit_bytes[unit]).storage
+
+    def release(self, unit: int | None) -> None:
+        """Unit ``unit``'s gathered weights freed (if gathered)."""
+        if unit in self._gathered:
+            self.drop(self._gathered.pop(unit))
+
+    def enter_unit(self, unit: int | None) -> None:
+        """The forward moves on to ``unit``: the one before freed, this one gathered."""
+        if unit != self.unit:
+            self.release(self.unit)
+            self.unit = unit
+            self.gather(unit)
+
     # ---------------------------------------------------------------- the graph
     def node(
         self,
@@ -142,7 +170,8 @@ class Replay:
         steps = tuple(s for s in steps if s[0] not in ("grad", "pass") or inputs[s[1]] is not None)
         for tensor in saved:
             self.hold(tensor.storage)
-        out.node = Node(next(self._seq), inputs, tuple(t.storage for t in saved), steps)
+        out.node = Node(next(self._seq), inputs, tuple(t.storage for t in saved), steps,
+                        unit=self.unit)  # fmt: skip
         self.nodes.append(out.node)
         return out
 
@@ -151,7 +180,7 @@ class Replay:
     ) -> list[Tensor]:
         """A node with one gradient per part, run once all have arrived (a weight split
         into views): the views, as tensors with no storage of their own."""
-        node = Node(next(self._seq), inputs, (), steps)
+        node = Node(next(self._seq), inputs, (), steps, unit=self.unit)
         self.nodes.append(node)
         return [Tensor(-1, 0, node, slot) for slot in range(parts)]
 
@@ -181,6 +210,9 @@ class Replay:
             for step in node.steps:
                 if step[0] in ("param", "param_in"):
                     arriving[step[1]] = arriving.get(step[1], 0) + 1
+        waiting: dict[int, int] = {}  # ZeRO 3: unit -> its parameters' gradients to go
+        for name in arriving:
+            waiting[parameter_unit(name)] = waiting.get(parameter_unit(name), 0) + 1
         # (node, slot) -> the gradient storage arrived so far
         buffers: dict[tuple[int, int], int] = {(id(root.node), 0): seed.storage}
         grad_bytes: dict[int, int] = {seed.storage: seed.nbytes}
@@ -188,6 +220,9 @@ class Replay:
         ready = [(-root.node.seq, root.node)]
         while ready:
             _, node = heapq.heappop(ready)
+            if node.unit is not None and node.unit not in self._regathered:
+                self._regathered.add(node.unit)  # the hook on the unit's output
+                self.gather(node.unit)
             slots = [key for key in buffers if key[0] == id(node)]
             incoming = [buffers.pop(key) for key in sorted(slots)]
             outgoing: dict[int, Tensor] = {}
@@ -259,4 +294,15 @@ class Replay:
                         self.new(self.gradient_shard_bytes)  # the first one makes the shard
                         self.shard_made = True
                     self.drop(self.param_grads.pop(name))  # and frees it
+                    unit = parameter_unit(name)
+                    waiting[unit] -= 1
+                    if waiting[unit] == 0:  # ZeRO 3: the unit's last gradient has gone
+                        self.release(unit)
         self.drop(seed.storage)
+
+
+def parameter_unit(name: str) -> int:
+    """ZeRO 3's unit of a parameter: its block ("blocks.N."), or -1 outside the blocks."""
+    if name.startswith("blocks."):
+        return int(name.split(".", 2)[1])
+    return -1

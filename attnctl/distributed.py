@@ -11,7 +11,7 @@ outlives attnctl; a rank's error comes back as one line naming the rank.
 :func:`measure_split` is ``memory --measure --tp T [--sp] [--cp C]``: each rank's block 0
 under ``measure.LiveStorages`` beside its plan (``plan_parallel.rank_plan`` of its CP
 rank). Rank r is CP rank r // T and TP rank r % T (``rank.rank_places`` makes the groups:
-a TP group per CP rank, a ring per TP rank). With ``--train --dp D --zero 0|1|2`` (T = C =
+a TP group per CP rank, a ring per TP rank). With ``--train --dp D --zero 0|1|2|3`` (T = C =
 1) the world is the D data-parallel copies, each held to its own estimate (under ZeRO its
 pieces of the optimizer's flat buffer: ``training_estimates``).
 """
@@ -647,6 +647,8 @@ DATA_PARALLEL_COLLECTIVES = {
     0: "the gradients' all_reduce",
     1: "the gradients' all_reduce, ZeRO 1's broadcasts of the pieces",
     2: "each gradient's reduce onto its pieces' owners, ZeRO 2's broadcasts of the pieces",
+    3: "each gradient's reduce onto its pieces' owners, ZeRO 3's broadcasts gathering a "
+    "unit's weights",
 }
 
 

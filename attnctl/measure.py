@@ -47,6 +47,17 @@ class Measurement:
         return self.parameter_bytes + self.peak_activation_bytes
 
 
+_TRACKERS: list[LiveStorages] = []  # those measuring now (``storage_resized`` tells them)
+
+
+def storage_resized(tensor: torch.Tensor) -> None:
+    """Tell every :class:`LiveStorages` measuring now that ``tensor``'s storage was
+    resized in place (no op the dispatcher sees does that); on CUDA the allocator's
+    counters see it already."""
+    for tracker in _TRACKERS:
+        tracker.resized(tensor)
+
+
 class LiveStorages(TorchDispatchMode):
     """Tracks the bytes of every storage an op produces until it is freed."""
 
@@ -68,6 +79,27 @@ class LiveStorages(TorchDispatchMode):
         if ref.cdata not in self._live and ref.cdata not in self._excluded:
             self._live[ref.cdata] = (ref, storage.nbytes())
             self.current += storage.nbytes()
+
+    def resized(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage was resized in place (ZeRO 3's gathered weights, freed to
+        no bytes and grown again): counted at its new size from now on."""
+        storage = tensor.untyped_storage()
+        ref = StorageWeakRef(storage)
+        if ref.cdata in self._excluded:
+            return
+        _, before = self._live.get(ref.cdata, (ref, 0))
+        self._live[ref.cdata] = (ref, storage.nbytes())
+        self.current += storage.nbytes() - before
+        self.peak = max(self.peak, self.current)
+        self.window_peak = max(self.window_peak or 0, self.current)
+
+    def __enter__(self):
+        _TRACKERS.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *failure):
+        _TRACKERS.remove(self)
+        return super().__exit__(*failure)
 
     def _forget_freed(self) -> None:
         for key, (ref, nbytes) in list(self._live.items()):
@@ -394,6 +426,7 @@ def measure_step(
     device: torch.device,
     after_backward: Callable[[], None] | None = None,
     optimizer_step: Callable[[], Callable[[], None]] | None = None,
+    held: list[torch.Tensor] | None = None,
 ) -> Measurement:
     """The memory of one training step of ``run(record)`` (the forward, whose result's
     ``output`` the loss sums) over ``parameters``, in the order Adam gets them, with the
@@ -404,7 +437,9 @@ def measure_step(
     tensor-parallel rank's sum of its replicated weights' gradients over the ranks).
     ``optimizer_step``: made before the forward (what it holds the whole step, such as
     masters, is made then), the step it returns run after the backward; None:
-    :func:`adam_step` of ``parameters`` (one device's)."""
+    :func:`adam_step` of ``parameters`` (one device's). ``held``: the tensors
+    ``parameter_bytes`` counts, never counted again (None: ``parameters``; ZeRO 3's rank
+    holds its shard, its whole parameters counted while they are gathered)."""
     from attnctl.nn import no_record
 
     stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
@@ -428,7 +463,7 @@ def measure_step(
             method = "max_memory_allocated"
         else:
             tracker = LiveStorages()
-            for parameter in parameters:
+            for parameter in parameters if held is None else held:
                 tracker.exclude(parameter)
             for tensor in given:
                 tracker.add(tensor)

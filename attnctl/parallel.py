@@ -145,11 +145,6 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
                 "--measure runs --dp alone (with --tp 1 and --cp 1); --dp with --tp or --cp "
                 "is estimated only: leave out --measure, or --tp and --cp"
             )
-        if layout.zero == 3:
-            raise AttnctlError(
-                "--measure: --zero 3 is not run on torch.distributed yet: its estimate is "
-                "shown without --measure (--zero 0, 1 and 2 are measured)"
-            )
         if layout.ranks > MOST_PROCESSES:
             raise AttnctlError(
                 f"--measure would start {layout.ranks} processes (--tp × --cp × --dp); "

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,7 +213,10 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     A data-parallel copy (``dp`` D > 1, T = 1) draws token ids of its own (seed + its
     rank), averages every gradient over the copies after the backward
     (:func:`mean_gradients`) and steps Adam on every tensor (``zero`` 0) or on its pieces
-    of the flat buffer, handing them to the others after (``zero`` 1, :func:`zero_step`).
+    of the flat buffer, handing them to the others after (``zero`` 1, :func:`zero_step`;
+    ``zero`` 2 reduce-scatters each gradient as it arrives, :class:`GradientShard`), or
+    holds only its pieces of the weights too, each unit gathered while it is read
+    (``zero`` 3, :class:`ShardedWeights`).
     ``gradients``: also hand back every tensor's gradient (a test's oracle: the single
     device's, cut the same way); ``parameters``: every tensor after the step."""
     import torch
@@ -253,24 +257,37 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
         layers, named, stack = full.layers, shard, plan.description
         parameters = [shard[e.targets[0]].requires_grad_() for e in full.source.table]
     held = named if model is None else shard  # the stack's copies; a checkpoint's all
+    mixed = config.dtype != "float32"
+    zero = int(task.get("zero", 0))
+    sharded = None  # ZeRO 3: the rank's shard of every trained tensor, the rest gathered
+    if place.dp > 1 and zero == 3:
+        name_of = {id(tensor): name for name, tensor in named.items()}
+        trained = [name_of[id(parameter)] for parameter in parameters]  # Adam's order
+        sharded = ShardedWeights(named, trained, place.dp, place.dp_rank, mixed)
+        untrained = [t for name, t in held.items() if name not in set(trained)]
+        held = {"shard": sharded.shard, **{f"whole.{n}": t for n, t in enumerate(untrained)}}
+        named, parameters = sharded.named, sharded.leaves
+        del shard
     parameter_bytes = sum(t.numel() * t.element_size() for t in held.values())
 
     def run(record):
         return forward(stack, named, token_ids, last=layers - 1, record=record, group=group,
-                       training=True)  # fmt: skip
+                       training=True, gather=sharded)  # fmt: skip
 
     summed = sum_replicated_gradients(named, full, group)
-    mixed = config.dtype != "float32"
     step = None
-    zero = int(task.get("zero", 0))
-    shards: list[Any] = []  # ZeRO 2: the rank's gradient pieces, once the step has made them
+    shards: list[Any] = []  # ZeRO 2, 3: the rank's gradient pieces, once the step has made them
+    measured_held = None
     if place.dp > 1:
         summed = None if zero >= 2 else mean_gradients(parameters, place.dp)
-        if zero:
+        if sharded is not None:
+            step = lambda: sharded.step(shards)  # noqa: E731
+            measured_held = [sharded.shard]  # the leaves are counted while gathered
+        elif zero:
             step = lambda: zero_step(parameters, mixed, place.dp, place.dp_rank,  # noqa: E731
                                      shards if zero >= 2 else None)  # fmt: skip
     measured = measure_step(run, parameters, [token_ids], parameter_bytes, mixed, device, summed,
-                            step)  # fmt: skip
+                            step, measured_held)  # fmt: skip
     result = {
         "rank": place.rank,
         "parameter_bytes": measured.parameter_bytes,
@@ -293,6 +310,8 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
             k: v.grad.float().cpu().tolist() for k, v in named.items() if v.grad is not None
         }
     if task.get("parameters"):
+        if sharded is not None:  # every unit gathered again, after the measurement
+            sharded.gather_all()
         result["parameters"] = {k: v.detach().float().cpu().tolist() for k, v in named.items()}
     return result
 
@@ -372,9 +391,10 @@ class GradientShard:
 
     def __init__(
         self, parameters: list[Any], owned: list[list[tuple[int, int, int]]], rank: int,
-        copies: int,
+        copies: int, gone: Callable[[int], None] | None = None,
     ) -> None:  # fmt: skip
         self.parameters, self.owned, self.rank, self.copies = parameters, owned, rank, copies
+        self.gone = gone  # told each tensor's index once its gradient is freed (ZeRO 3)
         self.owners: dict[int, list[tuple[int, int, int]]] = {}  # tensor -> (owner, first, end)
         for owner, ranges in enumerate(owned):
             for index, first, end in ranges:
@@ -411,8 +431,161 @@ class GradientShard:
                         self.pieces[index].copy_(gradient[first:end]).div_(self.copies)
             parameter.grad = gradient = None
             _wait_until_freed(freed)
+            if self.gone is not None:
+                self.gone(index)
 
         return hook
+
+
+class ShardedWeights:
+    """ZeRO 3 on data-parallel rank ``rank`` of ``copies``, as FSDP with one unit a block
+    and one for the trained weights outside the blocks (unit -1: the embeddings'): the
+    rank holds ``shard``, S = ⌈n / copies⌉ values in the weights' dtype, its pieces of
+    the ``trained`` tensors end to end (``parallel.zero_ranges``); the rest of ``named``
+    (an untrained head) stays whole.
+
+    Autograd sees ``leaves``: each trained tensor whole, its storage freed (resized to no
+    bytes) while its unit is not gathered. ``nn.model.forward`` calls the object before
+    each unit (its ``gather``): the unit read before is freed, a hook put on its output
+    gathers it again when the backward reaches it, and the next is gathered: its storages
+    grown back and every piece broadcast from its owner (through an alias of the storage,
+    so that the leaf's version, which autograd checks, does not change). The gradients
+    go as ZeRO 2's (:class:`GradientShard`); a unit is freed once its last has gone.
+    ``measure.storage_resized`` tells the measurement of each resize."""
+
+    def __init__(
+        self, named: dict[str, Any], trained: list[str], copies: int, rank: int, mixed: bool
+    ) -> None:
+        import torch
+
+        from attnctl.parallel import zero_ranges
+
+        self.copies, self.rank, self.mixed = copies, rank, mixed
+        tensors = [named[name] for name in trained]
+        sizes = [t.numel() for t in tensors]
+        self.owned = [zero_ranges(sizes, copies, owner) for owner in range(copies)]
+        self.owners: dict[int, list[tuple[int, int, int]]] = {}  # tensor -> (owner, first, end)
+        for owner, ranges in enumerate(self.owned):
+            for index, first, end in ranges:
+                self.owners.setdefault(index, []).append((owner, first, end))
+        like = tensors[0]
+        self.shard = torch.empty(-(-sum(sizes) // copies), dtype=like.dtype, device=like.device)
+        self.pieces: list[Any] = []  # views of the shard (S,): the rank's pieces, then padding
+        self.mine: dict[int, Any] = {}  # tensor index -> the rank's piece of it
+        offset = 0
+        with torch.no_grad():
+            for index, first, end in self.owned[rank]:
+                piece = self.shard[offset : offset + end - first]
+                piece.copy_(tensors[index].detach().reshape(-1)[first:end])
+                self.pieces.append(piece)
+                self.mine[index] = piece
+                offset += end - first
+        self.leaves: list[Any] = []
+        self.aliases: list[Any] = []  # (n,) on each leaf's storage, a version of its own
+        for tensor in tensors:
+            leaf = torch.empty_like(tensor).requires_grad_()
+            alias = torch.empty(0, dtype=leaf.dtype, device=leaf.device)
+            alias.set_(leaf.untyped_storage(), 0, (leaf.numel(),))
+            leaf.untyped_storage().resize_(0)
+            self.leaves.append(leaf)
+            self.aliases.append(alias)
+        kept = set(trained)
+        self.named = {name: tensor for name, tensor in named.items() if name not in kept}
+        self.named.update(zip(trained, self.leaves, strict=True))
+        self.unit_of = [_unit(name) for name in trained]
+        self.units: dict[int, list[int]] = {}
+        for index, unit in enumerate(self.unit_of):
+            self.units.setdefault(unit, []).append(index)
+        self.gathered: set[int] = set()
+        self.waiting: dict[int, int] = {}  # unit -> gradients still to go (the backward)
+        self.forward_unit: int | None = None
+
+    def __call__(self, unit: int, hidden) -> None:
+        """``nn.model.forward``'s ``gather``: before ``unit`` (-1, then each block, then
+        one past the last), with its input ``hidden``, the previous unit's output."""
+        previous, self.forward_unit = self.forward_unit, unit
+        if previous is not None:
+            self._free(previous)
+            if hidden is not None and hidden.requires_grad:  # its backward starts there
+                hidden.register_hook(lambda gradient, unit=previous: self._gather(unit))
+        self._gather(unit)
+
+    def _gather(self, unit: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from attnctl.measure import storage_resized
+
+        if unit in self.gathered or unit not in self.units:
+            return
+        self.gathered.add(unit)
+        self.waiting[unit] = len(self.units[unit])
+        for index in self.units[unit]:
+            leaf = self.leaves[index]
+            leaf.untyped_storage().resize_(leaf.numel() * leaf.element_size())
+            storage_resized(leaf)
+        with torch.no_grad():
+            for index in self.units[unit]:
+                alias = self.aliases[index]
+                for owner, first, end in self.owners.get(index, ()):
+                    if owner == self.rank:
+                        alias[first:end].copy_(self.mine[index])
+                    dist.broadcast(alias[first:end], src=owner)
+
+    def _free(self, unit: int) -> None:
+        from attnctl.measure import storage_resized
+
+        if unit not in self.gathered:
+            return
+        self.gathered.discard(unit)
+        for index in self.units[unit]:
+            self.leaves[index].untyped_storage().resize_(0)
+            storage_resized(self.leaves[index])
+
+    def gone(self, index: int) -> None:
+        """Tensor ``index``'s gradient has gone to its owners: its unit is freed after the
+        last of them."""
+        unit = self.unit_of[index]
+        self.waiting[unit] = self.waiting.get(unit, 1) - 1
+        if self.waiting[unit] == 0:
+            self._free(unit)
+
+    def gather_all(self) -> None:
+        for unit in self.units:
+            self._gather(unit)
+
+    def step(self, shards: list):
+        """The optimizer step, made before the forward: Adam (foreach=False) on the rank's
+        pieces of the shard (under mixed precision on float32 master pieces made now,
+        copied back after), their gradients the rank's pieces of :class:`GradientShard`,
+        whose hooks go on the leaves now; nothing is broadcast (the next forward gathers).
+        ``shards`` gets (tensor index, first value, gradient piece)."""
+        import torch
+
+        masters = [piece.float() for piece in self.pieces] if self.mixed else self.pieces
+        optimizer = torch.optim.Adam(masters, foreach=False) if masters else None
+        gradients = GradientShard(self.leaves, self.owned, self.rank, self.copies, self.gone)
+
+        def step() -> None:
+            for (index, first, _), master in zip(self.owned[self.rank], masters, strict=True):
+                gradient = gradients.pieces[index]
+                shards.append((index, first, gradient))
+                master.grad = gradient.float() if self.mixed else gradient
+            if optimizer is not None:
+                optimizer.step()
+            if self.mixed:
+                with torch.no_grad():
+                    for piece, master in zip(self.pieces, masters, strict=True):
+                        piece.copy_(master)
+
+        return step
+
+
+def _unit(name: str) -> int:
+    """ZeRO 3's unit of a weight: its block, or -1 (outside the blocks)."""
+    if name.startswith("blocks."):
+        return int(name.split(".", 2)[1])
+    return -1
 
 
 def _wait_until_freed(storage, seconds: float = 1.0) -> None:

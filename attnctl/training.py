@@ -105,13 +105,15 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     )
 
 
-def _replay_stack(plan: Plan, layers: int, shard: int | None = None) -> Replayed:
+def _replay_stack(
+    plan: Plan, layers: int, shard: int | None = None, units: tuple[int, ...] | None = None
+) -> Replayed:
     """The replay of ``layers`` blocks: its own up to EXACT_LAYERS, carried on along a
     straight line above (without the windows and the saved bytes by stage)."""
     if layers <= EXACT_LAYERS:
-        return _replay(plan, layers, shard)
-    before = _replay(plan, EXACT_LAYERS - 1, shard)
-    last = _replay(plan, EXACT_LAYERS, shard)
+        return _replay(plan, layers, shard, units)
+    before = _replay(plan, EXACT_LAYERS - 1, shard, units)
+    last = _replay(plan, EXACT_LAYERS, shard, units)
     more = layers - EXACT_LAYERS
     peaks = tuple(
         b + more * (b - a) for a, b in zip(before.phase_peaks, last.phase_peaks, strict=True)
@@ -135,16 +137,21 @@ class StepReplay:
     optimizer_step_state_bytes: int
 
 
-def replay_step(plan: Plan, layers: int, shard: int | None = None) -> StepReplay:
+def replay_step(
+    plan: Plan, layers: int, shard: int | None = None, units: tuple[int, ...] | None = None
+) -> StepReplay:
     """The replay of ``layers`` of the plan's block (a rank's plan too), whatever the
     plan's own depth: a pipeline stage's blocks. ``shard`` (ZeRO 2 and 3): each
     parameter's gradient is freed as soon as it is made, reduce-scattered into a shard
     of ``shard`` bytes the first one's hook makes; the shard is the optimizer step's
-    gradients (in its state)."""
+    gradients (in its state). ``units`` (ZeRO 3): the bytes of the weights gathered for
+    the embeddings' unit, then for each block (the last standing for any after it):
+    each gathered while its forward runs and again from its first node in the backward
+    to its last gradient (``rank.ShardedWeights``)."""
     if plan.config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {plan.config.impl!r}")
     refuse_unreplayable(plan, layers)
-    replayed = _replay_stack(plan, layers, shard)
+    replayed = _replay_stack(plan, layers, shard, units)
     sizes = parameter_sizes(plan, layers)
     masters, state = optimizer_state(sizes, plan.config.dtype)
     # the gradients the replay's backward made (or the shard it made), not the sizes' (a
@@ -262,8 +269,10 @@ class Replayed(NamedTuple):
     gradient_bytes: int = 0
 
 
-def _replay(plan: Plan, layers: int, shard: int | None = None) -> Replayed:
-    """The step replayed, a layer at a time (``shard``: ``replay_step``'s)."""
+def _replay(
+    plan: Plan, layers: int, shard: int | None = None, units: tuple[int, ...] | None = None
+) -> Replayed:
+    """The step replayed, a layer at a time (``shard``, ``units``: ``replay_step``'s)."""
     config = plan.config
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
@@ -271,6 +280,9 @@ def _replay(plan: Plan, layers: int, shard: int | None = None) -> Replayed:
     count = sum(sizes)
 
     r = Replay(gradient_shard_bytes=shard)
+    if units is not None:
+        r.unit_bytes = {-1: units[0]}
+        r.unit_bytes.update({n: units[min(n + 1, len(units) - 1)] for n in range(layers)})
     if mixed:  # float32 master weights exist for the whole run
         r.new(count * FP32)
     stages = _stack(plan, layers)
@@ -288,6 +300,8 @@ def _replay(plan: Plan, layers: int, shard: int | None = None) -> Replayed:
             continue
         walk.block, walk.base = block, base
         r.origin = base
+        if r.unit_bytes is not None:  # ZeRO 3: the forward gathers the stage's unit
+            r.enter_unit(block if stage.name.startswith("blocks.") else -1)
         ins = [walk.tensors[name] for name in stage.reads]
         walk.tensors[stage.name] = ENTRIES[base](walk, stage, ins)
         for owner in last_use.get(index, ()):
@@ -301,6 +315,7 @@ def _replay(plan: Plan, layers: int, shard: int | None = None) -> Replayed:
         walk.then.clear()
         walk.later.clear()
     output = walk.tensors[stages[-1][2].name]
+    r.enter_unit(None)  # ZeRO 3: the last unit freed before the loss
     r.origin = "loss"
     loss = r.new(e)  # output.sum()
     r.node(loss, (output,), (), (("pass", 0),))

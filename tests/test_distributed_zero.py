@@ -1,8 +1,9 @@
-"""``memory --measure --train --dp D --zero 0|1|2``: D data-parallel copies run on
+"""``memory --measure --train --dp D --zero 0|1|2|3``: D data-parallel copies run on
 torch.distributed (gloo), each on token ids of its own, their gradients averaged (an
 all_reduce; under ZeRO 2 each reduced onto its pieces' owners as it arrives, then freed),
 Adam on every tensor (ZeRO 0) or on the rank's pieces of Megatron's flat buffer,
-broadcast to the others after (ZeRO 1 and 2). Each rank's training step is held to its
+broadcast to the others after (ZeRO 1 and 2) or kept sharded, each unit's weights
+gathered while it is read (ZeRO 3). Each rank's training step is held to its
 own estimate (``Split.per_device(..., rank)``: under ZeRO 1 its pieces) phase by phase,
 to the byte; its gradients to one device's of the whole batch (the copies' token ids
 together, the loss / D); its weights after the step to one device's Adam step.
@@ -49,7 +50,7 @@ def _checkpoint(model, dtype: str) -> LayerConfig:
 def _cases(dp: int, llama) -> list[SplitCase]:
     cases = []
     for dtype in ("float32", "bfloat16"):
-        for zero in (0, 1, 2):
+        for zero in (0, 1, 2, 3):
             layout = Layout(dp=dp, zero=zero)
             cases.append(SplitCase(_layer(dtype), LENGTH, BATCH, VOCAB, layout, None, True, 2))
             config = _checkpoint(llama, dtype)
@@ -143,10 +144,10 @@ def _whole_batch_gradients(case: SplitCase, full: ModelDescription) -> dict[str,
 def _oracle_cases(dp: int, llama) -> list[SplitCase]:
     cases = []
     for dtype, zero in (("float32", 0), ("float32", 1), ("bfloat16", 1), ("float32", 2),
-                        ("bfloat16", 2)):  # fmt: skip
+                        ("bfloat16", 2), ("float32", 3), ("bfloat16", 3)):  # fmt: skip
         layout = Layout(dp=dp, zero=zero)
         cases.append(SplitCase(_layer(dtype), LENGTH, BATCH, VOCAB, layout, None, True, 2))
-    for zero in (1, 2):
+    for zero in (1, 2, 3):
         layout = Layout(dp=dp, zero=zero)
         cases.append(
             SplitCase(_checkpoint(llama, "float32"), LENGTH, BATCH, llama.vocab_size, layout,
@@ -245,7 +246,6 @@ def test_memory_measure_dp_zero_prints_each_rank(invoke):
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--zero", "3"), "--zero 3 is not run on torch.distributed yet: its estimate is"),
         (("--tp", "2"), "--dp with --tp or --cp is estimated only"),
         (("--cp", "2"), "--dp with --tp or --cp is estimated only"),
         (("--dp", "65"), "--measure would start 65 processes"),

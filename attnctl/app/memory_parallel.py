@@ -330,7 +330,7 @@ class Split:
         self._plans: dict[tuple[int, int, int], Plan] = {}  # kept between calls (--budget)
         self._peaks: dict[tuple[int, int, int, bool], int] = {}
         self._saved: dict[tuple[int, int], tuple[SavedActivations, int]] = {}
-        self._steps: dict[tuple[int, int, int, int | None], StepReplay] = {}
+        self._steps: dict[tuple, StepReplay] = {}  # (length, micro, blocks, shard, units)
         self._optimizers: dict[int, list[RankOptimizer]] = {}  # per stage: its rank kinds
         self._ends: dict[int, list[int]] = {}  # per stage: the trained sizes' running sums
         self._sizes: dict[int, list[int]] = {}  # per stage: trained_sizes
@@ -378,6 +378,19 @@ class Split:
             shares = rank_weights(self.description, one_each, block, self.layers)
             values.append(sum(s.values * s.copies for s in shares if not _shared(s, shared)))
         return values
+
+    def unit_bytes(self, stage: int) -> tuple[int, ...]:
+        """ZeRO 3's gathered units of the stage's step, as ``training.replay_step`` takes
+        them: the trained weights outside the blocks (the embeddings', on the first
+        stage), then each block's."""
+        trained, e = self._trained(stage), self.element
+        if self.model is None:
+            shared = sum(s.values for s in trained if s.name.startswith(SHARED_FIRST))
+            return (shared * e, self.block_values[0] * e)
+        source = self.model.source
+        keys = {entry.key for entry in source.table + source.head_table if entry.block < 0}
+        shared = sum(s.values * s.copies for s in trained if _shared(s, keys))
+        return (shared * e, *(self.block_values[b] * e for b in self.ranges[stage]))
 
     def rank_optimizer(self, stage: int, rank: int = 0) -> RankOptimizer:
         """What Adam holds on data-parallel rank ``rank`` (of D·C) of the stage: every
@@ -515,17 +528,23 @@ class Split:
         return per_micro, working, blocks * (saved.block_bytes - per_block)
 
     def step_replay(
-        self, length: int, micro: int, blocks: int, shard: int | None = None
+        self,
+        length: int,
+        micro: int,
+        blocks: int,
+        shard: int | None = None,
+        units: tuple[int, ...] | None = None,
     ) -> StepReplay:
         """The single-device step of ``blocks`` of the rank's block over its embeddings,
-        kept by (length, micro-batch, blocks, shard) between calls (--budget). ``shard``:
-        the bytes of ZeRO 2's and 3's gradient shard, which each gradient is
-        reduce-scattered into as it arrives (``training.replay_step``)."""
+        kept by (length, micro-batch, blocks, shard, units) between calls (--budget).
+        ``shard``: the bytes of ZeRO 2's and 3's gradient shard, which each gradient is
+        reduce-scattered into as it arrives; ``units``: ZeRO 3's gathered weights
+        (``training.replay_step``)."""
         from attnctl.training import replay_step
 
-        key = (length, micro, blocks, shard)
+        key = (length, micro, blocks, shard, units)
         if key not in self._steps:
-            self._steps[key] = replay_step(self.plan(length, micro), blocks, shard)
+            self._steps[key] = replay_step(self.plan(length, micro), blocks, shard, units)
         return self._steps[key]
 
     def trained_sizes(self, stage: int) -> list[int]:
@@ -562,20 +581,24 @@ class Split:
         rank ``optimizer_of``, rank 0 when None: under ZeRO its pieces'). Beside the
         forward and the backward: the other micro-batches in flight (their saved
         activations), the gradients accumulated from earlier micro-batches when there are
-        more in the step than in flight, ZeRO 3's gathered block; ``--recompute`` takes
-        out what it does not save and adds one block's recomputation to the backward.
-        Under ZeRO 2 and 3 the replay frees each gradient as it arrives (its hook
-        reduce-scatters it into the rank's shard, made by the first one's).
+        more in the step than in flight; ``--recompute`` takes out what it does not save
+        and adds one block's recomputation to the backward. Under ZeRO 2 and 3 the replay
+        frees each gradient as it arrives (its hook reduce-scatters it into the rank's
+        shard, made by the first one's); under ZeRO 3 it gathers each unit's weights (the
+        embeddings', each block's) while they are read (``unit_bytes``).
         """
-        weights, gradients, optimizer, masters, gathered = state
+        weights, gradients, optimizer, masters, _gathered = state  # gathered: replayed
         blocks = len(self.ranges[stage])
-        shard = gradients if self.layout.zero >= 2 else None  # reduce-scattered into
-        replay = self.step_replay(length, micro, blocks, shard)
-        forward, backward, step = replay.phase_peak_bytes
-        per_micro, working, not_saved = self.recompute_parts(length, micro, stage)
         held = in_flight(stage, self.layout.pp, micro_batches)
         accumulated = gradients if micro_batches > held else 0
-        around = weights + gathered + masters + accumulated + (held - 1) * per_micro
+        shard = None  # ZeRO 2, 3: what the gradients are reduce-scattered into, made by the
+        if self.layout.zero >= 2:  # first one, or held already (accumulated) from then on
+            shard = 0 if accumulated else gradients
+        units = self.unit_bytes(stage) if self.layout.zero == 3 else None  # gathered
+        replay = self.step_replay(length, micro, blocks, shard, units)
+        forward, backward, step = replay.phase_peak_bytes
+        per_micro, working, not_saved = self.recompute_parts(length, micro, stage)
+        around = weights + masters + accumulated + (held - 1) * per_micro
         forward_peak = around + forward - replay.master_bytes - not_saved
         backward_peak = around + backward - replay.master_bytes - not_saved + working
         rest = step - replay.optimizer_step_state_bytes  # the inputs, what the backward left
@@ -783,8 +806,9 @@ class Split:
                 )
             if layout.zero == 3:
                 said.append(
-                    "ZeRO 3 gathers a block's parameters while it computes: the largest "
-                    "block's are counted once in the forward and the backward (gathered)"
+                    "ZeRO 3 gathers a unit's weights (the embeddings', each block's) while "
+                    "its forward runs, and again from its backward's first node to its "
+                    "last gradient, one unit at a time (gathered: the largest block's)"
                 )
             if layout.pp > 1:
                 said.append(

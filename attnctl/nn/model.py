@@ -7,7 +7,7 @@ the sublayer is done with: the run holds what the plan (``plan.py``) says it hol
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +73,7 @@ def forward(
     caches: list[dict[str, KVCache]] | None = None,
     offset: int = 0,
     group: TensorGroup | None = None,
+    gather: Callable[[int, torch.Tensor | None], None] | None = None,
 ) -> ModelOutput:
     """Run blocks 0..last on token ids (B, L), or on ``embeddings`` (B, L, D) given
     instead of the lookup (positions are still added).
@@ -95,7 +96,14 @@ def forward(
     its cut description (``plan_parallel.rank_description``) and ``weights`` its share
     (``collectives.shard_weights``); the embedding is looked up in its vocabulary rows.
     Under sequence parallelism the output holds this rank's L / T tokens.
+
+    ``gather`` (ZeRO 3, ``rank.ShardedWeights``): called as ``gather(-1, None)`` before the
+    embeddings, ``gather(n, hidden)`` before block n with its input, and ``gather(last +
+    1, output)`` after the last block, so that a rank can gather the weights about to be
+    read and free those read before.
     """
+    if gather is not None:
+        gather(-1, None)
     if records is None:
         records = {} if recorded is None else {recorded: record}
     recording = records[min(records)] if records else no_record
@@ -135,6 +143,8 @@ def forward(
     windows: dict[int, torch.Tensor] = {}
     shown_weights: dict[tuple[int, str], tuple[torch.Tensor, int]] = {}
     for n in range(last + 1):
+        if gather is not None:
+            gather(n, hidden)
         block_record = records.get(n, no_record)
         if n > 0:
             block_record("hidden", hidden, "B L D" if group is None else group.hidden)
@@ -171,6 +181,8 @@ def forward(
                 hidden = result.output
             else:
                 hidden = feed_forward(sublayer, own, owned, block_record, group)
+    if gather is not None:
+        gather(last + 1, hidden)
     if result is None:
         return ModelOutput(hidden, None, None, windows, shown_weights)
     return ModelOutput(hidden, result.attention_output, result.weights, windows, shown_weights)
