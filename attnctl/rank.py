@@ -417,20 +417,23 @@ class GradientShard:
     def _arrived(self, index: int):
         import torch
         import torch.distributed as dist
-        from torch.multiprocessing.reductions import StorageWeakRef
+
+        from attnctl.nn.collectives import _released
 
         def hook(parameter) -> None:
             gradient = parameter.grad.view(-1)  # (n,)
             if self.buffer is None:
                 self._make_buffer(gradient)
-            freed = StorageWeakRef(gradient.untyped_storage())
             with torch.no_grad():
                 for owner, first, end in self.owners.get(index, ()):
-                    dist.reduce(gradient[first:end], dst=owner)
+                    piece = gradient[first:end]  # an alias of its own, handed to gloo
+                    dist.reduce(piece, dst=owner)
                     if owner == self.rank:
-                        self.pieces[index].copy_(gradient[first:end]).div_(self.copies)
-            parameter.grad = gradient = None
-            _wait_until_freed(freed)
+                        self.pieces[index].copy_(piece).div_(self.copies)
+                    handed = [piece]
+                    del piece
+                    _released(handed)  # gloo lets go of it a moment after the reduce
+            parameter.grad = gradient = None  # freed before the next op
             if self.gone is not None:
                 self.gone(index)
 
@@ -586,16 +589,6 @@ def _unit(name: str) -> int:
     if name.startswith("blocks."):
         return int(name.split(".", 2)[1])
     return -1
-
-
-def _wait_until_freed(storage, seconds: float = 1.0) -> None:
-    """Until ``storage`` is freed: gloo's worker thread lets go of the tensors a
-    collective was handed a moment after ``wait()`` has returned, so without this the
-    gradient would live on into the next op on some steps and not on others. At most
-    ``seconds`` (a storage something else holds is left as it is)."""
-    deadline = time.monotonic() + seconds
-    while not storage.expired() and time.monotonic() < deadline:
-        time.sleep(0.0001)
 
 
 def sum_replicated_gradients(named: dict[str, Any], full, group):
