@@ -29,6 +29,7 @@ class Case:
     batch: int = 1
     model: str = ""  # a checkpoint folder: its block ``layer`` (after blocks 0 … layer - 1)
     layer: int = 0
+    train: bool = False  # the backward of (output ∘ probe).sum() instead of a measured forward
 
 
 @dataclass
@@ -40,6 +41,13 @@ class RankResult:
     stages: list[tuple[str, tuple[int, ...], str]]  # recorded: name, shape, dtype
     kv_cache_bytes: int  # the K and V this rank keeps (its L/C tokens)
     ops: list[str]  # the aten / c10d ops the dispatch mode saw, once each
+    gradients: dict | None = None  # a training case's: every weight's gradient here
+
+
+def probe(case: Case, width: int) -> torch.Tensor:
+    """A training case's (B, L, D) weights of the output in the loss, the same everywhere."""
+    generator = torch.Generator().manual_seed(4321)
+    return torch.randn(case.batch, case.seq_len, width, generator=generator)
 
 
 def token_ids(case: Case, vocab_size: int = VOCAB) -> torch.Tensor:
@@ -123,7 +131,37 @@ def _rank_main(rank: int, size: int, port: int, cases: list[Case], results) -> N
         results.put((rank, traceback.format_exc()))
 
 
+def _train_case(rank: int, size: int, case: Case) -> RankResult:
+    """The rank's chunk of the layer forward and backward (ring attention's own backward):
+    its output and every weight's gradient, this rank's share (the ranks' sum is one
+    device's)."""
+    from attnctl.nn.model import forward
+    from attnctl.nn.ring_attention import Ring, running
+    from attnctl.nn.weights import model_weights
+    from attnctl.parallel import Layout
+    from attnctl.plan_parallel import rank_plan
+
+    config, model, vocab_size = setting(case)
+    plan = rank_plan(config, case.seq_len, case.batch, vocab_size, Layout(cp=size), model,
+                     case.layer, cp_rank=rank)  # fmt: skip
+    torch.manual_seed(config.seed)
+    weights = model_weights(plan.description, plan.config, torch.device("cpu"), blocks=None)
+    named = {k: v.detach().requires_grad_() for k, v in weights.named.items()}
+    chunk = case.seq_len // size
+    ids = token_ids(case, vocab_size)[:, rank * chunk : (rank + 1) * chunk].clone()  # (B, L/C)
+    ring = Ring(rank, size, case.seq_len)
+    with running(ring):
+        output = forward(plan.description, named, ids, last=case.layer, offset=ring.offset,
+                         training=True).output  # (B, L/C, D)  # fmt: skip
+    mine = probe(case, output.shape[-1])[:, rank * chunk : (rank + 1) * chunk]
+    (output.float() * mine).sum().backward()
+    gradients = {k: v.grad.float().tolist() for k, v in named.items() if v.grad is not None}
+    return RankResult(output.detach().float().tolist(), 0, (), [], 0, [], gradients)
+
+
 def _run_case(rank: int, size: int, case: Case) -> RankResult:
+    if case.train:
+        return _train_case(rank, size, case)
     from attnctl.measure import LiveStorages, _measure_dispatch
     from attnctl.nn.model import forward
     from attnctl.nn.ring_attention import Ring, running

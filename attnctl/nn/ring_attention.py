@@ -81,7 +81,26 @@ def current() -> Ring | None:
 def attend(config: LayerConfig, held: list[torch.Tensor], ring: Ring, record: Record):
     """``held = [q, k, v]``, Q heads (B, H, L/C, d_k) and this rank's K, V heads
     (B, Hkv, L/C, d_k), taken out: the attended values (B, H, L/C, d_k) in the dtype,
-    equal to one device's softmax(Q·Kᵀ)·V over the whole sequence's keys."""
+    equal to one device's softmax(Q·Kᵀ)·V over the whole sequence's keys. When autograd
+    records (a training step) it runs as :class:`RingAttention`, whose backward is a
+    ring of its own."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in held):
+        q, k, v = held
+        held.clear()
+        return RingAttention.apply(q, k, v, config, ring, record)
+    return _attend(config, held, ring, record)  # takes them out: each freed when done
+
+
+def _attend(
+    config: LayerConfig,
+    held: list[torch.Tensor],
+    ring: Ring,
+    record: Record,
+    kept: list[torch.Tensor] | None = None,
+):
+    """:func:`attend`'s forward. ``kept`` (a training step's): gets the K and V chunks
+    sent (one block of memory each) and each query row's log-sum-exp (B, H, L/C) in
+    float32, what the backward needs besides Q and the output."""
     q, k, v = held
     held.clear()
     dtype = q.dtype
@@ -97,6 +116,8 @@ def attend(config: LayerConfig, held: list[torch.Tensor], ring: Ring, record: Re
     record("ring_k", k, chunk)
     v = v.contiguous()  # (B, Hkv, L/C, d_k)
     record("ring_v", v, chunk)
+    if kept is not None:
+        kept += [k, v]
     ranks, rank = ring.size, ring.rank
     last = last_step(ranks, rank, causal)
     queries = [q]  # taken out by the last step, the last to score them
@@ -129,7 +150,8 @@ def attend(config: LayerConfig, held: list[torch.Tensor], ring: Ring, record: Re
         if not sending:  # the step takes the chunk out: freed once it is done with it
             k = v = None
         diagonal = step == 0  # the rank's own chunk: the causal mask within it
-        _step(config, name, queries, step == last, chunks, state, causal and diagonal, record)
+        _step(config, name, queries, step == last, chunks, state, causal and diagonal, record,
+              keep_max=kept is not None)  # fmt: skip
         while works:  # each work holds its tensor: dropped once waited on
             works.pop(0).wait()
         if sending:  # sent: freed
@@ -145,6 +167,9 @@ def attend(config: LayerConfig, held: list[torch.Tensor], ring: Ring, record: Re
             v = v_next
             del v_next
     del k, v
+    if kept is not None:  # log(sum) + max: each row's log-sum-exp, (B, H, L/C) float32
+        kept.append(state["sum"].log().add_(state.pop("max")))
+        record("ring_lse", kept[-1], "B H L/C")
     accumulated = state.pop("output")  # (B, H, L/C, d_k), float32
     attended = accumulated.div_(state.pop("sum").unsqueeze(-1))  # (B, H, L/C, d_k), in place
     del accumulated
@@ -164,6 +189,7 @@ def _step(
     state: dict[str, torch.Tensor],
     masked: bool,
     record: Record,
+    keep_max: bool = False,
 ) -> None:
     """One ring step's online softmax: the local queries' scores against the K, V chunk
     held now, folded into ``state`` (``max``, ``sum``: (B, H, L/C); ``output``:
@@ -206,7 +232,7 @@ def _step(
         del block_max  # (kept as the running max)
     probabilities = scores.sub_(state["max"].unsqueeze(-1)).exp_()  # (B, H, L/C, L/C)
     del scores
-    if last:  # no later step reads the running max
+    if last and not keep_max:  # no later step reads the running max
         del state["max"]
     record(name + "probabilities", probabilities, "B H L/C L/C")
     block_sum = probabilities.sum(dim=-1)  # (B, H, L/C)
@@ -232,3 +258,127 @@ def _step(
         state["output"].mul_(correction.unsqueeze(-1)).add_(partial)  # in place
     del partial, correction
     record(name + "output", state["output"], "B H L/C d_k")
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention under autograd. The forward is :func:`attend`'s, keeping Q, this
+    rank's K and V chunks, the output and each query row's log-sum-exp. The backward is
+    a ring of its own: D = rowsum(dO ∘ O) (B, H, L/C); then, chunk by chunk in the
+    forward's order, the probabilities recomputed from the scores and the log-sum-exp,
+    dQ summed here (float32) and each chunk's dK, dV summed (float32) into accumulators
+    that travel with the chunk from rank to rank (``batch_isend_irecv``: the chunk and
+    its accumulators to the next rank, the one before's received), so that every rank
+    scoring a chunk adds its share. Each accumulator then goes home: without the causal
+    mask the last rank to score chunk j is j - 1, which sends it on to j; under it the
+    last is rank C - 1, which sends each finished one straight to its owner (posted
+    when it is done; the owner's receive is posted when the backward starts)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, config, ring, record):  # type: ignore[override]
+        kept: list[torch.Tensor] = []  # K, V (one block each), the log-sum-exp
+        attended = _attend(config, [q, k, v], ring, record, kept)
+        ctx.config, ctx.ring = config, ring
+        ctx.save_for_backward(q, kept[0], kept[1], attended, kept[2])
+        return attended
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(ctx.config, ctx.ring, q, k, v, out, lse, grad)
+        return dq, dk, dv, None, None, None
+
+
+def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
+    """:class:`RingAttention`'s backward: (dQ, dK, dV) of this rank, in the dtype."""
+    from attnctl.nn.attention import scale_scores
+
+    dtype, fp32 = q.dtype, torch.float32
+    ranks, rank = ring.size, ring.rank
+    causal = config.mask == "causal"
+    grouped = config.kv_heads != config.heads
+    last = last_step(ranks, rank, causal)
+    g = grad.to(fp32)  # (B, H, L/C, d_k)
+    delta = (g * out.to(fp32)).sum(dim=-1)  # (B, H, L/C): rowsum(dO ∘ O)
+    queries = q.to(fp32)  # (B, H, L/C, d_k)
+    dq = torch.zeros_like(queries)  # (B, H, L/C, d_k), float32
+    home = None  # under the causal mask: this rank's own accumulators, from rank C - 1
+    if causal and rank != ranks - 1:
+        home = [torch.empty(k.shape, dtype=fp32, device=k.device) for _ in range(2)]
+        works = dist.batch_isend_irecv([
+            dist.P2POp(dist.irecv, home[0], ring.peer(ranks - 1), ring.group, tag=2),
+            dist.P2POp(dist.irecv, home[1], ring.peer(ranks - 1), ring.group, tag=3),
+        ])  # fmt: skip
+    held = [k, v, torch.zeros(k.shape, dtype=fp32, device=k.device),
+            torch.zeros(v.shape, dtype=fp32, device=v.device)]  # fmt: skip
+    own = None  # rank C - 1 under the causal mask: its own chunk's, done at step 0
+    for step in range(last + 1):
+        chunk_k, chunk_v, chunk_dk, chunk_dv = held
+        keys, values = chunk_k.to(fp32), chunk_v.to(fp32)  # (B, Hkv, L/C, d_k)
+        if grouped:  # each K/V head serves `groups` query heads
+            keys = keys.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
+            values = values.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
+        scores = scale_scores(config, torch.matmul(queries, keys.transpose(-2, -1)))
+        # (B, H, L/C, L/C)
+        if causal and step == 0:  # the diagonal chunk
+            allowed = positions.visible_keys(scores.shape[-1], 0, scores.device)
+            scores.masked_fill_(allowed.logical_not(), float("-inf"))
+        probabilities = scores.sub_(lse.unsqueeze(-1)).exp_()  # (B, H, L/C, L/C)
+        del scores
+        d_values = torch.matmul(probabilities.transpose(-2, -1), g)  # (B, H, L/C, d_k)
+        d_scores = torch.matmul(g, values.transpose(-2, -1))  # (B, H, L/C, L/C)
+        del values
+        d_scores.sub_(delta.unsqueeze(-1)).mul_(probabilities)  # P ∘ (dP - D)
+        del probabilities
+        scale_scores(config, d_scores)  # the scores' factor, on their gradient
+        dq.add_(torch.matmul(d_scores, keys))  # (B, H, L/C, d_k)
+        del keys
+        d_keys = torch.matmul(d_scores.transpose(-2, -1), queries)  # (B, H, L/C, d_k)
+        del d_scores
+        if grouped:  # a K/V head's gradient: the sum over the query heads it served
+            batch, _, length, width = d_keys.shape
+            d_keys = d_keys.view(batch, config.kv_heads, config.groups, length, width).sum(2)
+            d_values = d_values.view(batch, config.kv_heads, config.groups, length,
+                                     width).sum(2)  # fmt: skip
+        chunk_dk.add_(d_keys)  # (B, Hkv, L/C, d_k)
+        chunk_dv.add_(d_values)
+        del d_keys, d_values
+        sending, receiving = sends(ranks, rank, step, causal), receives(ranks, rank, step, causal)
+        operations, arriving = [], []
+        if sending:  # the chunk and its accumulators, to the next rank
+            operations += [dist.P2POp(dist.isend, t, ring.peer(rank + 1), ring.group, tag=n)
+                           for n, t in enumerate(held)]  # fmt: skip
+        if receiving:
+            arriving = [torch.empty_like(t) for t in held]
+            operations += [dist.P2POp(dist.irecv, t, ring.peer(rank - 1), ring.group, tag=n)
+                           for n, t in enumerate(arriving)]  # fmt: skip
+        if causal and rank == ranks - 1 and step == 0:
+            own = (chunk_dk, chunk_dv)
+        elif causal and rank == ranks - 1:  # chunk rank - step's, finished: home
+            owner = ring.peer(rank - step)
+            operations += [
+                dist.P2POp(dist.isend, chunk_dk, owner, ring.group, tag=2),
+                dist.P2POp(dist.isend, chunk_dv, owner, ring.group, tag=3),
+            ]
+        for work in dist.batch_isend_irecv(operations) if operations else []:
+            work.wait()
+        operations.clear()
+        del chunk_k, chunk_v, chunk_dk, chunk_dv
+        held = arriving if receiving else held
+    if not causal:  # chunk rank + 1's accumulators are done: home, and ours from rank - 1
+        mine = [torch.empty_like(held[2]), torch.empty_like(held[3])]
+        for work in dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, held[2], ring.peer(rank + 1), ring.group, tag=2),
+            dist.P2POp(dist.isend, held[3], ring.peer(rank + 1), ring.group, tag=3),
+            dist.P2POp(dist.irecv, mine[0], ring.peer(rank - 1), ring.group, tag=2),
+            dist.P2POp(dist.irecv, mine[1], ring.peer(rank - 1), ring.group, tag=3),
+        ]):  # fmt: skip
+            work.wait()
+        dk_total, dv_total = mine
+    elif home is not None:
+        for work in works:
+            work.wait()
+        dk_total, dv_total = home
+    else:  # rank C - 1: its own chunk's, scored by itself alone at step 0
+        dk_total, dv_total = own
+    del held, own
+    return dq.to(dtype), dk_total.to(dtype), dv_total.to(dtype)
