@@ -56,6 +56,7 @@ class Node:
 #   ("temp", key, nbytes) a temporary of this backward, alive until ("free", key)
 #   ("free", key)
 #   ("drop_incoming",)    the incoming gradient is let go early (a copy replaced it)
+#   ("give", i, key)      the temporary ``key`` becomes input i's gradient (no new bytes)
 
 
 @dataclass
@@ -244,6 +245,9 @@ class Replay:
                     params.append((step[1], grad, len(step) > 2 and step[2]))
                 elif kind == "temp":
                     temps[step[1]] = self.new(step[2]).storage
+                elif kind == "give":  # ("give", i, key): the temporary is input i's gradient
+                    storage = temps.pop(step[2])
+                    outgoing[step[1]] = Tensor(storage, self.live[storage])
                 elif kind == "free":
                     self.drop(temps.pop(step[1]))
                 elif kind == "drop_incoming":  # a copy of it is used from here on

@@ -48,6 +48,9 @@ class Plan:
     # one rank's plan of a split (``plan_parallel.rank_plan``): its TP group's size, SP
     tensor_parallel: int = 1
     sequence_parallel: bool = False
+    # context parallel: the C ranks of the ring and which of them (``ring_attention``)
+    context_parallel: int = 1
+    context_rank: int = 0
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -256,6 +259,8 @@ def build_plan(
         given=tuple(name for name in given if name in names),
         tensor_parallel=tensor_parallel,
         sequence_parallel=sequence_parallel,
+        context_parallel=context_parallel,
+        context_rank=context_rank,
     )
 
 

@@ -30,6 +30,7 @@ from attnctl.describe import Attention, FeedForward
 from attnctl.errors import AttnctlError
 from attnctl.plan import Plan
 from attnctl.trace import Stage
+from attnctl.training_ring import is_ring_stage, ring_output, ring_stage
 from attnctl.training_stages import EMBEDDING_STAGES, ENTRIES, INPUTS, Walk, weight_views
 
 FP32 = 4
@@ -251,7 +252,9 @@ def refuse_unreplayable(plan: Plan, layers: int) -> None:
             "one without a window yet (--impl math does)"
         )
     for stage in plan.stages:
-        if stage.name not in ENTRIES and stage.name not in INPUTS:
+        ring = plan.context_parallel > 1 and (is_ring_stage(stage.name) or
+                                              stage.name == "weighted_values")  # fmt: skip
+        if stage.name not in ENTRIES and stage.name not in INPUTS and not ring:
             raise AttnctlError(
                 f"memory --train does not replay the stage {stage.name!r} yet "
                 "(memory without --train models it)"
@@ -303,7 +306,7 @@ def _replay(
         if r.unit_bytes is not None:  # ZeRO 3: the forward gathers the stage's unit
             r.enter_unit(block if stage.name.startswith("blocks.") else -1)
         ins = [walk.tensors[name] for name in stage.reads]
-        walk.tensors[stage.name] = ENTRIES[base](walk, stage, ins)
+        walk.tensors[stage.name] = _entry(plan, base)(walk, stage, ins)
         for owner in last_use.get(index, ()):
             r.drop(walk.tensors[owner].storage)
         for step in walk.then:
@@ -348,6 +351,16 @@ def _replay(
         by_stage,
         gradients,
     )
+
+
+def _entry(plan: Plan, base: str):
+    """The replay's entry for the plan's stage ``base``: ring attention's under ``--cp``."""
+    if plan.context_parallel > 1:
+        if base == "weighted_values":
+            return ring_output
+        if is_ring_stage(base):
+            return ring_stage
+    return ENTRIES[base]
 
 
 def _product(shape: tuple[int, ...]) -> int:

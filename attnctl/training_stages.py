@@ -64,6 +64,10 @@ class Walk:
     # tensor parallel without SP: what a block's column-parallel projections read, as
     # Megatron's f hands it to them (by the name of the stage they read)
     to_ranks: dict[str, Tensor] = field(default_factory=dict)
+    # ring attention under autograd (``training_ring.py``): what its function keeps, and
+    # the storages held until it returns
+    ring: dict[str, Tensor] = field(default_factory=dict)
+    ring_held: list[int] = field(default_factory=list)
 
     @property
     def feed_forward(self) -> FeedForward:

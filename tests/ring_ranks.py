@@ -42,6 +42,9 @@ class RankResult:
     kv_cache_bytes: int  # the K and V this rank keeps (its L/C tokens)
     ops: list[str]  # the aten / c10d ops the dispatch mode saw, once each
     gradients: dict | None = None  # a training case's: every weight's gradient here
+    phase_peak_bytes: tuple[int, ...] = ()  # a training case's step, measured (measure_step)
+    gradient_window_bytes: tuple[int, ...] = ()
+    stage_window_bytes: tuple[int, ...] = ()
 
 
 def probe(case: Case, width: int) -> torch.Tensor:
@@ -156,7 +159,32 @@ def _train_case(rank: int, size: int, case: Case) -> RankResult:
     mine = probe(case, output.shape[-1])[:, rank * chunk : (rank + 1) * chunk]
     (output.float() * mine).sum().backward()
     gradients = {k: v.grad.float().tolist() for k, v in named.items() if v.grad is not None}
-    return RankResult(output.detach().float().tolist(), 0, (), [], 0, [], gradients)
+    measured = _measured_step(plan, weights, ids, ring, case.layer)
+    return RankResult(output.detach().float().tolist(), 0, (), [], 0, [], gradients,
+                      measured.phase_peak_bytes, measured.gradient_window_bytes,
+                      measured.stage_window_bytes)  # fmt: skip
+
+
+def _measured_step(plan, weights, ids, ring, layer: int):
+    """The rank's training step as ``measure.measure_training`` runs one device's: loss =
+    output.sum(), Adam on the weights (the shared ones, then the block's), under
+    ``measure.measure_step``."""
+    from attnctl.measure import measure_step
+    from attnctl.nn.model import forward
+    from attnctl.nn.ring_attention import running
+
+    named = {k: v.detach().clone().requires_grad_() for k, v in weights.named.items()}
+    parameters = [v for k, v in named.items() if not k.startswith("blocks.")]
+    parameters += [v for k, v in named.items() if k.startswith("blocks.")]
+    parameter_bytes = sum(p.numel() * p.element_size() for p in parameters)
+
+    def run(record):
+        with running(ring):
+            return forward(plan.description, named, ids, last=layer, offset=ring.offset,
+                           record=record, training=True)  # fmt: skip
+
+    return measure_step(run, parameters, [ids], parameter_bytes,
+                        plan.config.dtype != "float32", torch.device("cpu"))  # fmt: skip
 
 
 def _run_case(rank: int, size: int, case: Case) -> RankResult:

@@ -65,3 +65,23 @@ def test_ring_gradients_summed_over_the_ranks_are_one_devices(rings, size, index
         scale = float(gradient.abs().max())
         tolerance = (1e-5 if exact else 2e-2) * max(scale, 1.0)
         torch.testing.assert_close(summed, gradient, atol=tolerance, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("size,index", CASES, ids=[f"C{s}-{n}" for s, n in CASES])
+def test_each_ranks_training_step_is_its_replay_to_the_byte(rings, size, index):
+    """Each rank's step (forward, ring attention's backward, Adam), measured, equals the
+    replay of its rank plan (``training_ring.py``) phase by phase and between one
+    gradient and the next."""
+    from attnctl.parallel import Layout
+    from attnctl.plan_parallel import rank_plan
+    from attnctl.training import estimate_training
+
+    case, results = RINGS[size][index], rings[size][index]
+    config, model, vocab_size = setting(case)
+    for rank, result in enumerate(results):
+        plan = rank_plan(config, case.seq_len, case.batch, vocab_size, Layout(cp=size), model,
+                         case.layer, cp_rank=rank)  # fmt: skip
+        predicted = estimate_training(plan)
+        where = f"rank {rank}"
+        assert predicted.phase_peak_bytes == result.phase_peak_bytes, where
+        assert predicted.gradient_window_bytes == result.gradient_window_bytes, where

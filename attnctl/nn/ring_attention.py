@@ -288,6 +288,20 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def _wait(works: list) -> None:
+    """Wait on each work and let it go (a work holds its tensor: none outlives its wait)."""
+    while works:
+        works.pop(0).wait()
+
+
+def _dense_float32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in float32 as one block of memory: itself when it is, else one copy."""
+    if tensor.dtype == torch.float32 and tensor.is_contiguous():
+        return tensor
+    dense = torch.empty(tensor.shape, dtype=torch.float32, device=tensor.device)
+    return dense.copy_(tensor)
+
+
 def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
     """:class:`RingAttention`'s backward: (dQ, dK, dV) of this rank, in the dtype."""
     from attnctl.nn.attention import scale_scores
@@ -297,9 +311,11 @@ def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
     causal = config.mask == "causal"
     grouped = config.kv_heads != config.heads
     last = last_step(ranks, rank, causal)
-    g = grad.to(fp32)  # (B, H, L/C, d_k)
+    # in float32 and one block of memory each (the heads' view of (B, L/C, H, d_k) is not,
+    # and matmul would copy it for every product): a copy only when either is needed
+    g = _dense_float32(grad)  # (B, H, L/C, d_k)
     delta = (g * out.to(fp32)).sum(dim=-1)  # (B, H, L/C): rowsum(dO ∘ O)
-    queries = q.to(fp32)  # (B, H, L/C, d_k)
+    queries = _dense_float32(q)  # (B, H, L/C, d_k)
     dq = torch.zeros_like(queries)  # (B, H, L/C, d_k), float32
     home = None  # under the causal mask: this rank's own accumulators, from rank C - 1
     if causal and rank != ranks - 1:
@@ -322,6 +338,7 @@ def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
         if causal and step == 0:  # the diagonal chunk
             allowed = positions.visible_keys(scores.shape[-1], 0, scores.device)
             scores.masked_fill_(allowed.logical_not(), float("-inf"))
+            del allowed
         probabilities = scores.sub_(lse.unsqueeze(-1)).exp_()  # (B, H, L/C, L/C)
         del scores
         d_values = torch.matmul(probabilities.transpose(-2, -1), g)  # (B, H, L/C, d_k)
@@ -359,24 +376,21 @@ def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
                 dist.P2POp(dist.isend, chunk_dk, owner, ring.group, tag=2),
                 dist.P2POp(dist.isend, chunk_dv, owner, ring.group, tag=3),
             ]
-        for work in dist.batch_isend_irecv(operations) if operations else []:
-            work.wait()
+        _wait(dist.batch_isend_irecv(operations) if operations else [])
         operations.clear()
         del chunk_k, chunk_v, chunk_dk, chunk_dv
         held = arriving if receiving else held
     if not causal:  # chunk rank + 1's accumulators are done: home, and ours from rank - 1
         mine = [torch.empty_like(held[2]), torch.empty_like(held[3])]
-        for work in dist.batch_isend_irecv([
+        _wait(dist.batch_isend_irecv([
             dist.P2POp(dist.isend, held[2], ring.peer(rank + 1), ring.group, tag=2),
             dist.P2POp(dist.isend, held[3], ring.peer(rank + 1), ring.group, tag=3),
             dist.P2POp(dist.irecv, mine[0], ring.peer(rank - 1), ring.group, tag=2),
             dist.P2POp(dist.irecv, mine[1], ring.peer(rank - 1), ring.group, tag=3),
-        ]):  # fmt: skip
-            work.wait()
+        ]))  # fmt: skip
         dk_total, dv_total = mine
     elif home is not None:
-        for work in works:
-            work.wait()
+        _wait(works)
         dk_total, dv_total = home
     else:  # rank C - 1: its own chunk's, scored by itself alone at step 0
         dk_total, dv_total = own
