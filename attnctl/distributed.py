@@ -116,11 +116,6 @@ def check_split_run(
     from attnctl.plan_parallel import check_split
 
     check_layout(layout, train=train)
-    if train and layout.cp > 1:
-        raise AttnctlError(
-            "--cp with --train is not modelled yet (ring attention's backward): leave "
-            "out --cp, or --train to measure the forward pass"
-        )
     if train and model is not None:
         fused = next((e for e in model.source.table if len(e.targets) > 1 or e.transposed), None)
         if fused is not None:  # the replay follows a view of it; a rank holds its parts
@@ -584,14 +579,16 @@ def training_estimates(
 
     layout = case.layout
     split = Split(case.config, case.model, description, layout, True, case.layers)
-    plan = rank_plan(case.config, case.seq_len, case.batch, case.vocab_size, layout, case.model)
     estimates = []
     for rank in range(world):
-        dp_rank = rank // layout.model_ranks
-        if estimates and not layout.zero:  # without ZeRO every rank is alike
+        dp_rank, cp_rank = rank // layout.model_ranks, (rank // layout.tp) % layout.cp
+        if estimates and not layout.zero and layout.cp == 1:  # every rank alike
             estimates.append(estimates[0])
             continue
-        (device,) = split.per_device(case.seq_len, case.batch, 1, 0, case.batch, dp_rank)
+        plan = rank_plan(case.config, case.seq_len, case.batch, case.vocab_size, layout,
+                         case.model, cp_rank=cp_rank)  # fmt: skip
+        ranked = split.ring_rank(cp_rank) if layout.cp > 1 else split  # its chunk's plans
+        (device,) = ranked.per_device(case.seq_len, case.batch, 1, 0, case.batch, dp_rank)
         phases = tuple(peak - device.weights_bytes for peak in device.phase_peak_bytes)
         estimates.append(RankEstimate(plan, device.weights_bytes, PHASES, phases))
     return estimates

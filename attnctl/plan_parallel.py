@@ -66,11 +66,6 @@ def check_split(
             "a split of an encoder–decoder (--tp, --sp, --cp, --pp, --dp) is not modelled "
             "yet: attnctl splits decoder-only models and the seeded layer"
         )
-    if layout.cp > 1 and train:
-        raise AttnctlError(
-            "--cp with --train is not modelled yet: ring attention's backward pass is not "
-            "planned (the forward and the KV cache are)"
-        )
     if layout.cp > MOST_RING_RANKS:
         raise AttnctlError(
             f"--cp {layout.cp} is more than the {MOST_RING_RANKS} ranks attnctl plans ring "

@@ -225,16 +225,18 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     from attnctl.measure import measure_step
     from attnctl.nn.collectives import TensorGroup
     from attnctl.nn.model import forward
+    from attnctl.nn.ring_attention import running
     from attnctl.parallel import Layout
     from attnctl.plan_parallel import rank_plan
 
     config = _config(task["config"])
-    group = place.group
-    layout = Layout(tp=place.tp, sp=bool(task["sp"]))
+    group, ring = place.group, place.ring
+    layout = Layout(tp=place.tp, sp=bool(task["sp"]), cp=place.cp)
     model_dir = task.get("model_dir")
     full = _full_model(config, task["vocab_size"], model_dir)
     model = None if model_dir is None else full
-    plan = rank_plan(config, task["seq_len"], task["batch"], task["vocab_size"], layout, model)
+    plan = rank_plan(config, task["seq_len"], task["batch"], task["vocab_size"], layout, model,
+                     cp_rank=place.cp_rank)  # fmt: skip
     torch.manual_seed(config.seed)  # the seeded layer's weights, then the token ids drawn
     shard = _rank_weights(full, config, device, group or TensorGroup(0, 1), None)
     drawn = None  # a data-parallel copy's own batch: seed + its rank
@@ -242,6 +244,9 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
         drawn = torch.Generator(device=device).manual_seed(config.seed + place.dp_rank)
     token_ids = torch.randint(0, full.vocab_size, (plan.batch, task["seq_len"]), device=device,
                               generator=drawn)  # fmt: skip
+    if ring is not None:  # this rank's chunk of the sequence: (B, L/C), its own storage
+        chunk = task["seq_len"] // place.cp
+        token_ids = token_ids[:, place.cp_rank * chunk : (place.cp_rank + 1) * chunk].clone()
     shard = {k: v.detach() for k, v in shard.items()}  # leaves: Adam's parameters
     if model is None:
         layers = int(task["layers"])
@@ -271,10 +276,16 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     parameter_bytes = sum(t.numel() * t.element_size() for t in held.values())
 
     def run(record):
-        return forward(stack, named, token_ids, last=layers - 1, record=record, group=group,
-                       training=True, gather=sharded)  # fmt: skip
+        if ring is None:
+            return forward(stack, named, token_ids, last=layers - 1, record=record, group=group,
+                           training=True, gather=sharded)  # fmt: skip
+        with running(ring):
+            return forward(stack, named, token_ids, last=layers - 1, record=record, group=group,
+                           training=True, offset=ring.offset)  # fmt: skip
 
     summed = sum_replicated_gradients(named, full, group)
+    if ring is not None:  # every weight is on every CP rank: its gradient is a part
+        summed = _then(summed, sum_over_ring(parameters, ring))
     step = None
     shards: list[Any] = []  # ZeRO 2, 3: the rank's gradient pieces, once the step has made them
     measured_held = None
@@ -314,6 +325,32 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
             sharded.gather_all()
         result["parameters"] = {k: v.detach().float().cpu().tolist() for k, v in named.items()}
     return result
+
+
+def sum_over_ring(parameters: list[Any], ring):
+    """What runs after the backward under context parallelism: every gradient summed in
+    place over the CP ring (each rank's is its L / C tokens' part), as Megatron-LM sums
+    them over its data- and context-parallel ranks."""
+    import torch.distributed as dist
+
+    def summed() -> None:
+        for parameter in parameters:
+            if parameter.grad is not None:
+                dist.all_reduce(parameter.grad, group=ring.group)
+
+    return summed
+
+
+def _then(first, second):
+    """``first`` then ``second`` (either None: the other)."""
+    if first is None or second is None:
+        return first or second
+
+    def both() -> None:
+        first()
+        second()
+
+    return both
 
 
 def mean_gradients(parameters: list[Any], copies: int):

@@ -92,7 +92,6 @@ def test_tp_cp_ranks_measure_every_stage_of_their_plan(tmp_path):
         (["--cp", "2", "--window", "8"], "--cp with a sliding window is not modelled yet"),
         (["--cp", "2", "--impl", "sdpa"], "--cp with --impl sdpa is not modelled"),
         (["--tp", "8", "--cp", "16", "--heads", "8"], "--measure would start 128 processes"),
-        (["--cp", "2", "--train"], "--cp with --train is not modelled yet"),
     ],
 )
 def test_bad_cp_splits_are_refused_before_any_process(invoke, monkeypatch, options, message):

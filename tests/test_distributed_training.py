@@ -220,7 +220,7 @@ def test_memory_measure_train_prints_each_rank_and_its_phases(invoke):
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--cp", "2"), "--cp with --train is not modelled yet"),
+        (("--cp", "2", "--impl", "sdpa"), "--cp with --impl sdpa is not modelled"),
         (("--tp", "2", "--dp", "2", "--zero", "1"), "--dp with --tp or --cp is estimated only"),
     ],
 )

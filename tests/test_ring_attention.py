@@ -250,9 +250,7 @@ def test_a_length_the_ranks_do_not_divide_is_refused():
         check_split(Layout(cp=4), description, [10])
     with pytest.raises(AttnctlError, match="--cp 512 is more than the 256 ranks"):
         check_split(Layout(cp=512), description, [512 * 8])
-    with pytest.raises(AttnctlError, match="--cp with --train is not modelled yet"):
-        check_split(Layout(cp=2), description, [8], train=True)
-    check_split(Layout(tp=2), description, [8], train=True)  # (TP trains)
+    check_split(Layout(cp=2), description, [8], train=True)  # (ring attention trains)
     config = build_config(pos="learned", max_positions=8)
     with pytest.raises(AttnctlError, match="16 is longer than the 8 learned positions"):
         rank_plan(config, 16, 1, VOCAB, Layout(cp=2))  # each chunk fits; the whole does not

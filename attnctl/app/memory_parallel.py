@@ -316,9 +316,14 @@ class Split:
         layout: Layout,
         train: bool,
         layers: int,
+        cp_rank: int | None = None,
     ) -> None:
         self.layer, self.model, self.description = layer, model, description
         self.layout, self.train = layout, train
+        # the context-parallel rank the plans are of (None: the busiest; in training under
+        # the causal mask the busier of C - 2 and C - 1, each a split of its own)
+        self.cp_rank = cp_rank
+        self._ring_ranks: dict[int, Split] = {}
         self.layers = layers  # the seeded layer's stack
         self.block_count = model.layers if model is not None else layers
         self.ranges = layout.stage_ranges(self.block_count)
@@ -451,11 +456,12 @@ class Split:
         if key not in self._plans:
             vocab = self.description.vocab_size
             if self.model is None:
-                plan = rank_plan(self.layer, length, micro, vocab, self.layout)
+                plan = rank_plan(self.layer, length, micro, vocab, self.layout,
+                                 cp_rank=self.cp_rank)  # fmt: skip
             else:
                 plan = rank_plan(
                     self.layer, length, micro, vocab, self.layout, model=self.model,
-                    layer_index=block,
+                    layer_index=block, cp_rank=self.cp_rank,
                 )  # fmt: skip
             self._plans[key] = plan
         return self._plans[key]
@@ -662,7 +668,18 @@ class Split:
         rank: int | None = None,
     ) -> tuple[StageMemory, ...]:
         """Each stage's device: its busiest data-parallel rank (under ZeRO the ranks'
-        pieces differ), or data-parallel rank ``rank`` (of D·C) when given."""
+        pieces differ), or data-parallel rank ``rank`` (of D·C) when given. Training
+        under ``--cp`` with the causal mask: the busier context-parallel rank of C - 2
+        and C - 1 (the last runs the most ring steps, the one before it holds its own
+        gradients' receive buffers the whole backward)."""
+        cp = self.layout.cp
+        if self.train and cp > 1 and self.cp_rank is None and self.layer.mask == "causal":
+            every = [
+                self.ring_rank(r).per_device(length, micro, micro_batches, kv_tokens, batch, rank)
+                for r in (cp - 2, cp - 1)
+            ]
+            busier = zip(*every, strict=True)
+            return tuple(max(rows, key=lambda row: row.peak_bytes) for rows in busier)
         rows = []
         for stage, blocks in enumerate(self.ranges):
             phases: tuple[int, ...] = ()
@@ -700,6 +717,15 @@ class Split:
                 )
             )
         return tuple(rows)
+
+    def ring_rank(self, cp_rank: int) -> Split:
+        """The same split, its plans of context-parallel rank ``cp_rank``; kept."""
+        if cp_rank not in self._ring_ranks:
+            self._ring_ranks[cp_rank] = Split(
+                self.layer, self.model, self.description, self.layout, self.train,
+                self.layers, cp_rank,
+            )  # fmt: skip
+        return self._ring_ranks[cp_rank]
 
     def worst_peak(
         self, length: int, micro: int, micro_batches: int, kv_tokens: int, batch: int

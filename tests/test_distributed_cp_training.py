@@ -1,0 +1,171 @@
+"""``memory --measure --train --cp C [--tp T] [--sp]``: a training step under context
+parallelism on torch.distributed (gloo), ring attention's own backward
+(``nn/ring_attention.RingAttention``) and every gradient summed over the ring. Each rank
+is held phase by phase to its estimate (``memory --train --cp C``: its chunk's replay,
+``training_ring.py``), to the byte; its gradients to one device's of the whole sequence,
+cut as the tensor-parallel ranks cut them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import tiny_models
+import torch
+from split_cases import small_layers
+
+from attnctl.config import LayerConfig, resolve_impl, validate
+from attnctl.describe import ModelDescription, seeded_model
+from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
+from attnctl.parallel import Layout
+
+TIMEOUT = 300  # seconds a start of the ranks may take at most, here
+LENGTH = 8
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from attnctl.app.calls import load_model
+
+    return load_model(str(tiny_models.write("llama", tmp_path_factory.mktemp("cp") / "llama")))
+
+
+def _checkpoint(model) -> LayerConfig:
+    from attnctl.app.calls import model_layer
+
+    return model_layer(model, {"device": "cpu", "impl": "math"})
+
+
+def _ring_layers() -> list[LayerConfig]:
+    """The small layers ring attention runs (the math path, no window, no soft cap),
+    with grouped K/V and half precision among them."""
+    variants = [{}, {"kv_heads": 2, "norm_type": "rms"}, {"dtype": "bfloat16"}]
+    return [c for c in small_layers(variants) if c.impl == "math" and c.pos != "alibi"]
+
+
+def _cases(world: int, llama) -> list[SplitCase]:
+    four = [Layout(cp=4), Layout(tp=2, cp=2), Layout(tp=2, cp=2, sp=True)]
+    layouts = {2: [Layout(cp=2)], 4: four}[world]
+    layers = _ring_layers()[:: 7 if world == 2 else 17]  # 4 ranks on 2 cores: fewer
+    cases = [SplitCase(c, LENGTH, 2, 50, layout, None, True, 2)
+             for c in layers for layout in layouts]  # fmt: skip
+    for layout in layouts:
+        cases.append(SplitCase(_checkpoint(llama), LENGTH, 2, llama.vocab_size, layout, llama,
+                               True))  # fmt: skip
+    return cases
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
+def measured(request, llama):
+    cases = _cases(request.param, llama)
+    return request.param, cases, measure_splits(cases, timeout=TIMEOUT)
+
+
+def test_every_rank_steps_as_its_estimate_to_the_byte(measured):
+    world, cases, results = measured
+    assert len(cases) >= 4
+    for case, ranks in zip(cases, results, strict=True):
+        what = case.model.name if case.model is not None else "the layer"
+        assert [r.rank for r in ranks] == list(range(world))
+        for rank in ranks:
+            where = f"{what} {case.layout.summary()} {case.config} rank {rank.rank}"
+            assert rank.stage_names == ("forward", "backward", "optimizer step")
+            assert rank.measured_parameter_bytes == rank.parameter_bytes, where
+            assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
+            assert rank.measured_peak_bytes == rank.peak_bytes, where
+
+
+def test_the_table_is_the_busiest_ring_rank(measured):
+    """``memory --train --cp C``'s per-device row is its busiest rank's, measured."""
+    from attnctl.app.memory_parallel import Split
+
+    _, cases, results = measured
+    for case, ranks in zip(cases, results, strict=True):
+        description = seeded_model(case.config, 50) if case.model is None else (
+            case.model.with_run(case.config))  # fmt: skip
+        split = Split(case.config, case.model, description, case.layout, True, case.layers)
+        (device,) = split.per_device(case.seq_len, case.batch, 1, 0, case.batch)
+        assert device.peak_bytes == max(rank.measured_peak_bytes for rank in ranks)
+
+
+def _one_device_gradients(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
+    """One device's gradients of the same step (the same seed, the whole sequence)."""
+    from attnctl.nn.model import forward
+    from attnctl.nn.weights import model_weights
+
+    torch.manual_seed(case.config.seed)
+    checkpoint = case.model is not None
+    whole = model_weights(full, case.config, torch.device("cpu"), blocks=None, head=checkpoint)
+    token_ids = torch.randint(0, full.vocab_size, (case.batch, case.seq_len))
+    named = {k: v.detach().clone().requires_grad_() for k, v in whole.named.items()}
+    stack, last = full, full.layers - 1
+    if not checkpoint:
+        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
+        for n in range(1, case.layers):
+            for key, value in block.items():
+                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = (
+                    value.detach().clone().requires_grad_())  # fmt: skip
+        stack, last = ModelDescription(full.embeddings, full.blocks * case.layers), case.layers - 1
+    forward(stack, named, token_ids, last=last, training=True).output.sum().backward()
+    return {k: v.grad for k, v in named.items() if v.grad is not None}
+
+
+@pytest.mark.parametrize("layout", [Layout(cp=2), Layout(cp=4), Layout(tp=2, cp=2, sp=True)],
+                         ids=["cp2", "cp4", "tp2-cp2-sp"])  # fmt: skip
+def test_every_gradient_summed_over_the_ring_is_one_devices(layout, llama):
+    """After the ring's sum each rank holds one device's gradient of the whole sequence
+    (its TP share of it): ring attention's backward, the chunks' positions."""
+    from attnctl.nn.collectives import TensorGroup, shard_weights
+
+    values = dict(d_model=32, heads=4, kv_heads=2, norm="pre", pos="rope", mask="causal",
+                  norm_type="rms", impl="math", device="cpu")  # fmt: skip
+    config = resolve_impl(validate(LayerConfig(**values)))
+    cases = [
+        SplitCase(config, LENGTH, 2, 50, layout, None, True, 2),
+        SplitCase(_checkpoint(llama), LENGTH, 2, llama.vocab_size, layout, llama, True),
+    ]
+    wholes = [seeded_model(config, 50), llama.with_run(cases[1].config)]
+    tasks = [{**measure_task(case), "gradients": True} for case in cases]
+    replies = run_ranks(layout.ranks, tasks, "cpu", TIMEOUT)
+    for index, (case, full) in enumerate(zip(cases, wholes, strict=True)):
+        expected = _one_device_gradients(case, full)
+        scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())
+        for reply in replies:
+            got = reply.results[index]["gradients"]
+            tp_rank = reply.rank % layout.tp
+            cut = expected
+            if layout.tp > 1:
+                cut = shard_weights(expected, full, TensorGroup(tp_rank, layout.tp),
+                                    full.vocab_size)  # fmt: skip
+            assert set(got) == set(cut), f"case {index} rank {reply.rank}"
+            for name, gradient in got.items():
+                torch.testing.assert_close(torch.tensor(gradient), cut[name].float(), rtol=0,
+                                           atol=scale, msg=f"case {index} rank {reply.rank} "
+                                           f"{name}")  # fmt: skip
+
+
+def test_memory_measure_train_cp_prints_each_rank(invoke):
+    args = ("memory", "-L", "16", "--d-model", "32", "--heads", "4", "--pos", "rope",
+            "--mask", "causal", "--norm", "pre", "--cp", "2", "--train",
+            "--layers", "2")  # fmt: skip
+    result = invoke(*args, "--measure", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    (device,) = document["per_device"]
+    ranks = document["measured_per_rank"]
+    assert [rank["rank"] for rank in ranks] == [0, 1]
+    for rank in ranks:
+        assert rank["peak_bytes"] == rank["measured_peak_bytes"]
+        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
+    assert device["peak_bytes"] == max(rank["peak_bytes"] for rank in ranks)
+    assert ranks[0]["phase_peak_bytes"] != ranks[1]["phase_peak_bytes"]  # the causal ring
+
+
+def test_what_ring_attention_does_not_train_is_refused_before_any_process(invoke, monkeypatch):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    result = invoke("memory", "-L", "16", "--d-model", "32", "--heads", "4", "--cp", "2",
+                    "--train", "--impl", "sdpa", "--measure")  # fmt: skip
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--cp with --impl sdpa is not modelled" in result.stderr
