@@ -461,8 +461,9 @@ def attnctl_command(folder: Path, layout: Configuration, recompute: str) -> list
                "--batch", str(layout.batch_per_dp_rank),
                "--micro-batch", str(layout.micro_batch), "--recompute", recompute,
                "--seq-len", str(layout.seq_len), "--json",
-               # the runs use fused attention kernels: no B·H·L·L tensor saved
-               "--impl", "sdpa"]  # fmt: skip
+               # the runs use fused attention kernels: no B·H·L·L tensor saved; under CP
+               # ring attention is the kernel (its online softmax saves none either)
+               "--impl", "math" if layout.cp > 1 else "sdpa"]  # fmt: skip
     if layout.pp_blocks:
         command += ["--pp-blocks", layout.pp_blocks]
     return command + (["--sp"] if layout.sp else [])
