@@ -615,7 +615,9 @@ def split_properties() -> dict[str, Schema]:
             "gradients_bytes": BYTES,
             "optimizer_bytes": integer(0, "Adam's moments and the master weights"),
             "master_bytes": integer(0, "of optimizer_bytes, the float32 master weights"),
-            "gathered_bytes": integer(0, "ZeRO 3: the largest block's parameters, gathered"),
+            "gathered_bytes": integer(
+                0, "ZeRO 3: the largest unit's parameters (a block's, or the embeddings'), gathered"
+            ),
             "activations_bytes": BYTES,
             "kv_cache_bytes": BYTES,
             "peak_bytes": integer(

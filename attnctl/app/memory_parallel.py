@@ -10,7 +10,7 @@ exit 2); then, per pipeline stage, on one of its tensor-parallel ranks (they are
   data-parallel ranks (context-parallel ranks hold the same weights, so they share the
   shards, as Megatron's distributed optimizer does), ZeRO 2 the gradients too, ZeRO 3
   the weights too: each rank ⌈n / (D·C)⌉ values of a flat buffer padded to a multiple
-  of D·C, plus the largest block's parameters gathered while it computes;
+  of D·C, plus the largest unit's parameters (a block's, or the embeddings') gathered;
 - activations of one micro-batch: in inference the busiest block's peak (the rank's
   plan, ``plan_parallel.rank_plan``); in training what each block saves for the
   backward (``training.saved_activations``, the step's replay on the rank's plan) times
@@ -79,7 +79,7 @@ class StageMemory:
     gradients_bytes: int  # in the dtype (under ZeRO 2 and 3 its shard)
     optimizer_bytes: int  # Adam's moments and the master weights (ZeRO 1+: a shard)
     master_bytes: int  # of optimizer_bytes, the float32 masters (mixed precision)
-    gathered_bytes: int  # ZeRO 3: the largest block's parameters, gathered to compute
+    gathered_bytes: int  # ZeRO 3: the largest unit's (a block's, the embeddings') gathered
     activations_bytes: int
     kv_cache_bytes: int
     in_flight: int  # micro-batches whose activations it holds at once
@@ -442,11 +442,8 @@ class Split:
         gathered = 0
         if zero == 3:  # the untrained head stays whole; the trained values are sharded
             weights = (self.weight_values(stage) - trained + shard) * e
-            if self.model is None:
-                gathered = self.block_values[0] * e
-            else:
-                gathered = max(self.block_values[b] for b in self.ranges[stage]) * e
-        return weights, gradients, optimizer, masters, gathered
+            gathered = max(self.unit_bytes(stage))  # the largest unit: a block's, or the
+        return weights, gradients, optimizer, masters, gathered  # embeddings' (replayed)
 
     # ------------------------------------------------------------ activations
 
@@ -782,6 +779,21 @@ class Split:
                     f"kv-head{'s' * (config.kv_heads != 1)}: each "
                     f"kv-head (W_k, W_v and its K, V) is replicated on {replicas} ranks"
                 )
+        if layout.cp > 1:
+            causal = self.layer.mask == "causal"
+            which = "the busiest of them"
+            if causal and self.train:
+                which = (f"the busier of ranks {layout.cp - 2} and {layout.cp - 1} (the last "
+                         "runs the most ring steps; the one before holds its gradients' "
+                         "receive buffers through the backward)")  # fmt: skip
+            elif not causal:
+                which = "every rank alike (no mask: each runs every ring step)"
+            said.append(
+                f"--cp {layout.cp}: each rank holds L / {layout.cp} of the tokens; the table "
+                f"is {which}"
+                + ("; ring attention's backward is its own ring (dK, dV travel with their "
+                   "chunk), replayed as it runs" if self.train else "")
+            )  # fmt: skip
         counts = {len(r) for r in self.ranges}
         if len(counts) > 1:
             spread = _stage_runs([len(r) for r in self.ranges])
@@ -834,7 +846,7 @@ class Split:
                 said.append(
                     "ZeRO 3 gathers a unit's weights (the embeddings', each block's) while "
                     "its forward runs, and again from its backward's first node to its "
-                    "last gradient, one unit at a time (gathered: the largest block's)"
+                    "last gradient, one unit at a time (gathered: the largest)"
                 )
             if layout.pp > 1:
                 said.append(

@@ -108,7 +108,9 @@ def _stage_grid(report: ParallelReport, row: StageMemory, title: str) -> Table:
         )
         if row.gathered_bytes:
             grid.add_row(
-                "gathered", format_bytes(row.gathered_bytes), "ZeRO 3: the largest block's"
+                "gathered",
+                format_bytes(row.gathered_bytes),
+                "ZeRO 3: the largest unit's (a block's, or the embeddings')",
             )
         grid.add_row(
             "activations",
