@@ -101,6 +101,16 @@ def output_of(command: str, columns: int) -> str:
 CUT = "⋮"  # a line of its own where an excerpt leaves output out (before or after it)
 
 
+# What float noise does reach, and is compared only by its shape: `check`'s bounds on the
+# differences between implementations (a power of ten above the largest difference, which
+# another CPU's kernels move by a power or so). The pages show this machine's.
+NOISE = re.compile(r"< 1e[-+]\d\d")
+
+
+def _unnoised(text: str) -> str:
+    return NOISE.sub("< 1e…", text)
+
+
 def excerpt(text: str, first: str | None, last: str | None) -> str:
     """The lines from the one starting with FIRST to LAST, marked where output is cut."""
     lines = text.splitlines()
@@ -127,7 +137,7 @@ def refreshed(text: str, page: str, outputs: dict[str, str], stale: list[str] | 
         if command not in outputs:
             columns, first, last = EXAMPLES[command]
             outputs[command] = excerpt(output_of(command, columns), first, last)
-        if stale is not None and match.group(2) != outputs[command] + "\n":
+        if stale is not None and _unnoised(match.group(2)) != _unnoised(outputs[command] + "\n"):
             stale.append(f"{page}: $ {command}")
         return f"```text\n$ {command}\n{outputs[command]}\n```"
 

@@ -17,6 +17,18 @@ import torch
 from json_contract import only_length
 
 TOLERANCE = 1e-5
+# Phi-3's third block, in float32 against transformers' eager: on an AMX Xeon under
+# ATEN_CPU_CAPABILITY=default (no vector unit) attnctl's probabilities are 1.06e-05 from a
+# float64 reference and transformers' 4.6e-06, 1.26e-05 apart (natively 4.3e-06 and
+# 5.0e-06, 2.8e-06 apart): float32 noise of its scaled RoPE's near-saturated softmax
+# across the blocks, the same on either side, not a difference of math
+FAMILY_TOLERANCE = {"phi3": 2e-5}
+
+
+def tolerance_of(family: str) -> float:
+    return FAMILY_TOLERANCE.get(family, TOLERANCE)
+
+
 CPU = ("--device", "cpu")
 
 

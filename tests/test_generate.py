@@ -17,6 +17,7 @@ import pytest
 import tiny_models
 import tiny_seq2seq
 import torch
+from family_checks import tolerance_of
 
 from attnctl.report_generation import alignment_of
 
@@ -87,14 +88,14 @@ def test_ids_and_every_attention_equal_transformers(invoke, folders, family):
     for block in document["layers"]:
         ours = torch.tensor(block["attention"])  # (B, H, T, T)
         theirs = forced[block["layer"]]
-        assert (ours - theirs).abs().max().item() <= TOLERANCE, (family, block["layer"])
+        assert (ours - theirs).abs().max().item() <= tolerance_of(family), (family, block["layer"])
         # the rows as each generate() step computed them: the prompt's, then one a step
         # (its keys: the last ones the cache kept, which a sliding window may cut)
         for step, per_layer in enumerate(reference.attentions):
             step_rows = per_layer[block["layer"]]  # (B, H, q, k)
             last = prompt.shape[1] + step  # the row after the step's rows
             rows = ours[:, :, last - step_rows.shape[2] : last, last - step_rows.shape[3] : last]
-            assert (rows - step_rows).abs().max().item() <= TOLERANCE, (family, step)
+            assert (rows - step_rows).abs().max().item() <= tolerance_of(family), (family, step)
     assert document["tokens"][0][-N:] == [
         {"id": i, **{k: v for k, v in t.items() if k != "id"}}
         for i, t in zip(expected[0], document["tokens"][0][-N:], strict=True)

@@ -108,7 +108,8 @@ def difference_bound(difference: float) -> str:
     """A difference as the next power of ten above it (``< 1e-06``); 0 stays ``0``.
 
     Float noise differs between CPUs (AVX2 and AVX-512 round differently), so the exact
-    value is not shown on screen (it is in --json): the bound holds on any machine.
+    value is not shown on screen (it is in --json); the bound itself can move by a power
+    of ten between machines (the README's examples are compared allowing for it).
     """
     if difference == 0:
         return "0"
