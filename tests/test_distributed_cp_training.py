@@ -14,10 +14,10 @@ import subprocess
 import pytest
 import tiny_models
 import torch
-from split_cases import small_layers
+from split_cases import one_device_gradients, small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.describe import ModelDescription, seeded_model
+from attnctl.describe import seeded_model
 from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
 from attnctl.parallel import Layout
 
@@ -90,28 +90,6 @@ def test_the_table_is_the_busiest_ring_rank(measured):
         assert device.peak_bytes == max(rank.measured_peak_bytes for rank in ranks)
 
 
-def _one_device_gradients(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
-    """One device's gradients of the same step (the same seed, the whole sequence)."""
-    from attnctl.nn.model import forward
-    from attnctl.nn.weights import model_weights
-
-    torch.manual_seed(case.config.seed)
-    checkpoint = case.model is not None
-    whole = model_weights(full, case.config, torch.device("cpu"), blocks=None, head=checkpoint)
-    token_ids = torch.randint(0, full.vocab_size, (case.batch, case.seq_len))
-    named = {k: v.detach().clone().requires_grad_() for k, v in whole.named.items()}
-    stack, last = full, full.layers - 1
-    if not checkpoint:
-        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
-        for n in range(1, case.layers):
-            for key, value in block.items():
-                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = (
-                    value.detach().clone().requires_grad_())  # fmt: skip
-        stack, last = ModelDescription(full.embeddings, full.blocks * case.layers), case.layers - 1
-    forward(stack, named, token_ids, last=last, training=True).output.sum().backward()
-    return {k: v.grad for k, v in named.items() if v.grad is not None}
-
-
 @pytest.mark.parametrize(
     "layout", [Layout(cp=2), Layout(tp=2, cp=2, sp=True)], ids=["cp2", "tp2-cp2-sp"]
 )  # (4 ring ranks: test_ring_backward.py)
@@ -131,7 +109,7 @@ def test_every_gradient_summed_over_the_ring_is_one_devices(layout, llama):
     tasks = [{**measure_task(case), "gradients": True} for case in cases]
     replies = run_ranks(layout.ranks, tasks, "cpu", TIMEOUT)
     for index, (case, full) in enumerate(zip(cases, wholes, strict=True)):
-        expected = _one_device_gradients(case, full)
+        expected = one_device_gradients(case, full)
         scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())
         for reply in replies:
             got = reply.results[index]["gradients"]

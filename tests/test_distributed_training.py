@@ -15,10 +15,10 @@ import json
 import pytest
 import tiny_models
 import torch
-from split_cases import small_layers
+from split_cases import one_device_gradients, small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.describe import ModelDescription, seeded_model
+from attnctl.describe import seeded_model
 from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
 from attnctl.parallel import Layout
 
@@ -105,30 +105,6 @@ def test_the_step_is_the_peak_of_the_per_device_table(measured):
 # ---------------------------------------------------------------- the gradients
 
 
-def _single_device_gradients(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
-    """One device's gradients of the same step: the weights the ranks cut, under the
-    same seed, the same token ids; a seeded stack of ``layers`` copies of block 0."""
-    from attnctl.nn.model import forward
-    from attnctl.nn.weights import model_weights
-
-    config = case.config
-    torch.manual_seed(config.seed)
-    checkpoint = case.model is not None
-    whole = model_weights(full, config, torch.device("cpu"), blocks=None, head=checkpoint)
-    token_ids = torch.randint(0, full.vocab_size, (case.batch, case.seq_len))
-    named = {k: v.detach().clone().requires_grad_() for k, v in whole.named.items()}
-    stack, last = full, full.layers - 1
-    if not checkpoint:
-        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
-        for n in range(1, case.layers):
-            for key, value in block.items():
-                copy = value.detach().clone().requires_grad_()
-                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = copy
-        stack, last = ModelDescription(full.embeddings, full.blocks * case.layers), case.layers - 1
-    forward(stack, named, token_ids, last=last, training=True).output.sum().backward()
-    return {k: v.grad for k, v in named.items() if v.grad is not None}
-
-
 GRADIENT_CASES = [
     # pre-norm: a post-norm's last LayerNorm summed has a gradient of 0 (float noise only)
     ("layer", dict(d_model=32, heads=4, norm="pre", pos="learned"), 2, True),
@@ -181,7 +157,7 @@ def test_every_gradient_is_the_single_devices_cut_the_same_way(tp, models):
     tasks = [{**measure_task(case), "gradients": True} for case in cases]
     replies = run_ranks(tp, tasks, "cpu", TIMEOUT)
     for index, (case, full) in enumerate(zip(cases, wholes, strict=True)):
-        expected = _single_device_gradients(case, full)
+        expected = one_device_gradients(case, full)
         # float32 sums in another order: within 1e-4 of the model's largest gradient (a
         # missing sum over the ranks would be off by as much as the value; W_k's bias has
         # a gradient of 0, softmax being blind to a shift of every score of a row)
