@@ -138,7 +138,7 @@ def check_split_run(
             f"{MOST_PROCESSES} on one machine"
         )
     description = seeded_model(config, vocab_size) if model is None else model.with_run(config)
-    check_split(layout, description, lengths, train=train)
+    check_split(layout, description, lengths)
     cores = os.cpu_count() or 1
     if processes > cores * 8:
         raise AttnctlError(

@@ -55,12 +55,12 @@ def check_split(
     lengths: list[int],
     layers: int = 1,
     padded: bool = False,
-    train: bool = False,
 ) -> None:
     """Every check of the layout against the model and the lengths, before any planning:
     what does not divide, and what attnctl does not model split (refused by name).
     ``layers``: the seeded layer's stack (a checkpoint has its own blocks); ``padded``:
-    padded keys are masked (``--pad``); ``train``: a training step (``--train``)."""
+    padded keys are masked (``--pad``). A training step is checked the same way: ring
+    attention trains (``nn/ring_attention.RingAttention``)."""
     if description.is_encoder_decoder:
         raise AttnctlError(
             "a split of an encoder–decoder (--tp, --sp, --cp, --pp, --dp) is not modelled "

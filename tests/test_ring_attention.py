@@ -250,7 +250,7 @@ def test_a_length_the_ranks_do_not_divide_is_refused():
         check_split(Layout(cp=4), description, [10])
     with pytest.raises(AttnctlError, match="--cp 512 is more than the 256 ranks"):
         check_split(Layout(cp=512), description, [512 * 8])
-    check_split(Layout(cp=2), description, [8], train=True)  # (ring attention trains)
+    check_split(Layout(cp=2), description, [8])  # (and trains: test_ring_backward.py)
     config = build_config(pos="learned", max_positions=8)
     with pytest.raises(AttnctlError, match="16 is longer than the 8 learned positions"):
         rank_plan(config, 16, 1, VOCAB, Layout(cp=2))  # each chunk fits; the whole does not

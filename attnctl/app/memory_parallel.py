@@ -193,7 +193,7 @@ def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescri
     length = lengths[0] if lengths else min(2048, longest_input(layer, model) or 2048)
     micro_batches = check_batch(layout, request.batch)
     description = _description(layer, model, length)
-    check_split(layout, description, [length], request.layers, train=request.train)
+    check_split(layout, description, [length], request.layers)
     if request.kv_cache is not None and request.kv_cache < 0:
         raise AttnctlError(f"--kv-cache must be a number of tokens >= 0, got {request.kv_cache}")
     if request.kv_cache is not None and request.kv_cache >= LARGEST_SIZE:
