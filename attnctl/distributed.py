@@ -483,9 +483,45 @@ def measure_splits(
     ranks (each process imports torch once): the tests and the benchmark share them so."""
     if not cases:
         return []
+    prepared = prepare_splits(cases, timeout, force)
+    return prepared.finish(run_ranks(prepared.world, prepared.tasks, prepared.device,
+                                     prepared.timeout))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PreparedSplits:
+    """:func:`measure_splits` before the ranks start: the world, each case's task (in
+    order), the device and the time they may take; ``finish`` turns the ranks' replies
+    (each with these tasks' results, in order) into each case's measurements."""
+
+    world: int
+    tasks: list[dict[str, Any]]
+    device: str
+    timeout: float
+    estimates: list[list[RankEstimate]]  # [case][rank]
+    layouts: list[Layout]
+
+    def finish(self, replies: list[RankReply]) -> list[list[RankMeasurement]]:
+        return [
+            [
+                _rank_measurement(reply.results[index], self.estimates[index][reply.rank],
+                                  reply, layout.tp)
+                for reply in replies
+            ]
+            for index, layout in enumerate(self.layouts)
+        ]  # fmt: skip
+
+
+def prepare_splits(
+    cases: list[SplitCase] | list[tuple],
+    timeout: float | None = None,
+    force: bool = False,
+) -> PreparedSplits:
+    """Every check of :func:`measure_splits` (before any process starts), each rank's
+    estimate and each case's task."""
     cases = [SplitCase(*case) for case in cases]
     worlds = {case.layout.ranks for case in cases}
-    if len(worlds) > 1:
+    if len(worlds) != 1:
         raise AttnctlError(
             "one start of the ranks runs one count of processes (--tp × --cp × --dp)"
         )
@@ -529,15 +565,8 @@ def measure_splits(
             )
             for c in cases
         )  # fmt: skip
-    replies = run_ranks(world, tasks, str(resolved), timeout)
-    return [
-        [
-            _rank_measurement(reply.results[index], prepared[index][reply.rank], reply,
-                              case.layout.tp)
-            for reply in replies
-        ]
-        for index, case in enumerate(cases)
-    ]  # fmt: skip
+    layouts = [case.layout for case in cases]
+    return PreparedSplits(world, tasks, str(resolved), timeout, prepared, layouts)
 
 
 @dataclass(frozen=True)

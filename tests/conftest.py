@@ -96,3 +96,20 @@ def fewer_colours():
     for member in vars(Style).values():
         if hasattr(member, "cache_clear"):
             member.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """The tiny checkpoints (``tests/tiny_models.py``), written and loaded once a session."""
+    from rank_pool import TinyModels
+
+    return TinyModels(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def rank_pool(request, tiny):
+    """One start of the gloo ranks per world size for the distributed modules selected."""
+    from rank_pool import RankPool
+
+    selected = {item.module.__name__ for item in request.session.items if item.module}
+    return RankPool(selected, tiny)

@@ -2,8 +2,8 @@
 
 Each rank's stages equal its plan (``plan_parallel.rank_plan``) and its live bytes equal
 the plan's to the byte; ``run --tp`` gives one device's output and weights. The ranks
-of a --tp are started once per module (each process imports torch once) and run every
-task of that size in turn.
+of each size are started once a session for every module's batches (``rank_pool.py``:
+each process imports torch once) and run every task in turn.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
-import tiny_models
 import torch
+from rank_pool import Batch, rank_batch, split_batch
 from split_cases import small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.distributed import measure_splits, run_ranks
 from attnctl.errors import AttnctlError
 from attnctl.parallel import Layout, rank_heads
 from attnctl.plan_parallel import rank_plan
@@ -45,22 +44,14 @@ def _key(stage):
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    from attnctl.app.calls import load_model, model_layer
-
-    folder = tiny_models.write("llama", tmp_path_factory.mktemp("llama") / "llama")
-    model = load_model(str(folder))
-    return model, model_layer(model, {"device": "cpu", "impl": "math"})
+def llama(tiny):
+    return tiny["llama"], tiny.layer("llama")
 
 
-@pytest.fixture(scope="module")
-def gpt2(tmp_path_factory):
-    """Fused, transposed W_q/W_k/W_v (Conv1D), learned positions, biases everywhere."""
-    from attnctl.app.calls import load_model, model_layer
-
-    folder = tiny_models.write("gpt2", tmp_path_factory.mktemp("gpt2") / "gpt2")
-    model = load_model(str(folder))
-    return model, model_layer(model, {"device": "cpu", "impl": "math"})
+def _models(tiny):
+    """(llama, its layer), (GPT-2: fused, transposed W_q/W_k/W_v (Conv1D), learned
+    positions, biases everywhere, its layer)."""
+    return (tiny["llama"], tiny.layer("llama")), (tiny["gpt2"], tiny.layer("gpt2"))
 
 
 def _sweep(tp: int) -> list:
@@ -92,10 +83,14 @@ def _cases(tp: int, llama, gpt2):
     ]
 
 
+@rank_batch(2, 4)
+def measured_batch(tp: int, tiny) -> Batch:
+    return split_batch(_cases(tp, *_models(tiny)), TIMEOUT)
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def measured(request, llama, gpt2):
-    cases = _cases(request.param, llama, gpt2)
-    return cases, measure_splits(cases, timeout=TIMEOUT)
+def measured(request, rank_pool):
+    return rank_pool.get(measured_batch, request.param)
 
 
 def test_every_rank_measures_its_plan_to_the_byte(measured):
@@ -155,14 +150,12 @@ def _single_device(config, model, token_ids, block, heads, rows):
     return result.output, result.windows[block]
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def split_runs(request, llama, gpt2):
-    """Each case's rank results from one start of ``tp`` ranks."""
+@rank_batch(2, 4)
+def split_runs_batch(tp: int, tiny) -> Batch:
+    """Each case's rank results from ``tp`` ranks."""
     from attnctl.distributed import run_task
 
-    tp = request.param
-    model, layer = llama
-    fused, fused_layer = gpt2
+    (model, layer), (fused, fused_layer) = _models(tiny)
     generator = torch.Generator().manual_seed(1)
     seeded = resolve_impl(validate(dataclasses.replace(GQA, impl="math")))
     cases = [
@@ -183,8 +176,12 @@ def split_runs(request, llama, gpt2):
         inputs.append((token_ids, heads, rows))
     if LINUX:  # gloo's own buffers, last (the probe reads and resets VmHWM)
         tasks.append({"kind": "buffers", "sp": True, "mebibytes": 16})
-    replies = run_ranks(tp, tasks, timeout=TIMEOUT)
-    return cases, inputs, replies
+    return Batch(tasks, TIMEOUT, lambda replies: (cases, inputs, replies))
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
+def split_runs(request, rank_pool):
+    return rank_pool.get(split_runs_batch, request.param)
 
 
 @pytest.mark.skipif(not LINUX, reason="the probe reads the peak resident memory in /proc")

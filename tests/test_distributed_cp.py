@@ -13,10 +13,9 @@ import json
 import subprocess
 
 import pytest
-import tiny_models
+from rank_pool import Batch, rank_batch, split_batch
 
 from attnctl.config import LayerConfig
-from attnctl.distributed import measure_splits
 from attnctl.errors import AttnctlError
 from attnctl.parallel import Layout
 
@@ -59,18 +58,19 @@ def test_memory_measure_tp_cp_sp_runs_four_ranks_to_the_byte(invoke):
     assert max(r["peak_bytes"] for r in ranks) == device["peak_bytes"] - device["kv_cache_bytes"]
 
 
-def test_tp_cp_ranks_measure_every_stage_of_their_plan(tmp_path):
-    """--tp 2 --cp 2 without SP, and a checkpoint's, in one start of the 4 ranks."""
-    from attnctl.app.calls import load_model, model_layer
-
-    folder = tiny_models.write("llama", tmp_path / "llama")
-    model = load_model(str(folder))
-    layer = model_layer(model, {"device": "cpu", "impl": "math"})
+@rank_batch(4)
+def tp_cp_batch(world: int, tiny) -> Batch:
+    layer = tiny.layer("llama")
     cases = [
         (RING, 16, 2, 50, Layout(tp=2, cp=2), None),
-        (layer, 8, 1, model.vocab_size, Layout(tp=2, cp=2, sp=True), model),
+        (layer, 8, 1, tiny["llama"].vocab_size, Layout(tp=2, cp=2, sp=True), tiny["llama"]),
     ]
-    results = measure_splits(cases, timeout=TIMEOUT)
+    return split_batch(cases, TIMEOUT)
+
+
+def test_tp_cp_ranks_measure_every_stage_of_their_plan(rank_pool):
+    """--tp 2 --cp 2 without SP, and a checkpoint's, in one start of the 4 ranks."""
+    cases, results = rank_pool.get(tp_cp_batch, 4)
     for case, ranks in zip(cases, results, strict=True):
         assert [r.rank for r in ranks] == [0, 1, 2, 3]
         for rank in ranks:

@@ -12,24 +12,17 @@ import json
 import subprocess
 
 import pytest
-import tiny_models
 import torch
+from rank_pool import Batch, rank_batch, split_batch
 from split_cases import one_device_gradients, small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.describe import seeded_model
-from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
+from attnctl.distributed import SplitCase, measure_task
 from attnctl.parallel import Layout
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 LENGTH = 8
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    from attnctl.app.calls import load_model
-
-    return load_model(str(tiny_models.write("llama", tmp_path_factory.mktemp("cp") / "llama")))
 
 
 def _checkpoint(model) -> LayerConfig:
@@ -57,10 +50,15 @@ def _cases(world: int, llama) -> list[SplitCase]:
     return cases
 
 
+@rank_batch(2, 4)
+def measured_batch(world: int, tiny) -> Batch:
+    return split_batch(_cases(world, tiny["llama"]), TIMEOUT)
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])
-def measured(request, llama):
-    cases = _cases(request.param, llama)
-    return request.param, cases, measure_splits(cases, timeout=TIMEOUT)
+def measured(request, rank_pool):
+    cases, results = rank_pool.get(measured_batch, request.param)
+    return request.param, cases, results
 
 
 def test_every_rank_steps_as_its_estimate_to_the_byte(measured):
@@ -90,14 +88,15 @@ def test_the_table_is_the_busiest_ring_rank(measured):
         assert device.peak_bytes == max(rank.measured_peak_bytes for rank in ranks)
 
 
-@pytest.mark.parametrize(
-    "layout", [Layout(cp=2), Layout(tp=2, cp=2, sp=True)], ids=["cp2", "tp2-cp2-sp"]
-)  # (4 ring ranks: test_ring_backward.py)
-def test_every_gradient_summed_over_the_ring_is_one_devices(layout, llama):
-    """After the ring's sum each rank holds one device's gradient of the whole sequence
-    (its TP share of it): ring attention's backward, the chunks' positions."""
-    from attnctl.nn.collectives import TensorGroup, shard_weights
+# the layouts of the gradient oracle, by world (4 ring ranks: test_ring_backward.py)
+GRADIENT_LAYOUTS = {2: Layout(cp=2), 4: Layout(tp=2, cp=2, sp=True)}
 
+
+@rank_batch(2, 4)
+def gradients_batch(world: int, tiny) -> Batch:
+    """A layer and a checkpoint under GRADIENT_LAYOUTS[world], each rank's gradients sent
+    back."""
+    llama, layout = tiny["llama"], GRADIENT_LAYOUTS[world]
     values = dict(d_model=32, heads=4, kv_heads=2, norm="pre", pos="rope", mask="causal",
                   norm_type="rms", impl="math", device="cpu")  # fmt: skip
     config = resolve_impl(validate(LayerConfig(**values)))
@@ -107,7 +106,17 @@ def test_every_gradient_summed_over_the_ring_is_one_devices(layout, llama):
     ]
     wholes = [seeded_model(config, 50), llama.with_run(cases[1].config)]
     tasks = [{**measure_task(case), "gradients": True} for case in cases]
-    replies = run_ranks(layout.ranks, tasks, "cpu", TIMEOUT)
+    return Batch(tasks, TIMEOUT, lambda replies: (cases, wholes, replies))
+
+
+@pytest.mark.parametrize("world", [2, 4], ids=["cp2", "tp2-cp2-sp"])
+def test_every_gradient_summed_over_the_ring_is_one_devices(world, rank_pool):
+    """After the ring's sum each rank holds one device's gradient of the whole sequence
+    (its TP share of it): ring attention's backward, the chunks' positions."""
+    from attnctl.nn.collectives import TensorGroup, shard_weights
+
+    layout = GRADIENT_LAYOUTS[world]
+    cases, wholes, replies = rank_pool.get(gradients_batch, world)
     for index, (case, full) in enumerate(zip(cases, wholes, strict=True)):
         expected = one_device_gradients(case, full)
         scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())

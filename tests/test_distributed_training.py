@@ -3,8 +3,8 @@ on torch.distributed (gloo), held to the per-device step of ``memory --train --t
 phase by phase, to the byte; and its gradients held to the single device's, cut the same
 way (the collectives' autograd, the replicated weights' sums, the bias after the sum).
 
-The ranks of a --tp are started once per module (each process imports torch once) and
-run every case in turn.
+The ranks of each size are started once a session for every module's batches
+(``rank_pool.py``: each process imports torch once) and run every case in turn.
 """
 
 from __future__ import annotations
@@ -13,26 +13,17 @@ import itertools
 import json
 
 import pytest
-import tiny_models
 import torch
+from rank_pool import Batch, rank_batch, split_batch
 from split_cases import one_device_gradients, small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.describe import seeded_model
-from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
+from attnctl.distributed import SplitCase, measure_task
 from attnctl.parallel import Layout
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 FAMILIES = ("llama", "bert", "qwen2", "qwen3", "mistral", "gemma3")  # FFN, biases, qk norms
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    from attnctl.app.calls import load_model
-
-    folder = tmp_path_factory.mktemp("families")
-    return {family: load_model(str(tiny_models.write(family, folder / family)))
-            for family in (*FAMILIES, "gpt2")}  # fmt: skip
 
 
 def _layer(model, impl: str = "math"):
@@ -68,10 +59,14 @@ def _cases(tp: int, models) -> list[SplitCase]:
     return [*_sweep(tp), *named]
 
 
+@rank_batch(2, 4)
+def measured_batch(tp: int, tiny) -> Batch:
+    return split_batch(_cases(tp, tiny), TIMEOUT)
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
-def measured(request, models):
-    cases = _cases(request.param, models)
-    return cases, measure_splits(cases, timeout=TIMEOUT)
+def measured(request, rank_pool):
+    return rank_pool.get(measured_batch, request.param)
 
 
 def test_every_rank_steps_as_the_split_estimates_to_the_byte(measured):
@@ -131,13 +126,9 @@ GRADIENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_every_gradient_is_the_single_devices_cut_the_same_way(tp, models):
-    """Each rank's gradient of every weight (after the replicated ones' sums) is its
-    share of one device's: the collectives' backward, the kv-heads copied on
-    T / Hkv ranks, the per-head norms, the norms and biases under SP."""
-    from attnctl.nn.collectives import TensorGroup, shard_weights
-
+@rank_batch(2, 4)
+def gradients_batch(tp: int, models) -> Batch:
+    """GRADIENT_CASES of ``tp`` ranks, each rank's gradients sent back."""
     cases, wholes = [], []
     for what, values, ranks, sp in GRADIENT_CASES:
         if ranks != tp:
@@ -155,7 +146,17 @@ def test_every_gradient_is_the_single_devices_cut_the_same_way(tp, models):
         cases.append(case)
         wholes.append(full)
     tasks = [{**measure_task(case), "gradients": True} for case in cases]
-    replies = run_ranks(tp, tasks, "cpu", TIMEOUT)
+    return Batch(tasks, TIMEOUT, lambda replies: (cases, wholes, replies))
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_every_gradient_is_the_single_devices_cut_the_same_way(tp, rank_pool):
+    """Each rank's gradient of every weight (after the replicated ones' sums) is its
+    share of one device's: the collectives' backward, the kv-heads copied on
+    T / Hkv ranks, the per-head norms, the norms and biases under SP."""
+    from attnctl.nn.collectives import TensorGroup, shard_weights
+
+    cases, wholes, replies = rank_pool.get(gradients_batch, tp)
     for index, (case, full) in enumerate(zip(cases, wholes, strict=True)):
         expected = one_device_gradients(case, full)
         # float32 sums in another order: within 1e-4 of the model's largest gradient (a
@@ -206,8 +207,8 @@ def test_memory_measure_train_refusals_start_no_process(invoke, extra, words):
     assert result.exit_code == 2 and words in result.stderr and result.stdout == ""
 
 
-def test_a_fused_checkpoint_is_refused_by_name(invoke, models):
-    folder = str(models["gpt2"].source.path)
+def test_a_fused_checkpoint_is_refused_by_name(invoke, tiny):
+    folder = str(tiny["gpt2"].source.path)
     result = invoke("memory", "-L", "16", "--model", folder, "--tp", "2", "--train", "--measure")
     assert result.exit_code == 2 and result.stdout == ""
     assert "c_attn.weight transposed" in result.stderr

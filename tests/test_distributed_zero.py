@@ -15,23 +15,16 @@ import json
 import subprocess
 
 import pytest
-import tiny_models
 import torch
+from rank_pool import Batch, rank_batch, split_batch
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.describe import ModelDescription, seeded_model
-from attnctl.distributed import SplitCase, measure_splits, measure_task, run_ranks
+from attnctl.distributed import SplitCase, measure_task
 from attnctl.parallel import Layout, zero_pieces
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 LENGTH, BATCH, VOCAB = 8, 2, 50
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    from attnctl.app.calls import load_model
-
-    return load_model(str(tiny_models.write("llama", tmp_path_factory.mktemp("zero") / "llama")))
 
 
 def _layer(dtype: str) -> LayerConfig:
@@ -58,10 +51,15 @@ def _cases(dp: int, llama) -> list[SplitCase]:
     return cases
 
 
+@rank_batch(2, 4)
+def measured_batch(dp: int, tiny) -> Batch:
+    return split_batch(_cases(dp, tiny["llama"]), TIMEOUT)
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["dp2", "dp4"])
-def measured(request, llama):
-    cases = _cases(request.param, llama)
-    return request.param, cases, measure_splits(cases, timeout=TIMEOUT)
+def measured(request, rank_pool):
+    cases, results = rank_pool.get(measured_batch, request.param)
+    return request.param, cases, results
 
 
 def test_every_rank_steps_as_its_own_estimate_to_the_byte(measured):
@@ -181,8 +179,16 @@ def _mean_gradients(case: SplitCase, replies, index: int, full) -> dict[str, tor
     return {k: v.view(shapes[k]) for k, v in flat.items()}
 
 
+@rank_batch(2, 4)
+def oracle_batch(dp: int, tiny) -> Batch:
+    """The oracle's cases, each rank's gradients and weights after the step sent back."""
+    cases = _oracle_cases(dp, tiny["llama"])
+    tasks = [{**measure_task(case), "gradients": True, "parameters": True} for case in cases]
+    return Batch(tasks, TIMEOUT, lambda replies: (cases, replies))
+
+
 @pytest.mark.parametrize("dp", [2, 4])
-def test_the_mean_gradients_and_the_step_are_one_devices(dp, llama):
+def test_the_mean_gradients_and_the_step_are_one_devices(dp, rank_pool):
     """(a) every rank's gradients after the mean (under ZeRO 2 the ranks' pieces put
     together) are one device's of the whole batch
     (float32: within 1e-4 of the largest gradient); (b) every rank's weights after the
@@ -190,9 +196,7 @@ def test_the_mean_gradients_and_the_step_are_one_devices(dp, llama):
     weight): the pieces and their broadcasts put every value back where it belongs."""
     from attnctl.measure import adam_step
 
-    cases = _oracle_cases(dp, llama)
-    tasks = [{**measure_task(case), "gradients": True, "parameters": True} for case in cases]
-    replies = run_ranks(dp, tasks, "cpu", TIMEOUT)
+    cases, replies = rank_pool.get(oracle_batch, dp)
     for index, case in enumerate(cases):
         full = seeded_model(case.config, VOCAB) if case.model is None else (
             case.model.with_run(case.config))  # fmt: skip
