@@ -15,7 +15,7 @@ import pytest
 import tiny_models
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_terminal import assert_fits, invoke_at
+from test_terminal import assert_fits, invoke_at, json_of
 
 from attnctl.app.memory_parallel import Split, attention_matrix_bytes, steady_peak
 from attnctl.app.requests import LayerRequest, MemoryRequest
@@ -671,7 +671,7 @@ def test_per_device_tables_never_cut_a_number(width):
     args = ("memory", "--layers", "5", "--pp", "3", "--tp", "2", "--sp", "--train", "--dtype",
             "bfloat16", "--dp", "4", "--zero", "3", "--batch", "4", "--micro-batch", "1",
             "-L", "64", "--budget", "64MiB")  # fmt: skip
-    document = json.loads(invoke_at((*args, "--json"), "200").stdout)
+    document = json_of(args)  # the same at every width: made once
     values = []
     for device in document["per_device"]:
         if device["kind"] == "middle":
