@@ -124,10 +124,11 @@ def check_split_run(
                 f"{'transposed' if fused.transposed else 'as one tensor of several weights'}"
                 ", which a training step is not run split for yet: leave out --measure"
             )
-    if layout.pp > 1 or (layout.dp > 1 and not (train and layout.model_ranks == 1)):
+    if layout.pp > 1 or (layout.dp > 1 and not (train and layout.cp == 1)):
         raise AttnctlError(
-            "attnctl runs the --tp split on this machine, or --dp alone with --train; "
-            "--pp and --dp besides are estimated only: leave them out to run it"
+            "attnctl runs the --tp and --cp split on this machine, and --dp with --train "
+            "(alone or with --tp); --pp and --dp besides are estimated only: leave them out "
+            "to run it"
         )
     processes = layout.ranks  # T · C, or D
     if processes < 2:
@@ -364,7 +365,7 @@ def measure_task(case: SplitCase) -> dict[str, Any]:
     }  # fmt: skip
     if case.train:
         task["layers"] = case.layers
-    if layout.dp > 1:  # data-parallel copies, ZeRO 0 or 1
+    if layout.dp > 1:  # data-parallel copies, ZeRO 0 to 3
         task.update(dp=layout.dp, zero=layout.zero)
     return task
 

@@ -140,10 +140,15 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
                 "--measure with --dp runs a training step (each copy's forward pass is one "
                 "device's): add --train"
             )
-        if layout.dp > 1 and layout.model_ranks > 1:
+        if layout.dp > 1 and layout.cp > 1:
             raise AttnctlError(
-                "--measure runs --dp alone (with --tp 1 and --cp 1); --dp with --tp or --cp "
-                "is estimated only: leave out --measure, or --tp and --cp"
+                "--measure runs --dp alone or with --tp; --dp with --cp is estimated only: "
+                "leave out --measure, or --cp"
+            )
+        if layout.dp > 1 and layout.tp > 1 and layout.zero >= 2:
+            raise AttnctlError(
+                f"--measure runs --zero {layout.zero} with --dp alone; with --tp it is "
+                "estimated only (--zero 0 and 1 run with --tp): leave out --measure, or --tp"
             )
         if layout.ranks > MOST_PROCESSES:
             raise AttnctlError(

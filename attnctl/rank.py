@@ -81,9 +81,11 @@ def _rank_weights(full, config, device, group, blocks: int | None):
 @dataclass(frozen=True)
 class RankPlace:
     """Where a rank sits in a world of T · C · D processes, rank = (dp_rank · C + cp_rank)
-    · T + tp_rank: its tensor-parallel group (the T ranks of its CP rank; None when T = 1)
-    and its context-parallel ring (the C ranks of its TP rank; None when C = 1). Data
-    parallelism is run alone (T = C = 1): the world is the D copies."""
+    · T + tp_rank: its tensor-parallel group (the T ranks of its CP rank and copy; None
+    when T = 1), its context-parallel ring (the C ranks of its TP rank; None when C = 1)
+    and, among D data-parallel copies, the group of the ranks at its place in every copy
+    (``data_group``; None: the world, when T = C = 1). Data parallelism runs with TP or
+    alone (C = 1)."""
 
     rank: int
     tp: int
@@ -91,6 +93,8 @@ class RankPlace:
     group: Any = None  # nn.collectives.TensorGroup
     ring: Any = None  # nn.ring_attention.Ring
     dp: int = 1
+    data_group: Any = None  # a torch.distributed group of the D copies' ranks at this place
+    tensor_groups: tuple[tuple[int, ...], ...] = ()  # every TP group's ranks, in order
 
     @property
     def cp_rank(self) -> int:
@@ -104,6 +108,10 @@ class RankPlace:
     def tp_rank(self) -> int:
         return self.rank % self.tp
 
+    def data_peer(self, dp_rank: int) -> int:
+        """The world rank of data-parallel copy ``dp_rank``'s rank at this place."""
+        return (dp_rank * self.cp + self.cp_rank) * self.tp + self.tp_rank
+
 
 def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[RankPlace]:
     """Each task's place of this rank, its process groups made (``dist.new_group``, which
@@ -113,30 +121,36 @@ def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[Rank
     from attnctl.nn.collectives import TensorGroup
     from attnctl.nn.ring_attention import Ring
 
-    made: dict[tuple[int, int], tuple[Any, Any]] = {}
+    made: dict[tuple[int, int, int], tuple[Any, Any, Any, tuple]] = {}
     places = []
     for task in tasks:
         tp, cp, dp = int(task.get("tp", world)), int(task.get("cp", 1)), int(task.get("dp", 1))
-        if tp * cp * dp != world or (dp > 1 and tp * cp > 1):
+        if tp * cp * dp != world or (dp > 1 and cp > 1):
             raise ValueError(f"--tp {tp} --cp {cp} --dp {dp} is not a world of {world} ranks")
-        if (tp, cp) not in made:
-            if cp == 1:  # the world is the one TP group: the default group
-                made[tp, cp] = (None, None)
-            else:
-                tensor_groups = [dist.new_group([c * tp + t for t in range(tp)])
-                                 for c in range(cp)] if tp > 1 else [None] * cp  # fmt: skip
+        if (tp, cp, dp) not in made:
+            ranks_of = [tuple(range(first, first + tp)) for first in range(0, world, tp)]
+            tensor_group = ring_group = data_group = None  # None: the default group (world)
+            if cp > 1:
+                tensor_groups = [dist.new_group(list(r)) for r in ranks_of] if tp > 1 else []
                 rings = [dist.new_group([c * tp + t for c in range(cp)])
                          for t in range(tp)] if tp > 1 else [None]  # fmt: skip
-                made[tp, cp] = (tensor_groups[rank // tp], rings[rank % tp])
-        tensor_group, ring_group = made[tp, cp]
-        cp_rank, tp_rank = divmod(rank, tp)
+                tensor_group = tensor_groups[rank // tp] if tp > 1 else None
+                ring_group = rings[rank % tp]
+            elif dp > 1 and tp > 1:  # a TP group a copy, a data group a TP rank
+                tensor_groups = [dist.new_group(list(r)) for r in ranks_of]
+                data_groups = [dist.new_group([d * tp + t for d in range(dp)])
+                               for t in range(tp)]  # fmt: skip
+                tensor_group, data_group = tensor_groups[rank // tp], data_groups[rank % tp]
+            made[tp, cp, dp] = (tensor_group, ring_group, data_group, tuple(ranks_of))
+        tensor_group, ring_group, data_group, ranks_of = made[tp, cp, dp]
+        cp_rank, tp_rank = rank // tp % cp, rank % tp
         group = None
         if tp > 1:
             group = TensorGroup(tp_rank, tp, bool(task["sp"]), process_group=tensor_group)
         ring = None
         if cp > 1:
             ring = Ring(cp_rank, cp, int(task["seq_len"]), group=ring_group)
-        places.append(RankPlace(rank, tp, cp, group, ring, dp))
+        places.append(RankPlace(rank, tp, cp, group, ring, dp, data_group, ranks_of))
     return places
 
 
@@ -210,9 +224,9 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     summed over the ranks that hold a part of them (:func:`sum_replicated_gradients`),
     then Adam on this rank's tensors.
 
-    A data-parallel copy (``dp`` D > 1, T = 1) draws token ids of its own (seed + its
-    rank), averages every gradient over the copies after the backward
-    (:func:`mean_gradients`) and steps Adam on every tensor (``zero`` 0) or on its pieces
+    A data-parallel copy (``dp`` D > 1; its T ranks alike) draws token ids of its own
+    (seed + its copy's index), averages every gradient over its data group after the
+    backward (:func:`mean_gradients`) and steps Adam on every tensor (``zero`` 0) or on its pieces
     of the flat buffer, handing them to the others after (``zero`` 1, :func:`zero_step`;
     ``zero`` 2 reduce-scatters each gradient as it arrives, :class:`GradientShard`), or
     holds only its pieces of the weights too, each unit gathered while it is read
@@ -264,11 +278,14 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     held = named if model is None else shard  # the stack's copies; a checkpoint's all
     mixed = config.dtype != "float32"
     zero = int(task.get("zero", 0))
+    copies = Copies.of(place) if place.dp > 1 else None
+    partials = replicated_partials(named, full, group, place.tensor_groups)
+    name_of = {id(tensor): name for name, tensor in named.items()}
+    trained = [name_of[id(parameter)] for parameter in parameters]  # Adam's order
     sharded = None  # ZeRO 3: the rank's shard of every trained tensor, the rest gathered
-    if place.dp > 1 and zero == 3:
-        name_of = {id(tensor): name for name, tensor in named.items()}
-        trained = [name_of[id(parameter)] for parameter in parameters]  # Adam's order
-        sharded = ShardedWeights(named, trained, place.dp, place.dp_rank, mixed)
+    if copies is not None and zero == 3:
+        partial = partial_sums(partials, trained)
+        sharded = ShardedWeights(named, trained, copies, mixed, partial)
         untrained = [t for name, t in held.items() if name not in set(trained)]
         held = {"shard": sharded.shard, **{f"whole.{n}": t for n, t in enumerate(untrained)}}
         named, parameters = sharded.named, sharded.leaves
@@ -283,20 +300,22 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
             return forward(stack, named, token_ids, last=layers - 1, record=record, group=group,
                            training=True, offset=ring.offset)  # fmt: skip
 
-    summed = sum_replicated_gradients(named, full, group)
+    summed = sum_replicated_gradients(named, partials)
     if ring is not None:  # every weight is on every CP rank: its gradient is a part
         summed = _then(summed, sum_over_ring(parameters, ring))
     step = None
     shards: list[Any] = []  # ZeRO 2, 3: the rank's gradient pieces, once the step has made them
     measured_held = None
-    if place.dp > 1:
-        summed = None if zero >= 2 else mean_gradients(parameters, place.dp)
+    if copies is not None:
+        # ZeRO 2, 3: each gradient summed over TP (partial_sums), then reduced, as it arrives
+        summed = None if zero >= 2 else _then(summed, mean_gradients(parameters, copies))
         if sharded is not None:
             step = lambda: sharded.step(shards)  # noqa: E731
             measured_held = [sharded.shard]  # the leaves are counted while gathered
         elif zero:
-            step = lambda: zero_step(parameters, mixed, place.dp, place.dp_rank,  # noqa: E731
-                                     shards if zero >= 2 else None)  # fmt: skip
+            partial = partial_sums(partials, trained) if zero >= 2 else None
+            step = lambda: zero_step(parameters, mixed, copies,  # noqa: E731
+                                     shards if zero >= 2 else None, partial)  # fmt: skip
     measured = measure_step(run, parameters, [token_ids], parameter_bytes, mixed, device, summed,
                             step, measured_held)  # fmt: skip
     result = {
@@ -311,7 +330,7 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     if place.dp > 1:
         result.update(dp=place.dp, dp_rank=place.dp_rank, zero=zero)
     if task.get("gradients") and zero >= 2:  # the pieces this rank holds: (first, values)
-        name_of = {id(tensor): name for name, tensor in named.items()}
+        name_of = {id(tensor): name for name, tensor in named.items()}  # ZeRO 3's leaves
         result["gradient_pieces"] = [
             [name_of[id(parameters[index])], first, piece.float().cpu().tolist()]
             for index, first, piece in shards
@@ -353,25 +372,47 @@ def _then(first, second):
     return both
 
 
-def mean_gradients(parameters: list[Any], copies: int):
+@dataclass(frozen=True)
+class Copies:
+    """The D data-parallel copies as one of their ranks sees them: how many, which is its
+    own, the process group of the ranks at its place in each (None: the world, when the
+    copies are the world) and each copy's world rank there (the owner of a ZeRO piece is
+    a copy; a collective names it by its world rank)."""
+
+    size: int
+    rank: int
+    group: Any = None
+    peers: tuple[int, ...] = ()  # () : copy d is world rank d
+
+    @classmethod
+    def of(cls, place: RankPlace) -> Copies:
+        peers = tuple(place.data_peer(d) for d in range(place.dp))
+        return cls(place.dp, place.dp_rank, place.data_group, peers)
+
+    def peer(self, copy: int) -> int:
+        return self.peers[copy] if self.peers else copy
+
+
+def mean_gradients(parameters: list[Any], copies: Copies):
     """What runs between a data-parallel copy's backward and its optimizer step: every
-    gradient all-reduced in place over the ``copies`` and divided by them in place (the
+    gradient all-reduced in place over the copies and divided by them in place (the
     mean, as Megatron-LM and DDP take it)."""
     import torch.distributed as dist
 
     def mean() -> None:
         for parameter in parameters:
             if parameter.grad is not None:
-                dist.all_reduce(parameter.grad)
-                parameter.grad.div_(copies)
+                dist.all_reduce(parameter.grad, group=copies.group)
+                parameter.grad.div_(copies.size)
 
     return mean
 
 
 def zero_step(
-    parameters: list[Any], mixed: bool, copies: int, rank: int, shards: list | None = None
-):
-    """ZeRO 1's optimizer step on data-parallel rank ``rank`` of ``copies``, as Megatron-LM's
+    parameters: list[Any], mixed: bool, copies: Copies, shards: list | None = None,
+    partial: Callable[[int, Any], None] | None = None,
+):  # fmt: skip
+    """ZeRO 1's optimizer step on data-parallel rank ``copies.rank``, as Megatron-LM's
     distributed optimizer: Adam (foreach=False) on this rank's pieces of the flat buffer
     (``parallel.zero_ranges``). In float32 they are views of the parameters' flat pieces,
     their gradients views of the gradients' pieces; under mixed precision float32 master
@@ -381,8 +422,9 @@ def zero_step(
     same piece of everybody's parameter (no temporaries). Returns the step.
 
     ``shards`` (a list, ZeRO 2): the gradients are reduce-scattered as they arrive
-    (:class:`GradientShard`) and the step's gradients are views of the rank's shard;
-    ``shards`` gets (tensor index, first value, view) of each of the rank's pieces."""
+    (:class:`GradientShard`, ``partial`` before each) and the step's gradients are views
+    of the rank's shard; ``shards`` gets (tensor index, first value, view) of each of the
+    rank's pieces."""
     import torch
     import torch.distributed as dist
 
@@ -390,14 +432,16 @@ def zero_step(
 
     sizes = [parameter.numel() for parameter in parameters]
     flat = [parameter.detach().view(-1) for parameter in parameters]  # views: no storage
-    owned = [zero_ranges(sizes, copies, owner) for owner in range(copies)]
-    pieces = [flat[index][first:end] for index, first, end in owned[rank]]
+    owned = [zero_ranges(sizes, copies.size, owner) for owner in range(copies.size)]
+    pieces = [flat[index][first:end] for index, first, end in owned[copies.rank]]
     masters = [piece.float() for piece in pieces] if mixed else pieces
     optimizer = torch.optim.Adam(masters, foreach=False) if masters else None
-    shard = None if shards is None else GradientShard(parameters, owned, rank, copies)
+    shard = None
+    if shards is not None:
+        shard = GradientShard(parameters, owned, copies, partial=partial)
 
     def step() -> None:
-        for (index, first, end), master in zip(owned[rank], masters, strict=True):
+        for (index, first, end), master in zip(owned[copies.rank], masters, strict=True):
             if shard is None:
                 gradient = parameters[index].grad.view(-1)[first:end]
             else:
@@ -412,26 +456,32 @@ def zero_step(
                     piece.copy_(master)
         for owner, ranges in enumerate(owned):
             for index, first, end in ranges:
-                dist.broadcast(flat[index][first:end], src=owner)
+                dist.broadcast(flat[index][first:end], src=copies.peer(owner),
+                               group=copies.group)  # fmt: skip
 
     return step
 
 
 class GradientShard:
-    """ZeRO 2's gradients on data-parallel rank ``rank`` of ``copies``, reduce-scattered
-    as they arrive, as DeepSpeed's stage 2 does with a bucket of one tensor: when the
-    first gradient is made, a buffer of S values (⌈n / copies⌉, the gradients' dtype,
-    alive from then on) holds the rank's pieces end to end (``pieces``: tensor index ->
-    its view); each parameter's post-accumulate hook reduces (sums) every piece of its
-    gradient onto the piece's owner in place, the owner copies its piece into the buffer
-    and divides it by the copies (the mean), then the whole gradient is freed."""
+    """ZeRO 2's gradients on data-parallel rank ``copies.rank``, reduce-scattered as they
+    arrive, as DeepSpeed's stage 2 does with a bucket of one tensor: when the first
+    gradient is made, a buffer of S values (⌈n / D⌉, the gradients' dtype, alive from
+    then on) holds the rank's pieces end to end (``pieces``: tensor index -> its view);
+    each parameter's post-accumulate hook reduces (sums) every piece of its gradient onto
+    the piece's owner in place, the owner copies its piece into the buffer and divides it
+    by the copies (the mean), then the whole gradient is freed. ``partial(index,
+    gradient)``, first in the hook: a tensor-parallel rank's sum of a replicated weight's
+    part over the ranks that hold it (in place; the same order on every rank)."""
 
     def __init__(
-        self, parameters: list[Any], owned: list[list[tuple[int, int, int]]], rank: int,
-        copies: int, gone: Callable[[int], None] | None = None,
+        self, parameters: list[Any], owned: list[list[tuple[int, int, int]]], copies: Copies,
+        gone: Callable[[int], None] | None = None,
+        partial: Callable[[int, Any], None] | None = None,
     ) -> None:  # fmt: skip
-        self.parameters, self.owned, self.rank, self.copies = parameters, owned, rank, copies
+        self.parameters, self.owned, self.copies = parameters, owned, copies
+        self.rank = copies.rank
         self.gone = gone  # told each tensor's index once its gradient is freed (ZeRO 3)
+        self.partial = partial
         self.owners: dict[int, list[tuple[int, int, int]]] = {}  # tensor -> (owner, first, end)
         for owner, ranges in enumerate(owned):
             for index, first, end in ranges:
@@ -444,7 +494,7 @@ class GradientShard:
     def _make_buffer(self, like) -> None:
         import torch
 
-        size = -(-sum(p.numel() for p in self.parameters) // self.copies)
+        size = -(-sum(p.numel() for p in self.parameters) // self.copies.size)
         self.buffer = torch.empty(size, dtype=like.dtype, device=like.device)  # (S,)
         offset = 0
         for index, first, end in self.owned[self.rank]:  # the pieces, then the padding
@@ -461,12 +511,15 @@ class GradientShard:
             gradient = parameter.grad.view(-1)  # (n,)
             if self.buffer is None:
                 self._make_buffer(gradient)
+            if self.partial is not None:
+                self.partial(index, parameter.grad)
+            copies = self.copies
             with torch.no_grad():
                 for owner, first, end in self.owners.get(index, ()):
                     piece = gradient[first:end]  # an alias of its own, handed to gloo
-                    dist.reduce(piece, dst=owner)
+                    dist.reduce(piece, dst=copies.peer(owner), group=copies.group)
                     if owner == self.rank:
-                        self.pieces[index].copy_(piece).div_(self.copies)
+                        self.pieces[index].copy_(piece).div_(copies.size)
                     handed = [piece]
                     del piece
                     _released(handed)  # gloo lets go of it a moment after the reduce
@@ -478,11 +531,11 @@ class GradientShard:
 
 
 class ShardedWeights:
-    """ZeRO 3 on data-parallel rank ``rank`` of ``copies``, as FSDP with one unit a block
+    """ZeRO 3 on data-parallel rank ``copies.rank``, as FSDP with one unit a block
     and one for the trained weights outside the blocks (unit -1: the embeddings'): the
     rank holds ``shard``, S = ⌈n / copies⌉ values in the weights' dtype, its pieces of
     the ``trained`` tensors end to end (``parallel.zero_ranges``); the rest of ``named``
-    (an untrained head) stays whole.
+    (an untrained head) stays whole. ``partial``: :class:`GradientShard`'s.
 
     Autograd sees ``leaves``: each trained tensor whole, its storage freed (resized to no
     bytes) while its unit is not gathered. ``nn.model.forward`` calls the object before
@@ -494,22 +547,24 @@ class ShardedWeights:
     ``measure.storage_resized`` tells the measurement of each resize."""
 
     def __init__(
-        self, named: dict[str, Any], trained: list[str], copies: int, rank: int, mixed: bool
-    ) -> None:
+        self, named: dict[str, Any], trained: list[str], copies: Copies, mixed: bool,
+        partial: Callable[[int, Any], None] | None = None,
+    ) -> None:  # fmt: skip
         import torch
 
         from attnctl.parallel import zero_ranges
 
-        self.copies, self.rank, self.mixed = copies, rank, mixed
+        self.copies, self.rank, self.mixed, self.partial = copies, copies.rank, mixed, partial
+        rank, size = copies.rank, copies.size
         tensors = [named[name] for name in trained]
         sizes = [t.numel() for t in tensors]
-        self.owned = [zero_ranges(sizes, copies, owner) for owner in range(copies)]
+        self.owned = [zero_ranges(sizes, size, owner) for owner in range(size)]
         self.owners: dict[int, list[tuple[int, int, int]]] = {}  # tensor -> (owner, first, end)
         for owner, ranges in enumerate(self.owned):
             for index, first, end in ranges:
                 self.owners.setdefault(index, []).append((owner, first, end))
         like = tensors[0]
-        self.shard = torch.empty(-(-sum(sizes) // copies), dtype=like.dtype, device=like.device)
+        self.shard = torch.empty(-(-sum(sizes) // size), dtype=like.dtype, device=like.device)
         self.pieces: list[Any] = []  # views of the shard (S,): the rank's pieces, then padding
         self.mine: dict[int, Any] = {}  # tensor index -> the rank's piece of it
         offset = 0
@@ -570,7 +625,8 @@ class ShardedWeights:
                 for owner, first, end in self.owners.get(index, ()):
                     if owner == self.rank:
                         alias[first:end].copy_(self.mine[index])
-                    dist.broadcast(alias[first:end], src=owner)
+                    dist.broadcast(alias[first:end], src=self.copies.peer(owner),
+                                   group=self.copies.group)  # fmt: skip
 
     def _free(self, unit: int) -> None:
         from attnctl.measure import storage_resized
@@ -604,7 +660,7 @@ class ShardedWeights:
 
         masters = [piece.float() for piece in self.pieces] if self.mixed else self.pieces
         optimizer = torch.optim.Adam(masters, foreach=False) if masters else None
-        gradients = GradientShard(self.leaves, self.owned, self.rank, self.copies, self.gone)
+        gradients = GradientShard(self.leaves, self.owned, self.copies, self.gone, self.partial)
 
         def step() -> None:
             for (index, first, _), master in zip(self.owned[self.rank], masters, strict=True):
@@ -628,27 +684,37 @@ def _unit(name: str) -> int:
     return -1
 
 
-def sum_replicated_gradients(named: dict[str, Any], full, group):
-    """What runs between the backward and the optimizer step: each replicated weight
-    whose gradient is a part (its rank's heads' or tokens' share) summed in place over
-    the ranks that hold it, as Megatron-LM does. A per-head norm (``qk_norm head``)
-    serves this rank's heads only; a kv-head replicated on T / Hkv ranks (T > Hkv) serves
-    each of them its own query heads; under sequence parallelism every other replicated
-    weight (the norms, the biases added after a sum, the positions) sees this rank's
-    L / T tokens. Under TP alone the others see every token: their gradients are whole."""
+def replicated_partials(
+    named: dict[str, Any], full, group, tensor_groups: tuple[tuple[int, ...], ...] = ()
+) -> dict[str, Any]:
+    """The replicated weights whose gradient on a tensor-parallel rank is a part (its
+    rank's heads' or tokens' share), each with the group over which it is summed, as
+    Megatron-LM sums them. A per-head norm (``qk_norm head``) serves this rank's heads
+    only; a kv-head replicated on T / Hkv ranks (T > Hkv) serves each of them its own
+    query heads; under sequence parallelism every other replicated weight (the norms, the
+    biases added after a sum, the positions) sees this rank's L / T tokens. Under TP
+    alone the others see every token: their gradients are whole.
+
+    ``tensor_groups``: every TP group's world ranks (several with --dp or --cp; () : the
+    world is the one group), for the kv-heads' groups, which every rank makes for every
+    TP group in the same order."""
     import torch.distributed as dist
 
-    from attnctl.nn.collectives import _kind, _sum_in_place
+    from attnctl.nn.collectives import _kind
 
     if group is None or group.size == 1:
-        return None
+        return {}
     config = full.blocks[0].attention.config
     sharing = None  # the kv-heads' groups of ranks, when T > Hkv
     if group.size > config.kv_heads:
         copies = group.size // config.kv_heads
-        groups = [dist.new_group(list(range(j * copies, (j + 1) * copies)))
-                  for j in range(config.kv_heads)]  # fmt: skip
-        sharing = dataclasses.replace(group, process_group=groups[group.rank // copies])
+        mine = None
+        for ranks in tensor_groups or (tuple(range(group.size)),):
+            made = [dist.new_group(list(ranks[j * copies : (j + 1) * copies]))
+                    for j in range(config.kv_heads)]  # fmt: skip
+            if dist.get_rank() in ranks:
+                mine = made[group.rank // copies]
+        sharing = dataclasses.replace(group, process_group=mine)
 
     def partial(name: str) -> Any:
         """The group over which ``name``'s gradient is a part, or None (whole)."""
@@ -661,14 +727,42 @@ def sum_replicated_gradients(named: dict[str, Any], full, group):
             return group
         return group if group.sequence_parallel else None
 
-    plan = [(tensor, partial(name)) for name, tensor in named.items()]
+    found = {name: partial(name) for name in named}
+    return {name: over for name, over in found.items() if over is not None}
+
+
+def sum_replicated_gradients(named: dict[str, Any], partials: dict[str, Any]):
+    """What runs between the backward and the optimizer step: each gradient of
+    :func:`replicated_partials` summed in place over its group (None: there are none)."""
+    from attnctl.nn.collectives import _sum_in_place
+
+    if not partials:
+        return None
+    plan = [(named[name], over) for name, over in partials.items()]
 
     def summed() -> None:
         for tensor, over in plan:
-            if over is not None and tensor.grad is not None:
+            if tensor.grad is not None:
                 _sum_in_place(over, tensor.grad)
 
     return summed
+
+
+def partial_sums(partials: dict[str, Any], names: list[str]):
+    """:class:`GradientShard`'s ``partial`` for the tensors ``names`` (its indices): each
+    of :func:`replicated_partials` summed in place over its group as its gradient arrives
+    (under ZeRO 2 and 3 the gradient is gone to its owner right after)."""
+    from attnctl.nn.collectives import _sum_in_place
+
+    over = [partials.get(name) for name in names]
+    if not any(g is not None for g in over):
+        return None
+
+    def partial(index: int, gradient: Any) -> None:
+        if over[index] is not None:
+            _sum_in_place(over[index], gradient)
+
+    return partial
 
 
 def run_task(task: dict[str, Any], group, device) -> dict[str, Any]:

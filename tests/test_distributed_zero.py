@@ -17,9 +17,10 @@ import subprocess
 import pytest
 import torch
 from rank_pool import Batch, rank_batch, split_batch
+from split_cases import held_gradients, seeded_weights, whole_batch_gradients
 
 from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.describe import ModelDescription, seeded_model
+from attnctl.describe import seeded_model
 from attnctl.distributed import SplitCase, measure_task
 from attnctl.parallel import Layout, zero_pieces
 
@@ -102,43 +103,6 @@ def test_zero_ranks_differ_as_their_pieces_and_the_table_is_the_busiest(measured
 # ---------------------------------------------------------------- the oracles
 
 
-def _weights(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
-    """One device's weights of the step under the same seed: a seeded stack of
-    ``layers`` copies of block 0, or the checkpoint's."""
-    from attnctl.nn.weights import model_weights
-
-    torch.manual_seed(case.config.seed)
-    checkpoint = case.model is not None
-    whole = model_weights(full, case.config, torch.device("cpu"), blocks=None, head=checkpoint)
-    named = {k: v.detach().clone() for k, v in whole.named.items()}
-    if not checkpoint:
-        block = {k: v for k, v in named.items() if k.startswith("blocks.0.")}
-        for n in range(1, case.layers):
-            for key, value in block.items():
-                named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = value.clone()
-    return named
-
-
-def _whole_batch_gradients(case: SplitCase, full: ModelDescription) -> dict[str, torch.Tensor]:
-    """One device's gradients of every copy's token ids together (rank r's drawn under
-    seed + r), of the loss summed over them divided by D: the copies' mean."""
-    from attnctl.nn.model import forward
-
-    dp = case.layout.dp
-    named = {k: v.requires_grad_() for k, v in _weights(case, full).items()}
-    drawn = [
-        torch.randint(0, full.vocab_size, (case.batch, case.seq_len),
-                      generator=torch.Generator().manual_seed(case.config.seed + rank))
-        for rank in range(dp)
-    ]  # fmt: skip
-    token_ids = torch.cat(drawn)  # (D·B, L)
-    stack, last = full, full.layers - 1
-    if case.model is None:
-        stack, last = ModelDescription(full.embeddings, full.blocks * case.layers), case.layers - 1
-    (forward(stack, named, token_ids, last=last, training=True).output.sum() / dp).backward()
-    return {k: v.grad for k, v in named.items() if v.grad is not None}
-
-
 def _oracle_cases(dp: int, llama) -> list[SplitCase]:
     cases = []
     every = (("float32", 0), ("float32", 1), ("bfloat16", 1), ("float32", 2), ("bfloat16", 2),
@@ -153,30 +117,6 @@ def _oracle_cases(dp: int, llama) -> list[SplitCase]:
                       llama, True)
         )  # fmt: skip
     return cases
-
-
-def _mean_gradients(case: SplitCase, replies, index: int, full) -> dict[str, torch.Tensor]:
-    """The mean gradients the ranks hold: every rank's whole under ZeRO 0 and 1 (the same
-    everywhere), each rank's pieces of the flat buffer under ZeRO 2, put together (every
-    value held by exactly one rank)."""
-    results = [reply.results[index] for reply in replies]
-    if case.layout.zero < 2:
-        gradients = [result["gradients"] for result in results]
-        assert all(g == gradients[0] for g in gradients)  # the mean, everywhere
-        return {k: torch.tensor(v) for k, v in gradients[0].items()}
-    shapes = {k: v.shape for k, v in _weights(case, full).items()}
-    flat: dict[str, torch.Tensor] = {}
-    held: dict[str, torch.Tensor] = {}
-    for result in results:
-        assert "gradients" not in result  # no rank keeps a whole gradient
-        for name, first, values in result["gradient_pieces"]:
-            whole = flat.setdefault(name, torch.zeros(shapes[name].numel()))
-            count = held.setdefault(name, torch.zeros(shapes[name].numel(), dtype=torch.int64))
-            whole[first : first + len(values)] = torch.tensor(values)
-            count[first : first + len(values)] += 1
-    for name, count in held.items():
-        assert bool((count == 1).all()), name  # every value on exactly one rank
-    return {k: v.view(shapes[k]) for k, v in flat.items()}
 
 
 @rank_batch(2, 4)
@@ -201,15 +141,16 @@ def test_the_mean_gradients_and_the_step_are_one_devices(dp, rank_pool):
         full = seeded_model(case.config, VOCAB) if case.model is None else (
             case.model.with_run(case.config))  # fmt: skip
         where = f"{case.layout.summary()} {case.config.dtype} case {index}"
-        mean = _mean_gradients(case, replies, index, full)
+        results = [reply.results[index] for reply in replies]
+        mean = held_gradients(case.layout.zero, results, seeded_weights(case, full))
         if case.config.dtype == "float32":  # (a): half precision rounds another batch
-            expected = _whole_batch_gradients(case, full)
+            expected = whole_batch_gradients(case, full)
             scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())
             assert set(mean) == set(expected), where
             for name, gradient in mean.items():
                 torch.testing.assert_close(gradient, expected[name].float(), rtol=0,
                                            atol=scale, msg=f"{where} {name}")  # fmt: skip
-        weights = _weights(case, full)  # (b): one device's step on the mean gradients
+        weights = seeded_weights(case, full)  # (b): one device's step on the mean gradients
         trained = [weights[name] for name in mean]
         for name, tensor in zip(mean, trained, strict=True):
             tensor.grad = mean[name].to(tensor.dtype)
@@ -251,8 +192,7 @@ def test_memory_measure_dp_zero_prints_each_rank(invoke):
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--tp", "2"), "--dp with --tp or --cp is estimated only"),
-        (("--cp", "2"), "--dp with --tp or --cp is estimated only"),
+        (("--cp", "2"), "--dp with --cp is estimated only"),
         (("--dp", "65"), "--measure would start 65 processes"),
     ],
 )

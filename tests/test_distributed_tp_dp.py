@@ -1,0 +1,176 @@
+"""``memory --measure --train --tp T [--sp] --dp D --zero 0|1|2|3``: D data-parallel
+copies of a T-way tensor-parallel split, T · D gloo processes (rank = dp_rank · T +
+tp_rank), each copy on token ids of its own. A rank's gradients are summed over its TP
+group where they are a part (the replicated weights under SP, a kv-head copied on
+T / Hkv ranks), averaged over the ranks at its place in every copy (its data group),
+its optimizer state sharded over that group as ZeRO shards it. Each rank is held phase
+by phase to its own estimate (``Split.per_device(..., dp_rank)``) to the byte; its
+gradients (under ZeRO 2 and 3 its data group's pieces put together) to its TP share of
+one device's gradients of the whole batch, its weights after the step to its share of
+one device's Adam step.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+from rank_pool import Batch, rank_batch, split_batch
+from split_cases import held_gradients, seeded_weights, whole_batch_gradients
+
+from attnctl.config import LayerConfig, resolve_impl, validate
+from attnctl.describe import seeded_model
+from attnctl.distributed import SplitCase, measure_task
+from attnctl.parallel import Layout
+
+TIMEOUT = 300  # seconds a start of the ranks may take at most, here
+LENGTH, BATCH, VOCAB, TP, DP = 8, 2, 50, 2, 2
+
+
+def _layer(dtype: str = "float32", **values) -> LayerConfig:
+    settings = dict(d_model=36, heads=4, norm="pre", pos="learned", impl="math", device="cpu")
+    return resolve_impl(validate(LayerConfig(**{**settings, **values}, dtype=dtype)))
+
+
+GROUPED = dict(d_model=40, kv_heads=1, pos="rope", mask="causal", norm_type="rms")  # T > Hkv
+
+
+def _case(config: LayerConfig, zero: int, sp: bool, model=None) -> SplitCase:
+    layout = Layout(tp=TP, sp=sp, dp=DP, zero=zero)
+    if model is None:
+        return SplitCase(config, LENGTH, BATCH, VOCAB, layout, None, True, 2)
+    return SplitCase(config, LENGTH, BATCH, model.vocab_size, layout, model, True)
+
+
+def _measured_cases(tiny) -> list[SplitCase]:
+    llama = tiny["llama"]
+    return [
+        *(_case(_layer(), zero, True) for zero in (0, 1)),
+        _case(_layer("bfloat16"), 1, False),
+        _case(_layer(**GROUPED), 1, True),
+        _case(_layer(**GROUPED), 0, False),
+        *(_case(tiny.layer("llama"), zero, True, llama) for zero in (0, 1)),
+    ]
+
+
+@rank_batch(TP * DP)
+def measured_batch(world: int, tiny) -> Batch:
+    return split_batch(_measured_cases(tiny), TIMEOUT)
+
+
+def test_every_rank_steps_as_its_own_estimate_to_the_byte(rank_pool):
+    cases, results = rank_pool.get(measured_batch, TP * DP)
+    for case, ranks in zip(cases, results, strict=True):
+        what = "the layer" if case.model is None else case.model.name
+        assert [r.rank for r in ranks] == list(range(TP * DP))
+        for rank in ranks:
+            where = f"{what} {case.layout.summary()} {case.config.dtype} rank {rank.rank}"
+            assert rank.stage_names == ("forward", "backward", "optimizer step")
+            assert rank.measured_parameter_bytes == rank.parameter_bytes, where
+            assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
+            assert rank.measured_peak_bytes == rank.peak_bytes, where
+        if case.layout.zero:  # the copies hold different pieces; a copy's TP ranks alike
+            steps = [rank.measured_stage_peak_bytes[2] for rank in ranks]
+            assert steps[0] == steps[1] and steps[2] == steps[3], (case, steps)
+
+
+# ---------------------------------------------------------------- the oracle
+
+
+def _oracle_cases(tiny) -> list[SplitCase]:
+    """ZeRO 2 and 3 among them: their gradients and steps are right under --tp, though
+    ``--measure`` refuses them there (a rank's backward holds more, for some layers,
+    than its estimate: not found yet)."""
+    return [
+        _case(_layer(), 0, True),
+        _case(_layer(), 2, True),
+        _case(_layer(), 3, False),
+        _case(_layer(**GROUPED), 1, True),
+        _case(tiny.layer("llama"), 3, True, tiny["llama"]),
+    ]
+
+
+@rank_batch(TP * DP)
+def oracle_batch(world: int, tiny) -> Batch:
+    """The oracle's cases, each rank's gradients and weights after the step sent back."""
+    cases = _oracle_cases(tiny)
+    tasks = [{**measure_task(case), "gradients": True, "parameters": True} for case in cases]
+    return Batch(tasks, TIMEOUT, lambda replies: (cases, replies))
+
+
+def test_the_gradients_and_the_step_are_one_devices_cut_the_same_way(rank_pool):
+    """(a) each TP rank's mean gradients (its data group's, put together under ZeRO 2 and
+    3) are its share of one device's of the whole batch (within 1e-4 of the largest);
+    (b) every rank's weights after the step are its share of one device's Adam step on
+    those gradients (within 1e-6 of the largest weight)."""
+    from attnctl.measure import adam_step
+    from attnctl.nn.collectives import TensorGroup, shard_weights
+
+    cases, replies = rank_pool.get(oracle_batch, TP * DP)
+    for index, case in enumerate(cases):
+        full = seeded_model(case.config, VOCAB) if case.model is None else (
+            case.model.with_run(case.config))  # fmt: skip
+        where = f"{case.layout.summary()} case {index}"
+        expected = whole_batch_gradients(case, full)
+        weights = seeded_weights(case, full)
+        scale = 1e-4 * max(float(g.abs().max()) for g in expected.values())
+        for tp_rank in range(TP):
+            group = TensorGroup(tp_rank, TP)
+            mine = shard_weights(weights, full, group, full.vocab_size)
+            results = [r.results[index] for r in replies if r.rank % TP == tp_rank]
+            got = held_gradients(case.layout.zero, results, mine)
+            cut = shard_weights(expected, full, group, full.vocab_size)
+            assert set(got) == set(cut), f"{where} TP rank {tp_rank}"
+            for name, gradient in got.items():
+                torch.testing.assert_close(gradient, cut[name].float(), rtol=0, atol=scale,
+                                           msg=f"{where} TP rank {tp_rank} {name}")  # fmt: skip
+            # (b) on the gradients the ranks hold: a gradient of 0 (W_k's bias: softmax is
+            # blind to a shift of a row's scores) is float noise, whose sign Adam's step keeps
+            trained = [mine[name] for name in got]
+            for tensor, name in zip(trained, got, strict=True):
+                tensor.grad = got[name].to(tensor.dtype)
+            adam_step(trained, case.config.dtype != "float32")()
+            bound = 1e-6 * max(float(w.abs().max()) for w in mine.values())
+            for result in results:
+                assert set(result["parameters"]) == set(mine), where
+                for name, value in result["parameters"].items():
+                    said = f"{where} rank {result['rank']} {name}"
+                    torch.testing.assert_close(torch.tensor(value), mine[name].float(), rtol=0,
+                                               atol=bound, msg=said)  # fmt: skip
+
+
+# ---------------------------------------------------------------- the command
+
+
+ARGS = ("memory", "-L", "8", "--d-model", "36", "--heads", "4", "--norm", "pre", "--train",
+        "--layers", "2", "--tp", "2", "--sp", "--dp", "2", "--zero", "1")  # fmt: skip
+
+
+def test_memory_measure_tp_dp_prints_each_rank(invoke):
+    result = invoke(*ARGS, "--measure", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    ranks = document["measured_per_rank"]
+    (device,) = document["per_device"]
+    assert [rank["rank"] for rank in ranks] == [0, 1, 2, 3]
+    for rank in ranks:
+        assert rank["peak_bytes"] == rank["measured_peak_bytes"]
+        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
+    assert device["peak_bytes"] == max(rank["peak_bytes"] for rank in ranks)
+
+
+def test_dp_beside_cp_is_refused_before_any_process(invoke, monkeypatch):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    result = invoke(*ARGS[:-7], "--cp", "2", "--dp", "2", "--zero", "1", "--measure")
+    assert result.exit_code == 2, result.output
+    assert "--dp with --cp is estimated only" in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("zero", ["2", "3"])
+def test_zero_2_and_3_beside_tp_are_refused_before_any_process(invoke, monkeypatch, zero):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
+    result = invoke(*ARGS[:-1], zero, "--measure")
+    assert result.exit_code == 2, result.output
+    assert f"--zero {zero} with --dp alone" in result.stderr and result.stdout == ""
