@@ -145,11 +145,6 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
                 "--measure runs --dp alone or with --tp; --dp with --cp is estimated only: "
                 "leave out --measure, or --cp"
             )
-        if layout.dp > 1 and layout.tp > 1 and layout.zero >= 2:
-            raise AttnctlError(
-                f"--measure runs --zero {layout.zero} with --dp alone; with --tp it is "
-                "estimated only (--zero 0 and 1 run with --tp): leave out --measure, or --tp"
-            )
         if layout.ranks > MOST_PROCESSES:
             raise AttnctlError(
                 f"--measure would start {layout.ranks} processes (--tp × --cp × --dp); "

@@ -10,18 +10,24 @@ from __future__ import annotations
 from attnctl.autograd_replay import Tensor
 from attnctl.describe import Attention
 from attnctl.trace import Stage
-from attnctl.training_stages import FP32, Walk, entry, linear, norm_over_last
+from attnctl.training_stages import (
+    FP32,
+    Walk,
+    entry,
+    linear,
+    norm_over_last,
+    row_parallel_linear,
+)
 
 
 @entry("q", "k", "v", "output_projection")
 def _projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     name = {"q": "W_q", "k": "W_k", "v": "W_v", "output_projection": "W_o"}[walk.base]
     bias = walk.config.bias and (name != "W_o" or walk.config.output_bias)
+    if name == "W_o":  # under tensor parallelism its bias is added after the ranks' sum
+        return row_parallel_linear(walk, stage, ins[0], name, bias)
     strided = walk.base == "k" and _key_gradient_is_strided(walk)
-    # under tensor parallelism W_o's bias is added in place after the ranks' sum: its
-    # backward makes the bias's gradient where addmm's would, the same bytes (measured:
-    # tests/test_distributed_training.py), so the linear is replayed as with a bias
-    x = ins[0] if name == "W_o" else walk.column_input(stage, ins[0])
+    x = walk.column_input(stage, ins[0])
     return linear(walk, stage, x, name, bias, strided_gradient=strided)
 
 

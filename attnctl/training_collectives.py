@@ -42,7 +42,20 @@ def _all_reduce(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     (partial,) = ins
     r.read()  # the collective runs on the bytes alive now
-    return r.node(r.view(partial), (partial,), (), (("pass", 0),))
+    return add_bias(walk, r.node(r.view(partial), (partial,), (), (("pass", 0),)))
+
+
+def add_bias(walk: Walk, summed: Tensor) -> Tensor:
+    """``summed += bias`` in place, when the projection before the sum had one
+    (``walk.bias_after_sum``): its node hands the gradient on and makes the bias's, the
+    incoming gradient summed to (D,)."""
+    if walk.bias_after_sum is None:
+        return summed
+    name, view, nbytes = walk.bias_after_sum
+    walk.bias_after_sum = None
+    r = walk.replay
+    to_bias = ("grad", 1, nbytes) if view is not None else ("param", name, nbytes)
+    return r.node(r.view(summed), (summed, view), (), (("pass", 0), to_bias))
 
 
 @entry("all_gather", "ffn_all_gather")
@@ -60,4 +73,5 @@ def _all_gather(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 def _reduce_scatter(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     r = walk.replay
     (partial,) = ins
-    return r.node(r.new(stage.bytes), (partial,), (), (("grad", 0, partial.nbytes),))
+    mine = r.node(r.new(stage.bytes), (partial,), (), (("grad", 0, partial.nbytes),))
+    return add_bias(walk, mine)

@@ -68,6 +68,10 @@ class Walk:
     # the storages held until it returns
     ring: dict[str, Tensor] = field(default_factory=dict)
     ring_held: list[int] = field(default_factory=list)
+    # a row-parallel projection's bias under tensor parallelism, added in place after the
+    # ranks' sum (its name, its view of a stored tensor or None, its bytes): the next
+    # collective stage adds it (``training_collectives.add_bias``)
+    bias_after_sum: tuple[str, Tensor | None, int] | None = None
 
     @property
     def feed_forward(self) -> FeedForward:
@@ -334,6 +338,19 @@ def linear(
     return r.node(out, (x_2d, weight_t, bias_view), (x,), steps)
 
 
+def row_parallel_linear(walk: Walk, stage: Stage, x: Tensor, name: str, bias: bool) -> Tensor:
+    """W_o or the feed-forward's down projection: :func:`linear`, except under tensor
+    parallelism, where the rank's linear has no bias (mm: the weight's gradient first)
+    and the bias is added in place after the ranks' sum (``nn/collectives.reduce_partial``):
+    the collective stage that follows adds its node, whose backward makes the bias's
+    gradient before this linear's (``walk.bias_after_sum``)."""
+    if walk.plan.tensor_parallel == 1 or not bias:
+        return linear(walk, stage, x, name, bias)
+    bias_name = walk.param(f"{name}.bias")
+    walk.bias_after_sum = (bias_name, walk.weight_views.get(bias_name), stage.shape[-1] * walk.e)
+    return linear(walk, stage, x, name, False)
+
+
 def _sequence_parallel_linear(
     walk: Walk,
     stage: Stage,
@@ -407,8 +424,9 @@ def weight_views(walk: Walk) -> None:
 @entry("ffn_up", "ffn_gate", "ffn_down")
 def _ffn_projection(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     name = "feed_forward." + walk.base.removeprefix("ffn_")
-    x = ins[0] if walk.base == "ffn_down" else walk.column_input(stage, ins[0])
-    return linear(walk, stage, x, name, walk.feed_forward.bias)
+    if walk.base == "ffn_down":
+        return row_parallel_linear(walk, stage, ins[0], name, walk.feed_forward.bias)
+    return linear(walk, stage, walk.column_input(stage, ins[0]), name, walk.feed_forward.bias)
 
 
 @entry("ffn_act")

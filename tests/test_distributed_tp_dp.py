@@ -47,11 +47,11 @@ def _case(config: LayerConfig, zero: int, sp: bool, model=None) -> SplitCase:
 def _measured_cases(tiny) -> list[SplitCase]:
     llama = tiny["llama"]
     return [
-        *(_case(_layer(), zero, True) for zero in (0, 1)),
-        _case(_layer("bfloat16"), 1, False),
+        *(_case(_layer(), zero, True) for zero in (0, 1, 2, 3)),
+        _case(_layer("bfloat16"), 2, False),
         _case(_layer(**GROUPED), 1, True),
-        _case(_layer(**GROUPED), 0, False),
-        *(_case(tiny.layer("llama"), zero, True, llama) for zero in (0, 1)),
+        _case(_layer(**GROUPED), 3, False),
+        *(_case(tiny.layer("llama"), zero, True, llama) for zero in (1, 3)),
     ]
 
 
@@ -80,9 +80,6 @@ def test_every_rank_steps_as_its_own_estimate_to_the_byte(rank_pool):
 
 
 def _oracle_cases(tiny) -> list[SplitCase]:
-    """ZeRO 2 and 3 among them: their gradients and steps are right under --tp, though
-    ``--measure`` refuses them there (a rank's backward holds more, for some layers,
-    than its estimate: not found yet)."""
     return [
         _case(_layer(), 0, True),
         _case(_layer(), 2, True),
@@ -145,7 +142,7 @@ def test_the_gradients_and_the_step_are_one_devices_cut_the_same_way(rank_pool):
 
 
 ARGS = ("memory", "-L", "8", "--d-model", "36", "--heads", "4", "--norm", "pre", "--train",
-        "--layers", "2", "--tp", "2", "--sp", "--dp", "2", "--zero", "1")  # fmt: skip
+        "--layers", "2", "--tp", "2", "--sp", "--dp", "2", "--zero", "2")  # fmt: skip
 
 
 def test_memory_measure_tp_dp_prints_each_rank(invoke):
@@ -166,11 +163,3 @@ def test_dp_beside_cp_is_refused_before_any_process(invoke, monkeypatch):
     result = invoke(*ARGS[:-7], "--cp", "2", "--dp", "2", "--zero", "1", "--measure")
     assert result.exit_code == 2, result.output
     assert "--dp with --cp is estimated only" in result.stderr and result.stdout == ""
-
-
-@pytest.mark.parametrize("zero", ["2", "3"])
-def test_zero_2_and_3_beside_tp_are_refused_before_any_process(invoke, monkeypatch, zero):
-    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
-    result = invoke(*ARGS[:-1], zero, "--measure")
-    assert result.exit_code == 2, result.output
-    assert f"--zero {zero} with --dp alone" in result.stderr and result.stdout == ""
