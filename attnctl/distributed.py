@@ -124,11 +124,10 @@ def check_split_run(
                 f"{'transposed' if fused.transposed else 'as one tensor of several weights'}"
                 ", which a training step is not run split for yet: leave out --measure"
             )
-    if layout.pp > 1 or (layout.dp > 1 and not (train and layout.cp == 1)):
+    if layout.pp > 1 or (layout.dp > 1 and not train):
         raise AttnctlError(
-            "attnctl runs the --tp and --cp split on this machine, and --dp with --train "
-            "(alone or with --tp); --pp and --dp besides are estimated only: leave them out "
-            "to run it"
+            "attnctl runs the --tp and --cp split on this machine, and --dp with --train; "
+            "--pp and --dp besides are estimated only: leave them out to run it"
         )
     processes = layout.ranks  # T · C, or D
     if processes < 2:
@@ -365,7 +364,7 @@ def measure_task(case: SplitCase) -> dict[str, Any]:
     }  # fmt: skip
     if case.train:
         task["layers"] = case.layers
-    if layout.dp > 1:  # data-parallel copies, ZeRO 0 to 3
+    if layout.dp > 1 or layout.zero:  # data-parallel copies; ZeRO 0 to 3 (over D · C)
         task.update(dp=layout.dp, zero=layout.zero)
     return task
 
@@ -618,7 +617,8 @@ def training_estimates(
         plan = rank_plan(case.config, case.seq_len, case.batch, case.vocab_size, layout,
                          case.model, cp_rank=cp_rank)  # fmt: skip
         ranked = split.ring_rank(cp_rank) if layout.cp > 1 else split  # its chunk's plans
-        (device,) = ranked.per_device(case.seq_len, case.batch, 1, 0, case.batch, dp_rank)
+        state_rank = dp_rank * layout.cp + cp_rank  # its index among the D · C ZeRO shards
+        (device,) = ranked.per_device(case.seq_len, case.batch, 1, 0, case.batch, state_rank)
         phases = tuple(peak - device.weights_bytes for peak in device.phase_peak_bytes)
         estimates.append(RankEstimate(plan, device.weights_bytes, PHASES, phases))
     return estimates

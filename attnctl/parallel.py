@@ -140,11 +140,6 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
                 "--measure with --dp runs a training step (each copy's forward pass is one "
                 "device's): add --train"
             )
-        if layout.dp > 1 and layout.cp > 1:
-            raise AttnctlError(
-                "--measure runs --dp alone or with --tp; --dp with --cp is estimated only: "
-                "leave out --measure, or --cp"
-            )
         if layout.ranks > MOST_PROCESSES:
             raise AttnctlError(
                 f"--measure would start {layout.ranks} processes (--tp × --cp × --dp); "

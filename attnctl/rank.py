@@ -83,9 +83,9 @@ class RankPlace:
     """Where a rank sits in a world of T · C · D processes, rank = (dp_rank · C + cp_rank)
     · T + tp_rank: its tensor-parallel group (the T ranks of its CP rank and copy; None
     when T = 1), its context-parallel ring (the C ranks of its TP rank; None when C = 1)
-    and, among D data-parallel copies, the group of the ranks at its place in every copy
-    (``data_group``; None: the world, when T = C = 1). Data parallelism runs with TP or
-    alone (C = 1)."""
+    and the group of the D · C ranks at its TP place in every copy and CP rank
+    (``data_group``: what ZeRO shards over, as Megatron-LM shards over its data- and
+    context-parallel ranks; None: the world, when T = 1)."""
 
     rank: int
     tp: int
@@ -93,7 +93,7 @@ class RankPlace:
     group: Any = None  # nn.collectives.TensorGroup
     ring: Any = None  # nn.ring_attention.Ring
     dp: int = 1
-    data_group: Any = None  # a torch.distributed group of the D copies' ranks at this place
+    data_group: Any = None  # a torch.distributed group of the D · C ranks at this TP place
     tensor_groups: tuple[tuple[int, ...], ...] = ()  # every TP group's ranks, in order
 
     @property
@@ -108,9 +108,14 @@ class RankPlace:
     def tp_rank(self) -> int:
         return self.rank % self.tp
 
-    def data_peer(self, dp_rank: int) -> int:
-        """The world rank of data-parallel copy ``dp_rank``'s rank at this place."""
-        return (dp_rank * self.cp + self.cp_rank) * self.tp + self.tp_rank
+    @property
+    def state_rank(self) -> int:
+        """Its index among the D · C ranks of its data group: dp_rank · C + cp_rank."""
+        return self.rank // self.tp
+
+    def data_peer(self, index: int) -> int:
+        """The world rank of the data group's rank ``index`` (of D · C)."""
+        return index * self.tp + self.tp_rank
 
 
 def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[RankPlace]:
@@ -125,22 +130,23 @@ def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[Rank
     places = []
     for task in tasks:
         tp, cp, dp = int(task.get("tp", world)), int(task.get("cp", 1)), int(task.get("dp", 1))
-        if tp * cp * dp != world or (dp > 1 and cp > 1):
+        if tp * cp * dp != world:
             raise ValueError(f"--tp {tp} --cp {cp} --dp {dp} is not a world of {world} ranks")
         if (tp, cp, dp) not in made:
+            # rank = (d · C + c) · T + t: a TP group each (d, c), a ring each (d, t), a
+            # data group each t; None: the default group (the world)
             ranks_of = [tuple(range(first, first + tp)) for first in range(0, world, tp)]
-            tensor_group = ring_group = data_group = None  # None: the default group (world)
-            if cp > 1:
-                tensor_groups = [dist.new_group(list(r)) for r in ranks_of] if tp > 1 else []
-                rings = [dist.new_group([c * tp + t for c in range(cp)])
-                         for t in range(tp)] if tp > 1 else [None]  # fmt: skip
-                tensor_group = tensor_groups[rank // tp] if tp > 1 else None
-                ring_group = rings[rank % tp]
-            elif dp > 1 and tp > 1:  # a TP group a copy, a data group a TP rank
+            tensor_group = ring_group = data_group = None
+            if tp > 1 and world > tp:
                 tensor_groups = [dist.new_group(list(r)) for r in ranks_of]
-                data_groups = [dist.new_group([d * tp + t for d in range(dp)])
-                               for t in range(tp)]  # fmt: skip
-                tensor_group, data_group = tensor_groups[rank // tp], data_groups[rank % tp]
+                tensor_group = tensor_groups[rank // tp]
+            if cp > 1 and world > cp:
+                rings = {(d, t): dist.new_group([(d * cp + c) * tp + t for c in range(cp)])
+                         for d in range(dp) for t in range(tp)}  # fmt: skip
+                ring_group = rings[rank // (tp * cp), rank % tp]
+            if tp > 1:
+                data_groups = [dist.new_group(list(range(t, world, tp))) for t in range(tp)]
+                data_group = data_groups[rank % tp]
             made[tp, cp, dp] = (tensor_group, ring_group, data_group, tuple(ranks_of))
         tensor_group, ring_group, data_group, ranks_of = made[tp, cp, dp]
         cp_rank, tp_rank = rank // tp % cp, rank % tp
@@ -278,7 +284,7 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
     held = named if model is None else shard  # the stack's copies; a checkpoint's all
     mixed = config.dtype != "float32"
     zero = int(task.get("zero", 0))
-    copies = Copies.of(place) if place.dp > 1 else None
+    copies = Copies.of(place) if place.dp > 1 or zero else None  # ZeRO shards over D · C
     partials = replicated_partials(named, full, group, place.tensor_groups)
     name_of = {id(tensor): name for name, tensor in named.items()}
     trained = [name_of[id(parameter)] for parameter in parameters]  # Adam's order
@@ -298,11 +304,11 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
                            training=True, gather=sharded)  # fmt: skip
         with running(ring):
             return forward(stack, named, token_ids, last=layers - 1, record=record, group=group,
-                           training=True, offset=ring.offset)  # fmt: skip
+                           training=True, offset=ring.offset, gather=sharded)  # fmt: skip
 
     summed = sum_replicated_gradients(named, partials)
-    if ring is not None:  # every weight is on every CP rank: its gradient is a part
-        summed = _then(summed, sum_over_ring(parameters, ring))
+    if ring is not None and copies is None:  # every weight is on every CP rank: its
+        summed = _then(summed, sum_over_ring(parameters, ring))  # gradient is a part
     step = None
     shards: list[Any] = []  # ZeRO 2, 3: the rank's gradient pieces, once the step has made them
     measured_held = None
@@ -327,7 +333,7 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
         "method": measured.method,
         "device": measured.device,
     }
-    if place.dp > 1:
+    if copies is not None:
         result.update(dp=place.dp, dp_rank=place.dp_rank, zero=zero)
     if task.get("gradients") and zero >= 2:  # the pieces this rank holds: (first, values)
         name_of = {id(tensor): name for name, tensor in named.items()}  # ZeRO 3's leaves
@@ -374,20 +380,29 @@ def _then(first, second):
 
 @dataclass(frozen=True)
 class Copies:
-    """The D data-parallel copies as one of their ranks sees them: how many, which is its
-    own, the process group of the ranks at its place in each (None: the world, when the
-    copies are the world) and each copy's world rank there (the owner of a ZeRO piece is
-    a copy; a collective names it by its world rank)."""
+    """The ranks a gradient is summed over and ZeRO shards over, as one of them sees
+    them: the D · C ranks at its TP place in every data-parallel copy and CP rank (as
+    Megatron-LM's distributed optimizer shards over data- and context-parallel ranks):
+    how many, which is its own, their process group (None: the world) and each one's
+    world rank (a piece's owner is one of them; a collective names it by its world rank).
+    ``copies``: D, what the sum is divided by (a CP rank's gradient is a part of its
+    copy's: summed, not averaged)."""
 
     size: int
     rank: int
     group: Any = None
-    peers: tuple[int, ...] = ()  # () : copy d is world rank d
+    peers: tuple[int, ...] = ()  # () : index i is world rank i
+    copies: int = 0  # 0: size
 
     @classmethod
     def of(cls, place: RankPlace) -> Copies:
-        peers = tuple(place.data_peer(d) for d in range(place.dp))
-        return cls(place.dp, place.dp_rank, place.data_group, peers)
+        size = place.dp * place.cp
+        peers = tuple(place.data_peer(index) for index in range(size))
+        return cls(size, place.state_rank, place.data_group, peers, place.dp)
+
+    @property
+    def divisor(self) -> int:
+        return self.copies or self.size
 
     def peer(self, copy: int) -> int:
         return self.peers[copy] if self.peers else copy
@@ -395,15 +410,16 @@ class Copies:
 
 def mean_gradients(parameters: list[Any], copies: Copies):
     """What runs between a data-parallel copy's backward and its optimizer step: every
-    gradient all-reduced in place over the copies and divided by them in place (the
-    mean, as Megatron-LM and DDP take it)."""
+    gradient all-reduced in place over ``copies`` (the copies and, under --cp, their CP
+    ranks' parts) and divided by the copies in place (the mean, as Megatron-LM and DDP
+    take it)."""
     import torch.distributed as dist
 
     def mean() -> None:
         for parameter in parameters:
             if parameter.grad is not None:
                 dist.all_reduce(parameter.grad, group=copies.group)
-                parameter.grad.div_(copies.size)
+                parameter.grad.div_(copies.divisor)
 
     return mean
 
@@ -519,7 +535,7 @@ class GradientShard:
                     piece = gradient[first:end]  # an alias of its own, handed to gloo
                     dist.reduce(piece, dst=copies.peer(owner), group=copies.group)
                     if owner == self.rank:
-                        self.pieces[index].copy_(piece).div_(copies.size)
+                        self.pieces[index].copy_(piece).div_(copies.divisor)
                     handed = [piece]
                     del piece
                     _released(handed)  # gloo lets go of it a moment after the reduce

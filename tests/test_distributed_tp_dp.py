@@ -7,15 +7,13 @@ its optimizer state sharded over that group as ZeRO shards it. Each rank is held
 by phase to its own estimate (``Split.per_device(..., dp_rank)``) to the byte; its
 gradients (under ZeRO 2 and 3 its data group's pieces put together) to its TP share of
 one device's gradients of the whole batch, its weights after the step to its share of
-one device's Adam step.
+one device's Adam step. (With --cp too: test_distributed_zero_cp.py.)
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 
-import pytest
 import torch
 from rank_pool import Batch, rank_batch, split_batch
 from split_cases import held_gradients, seeded_weights, whole_batch_gradients
@@ -156,10 +154,3 @@ def test_memory_measure_tp_dp_prints_each_rank(invoke):
         assert rank["peak_bytes"] == rank["measured_peak_bytes"]
         assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
     assert device["peak_bytes"] == max(rank["peak_bytes"] for rank in ranks)
-
-
-def test_dp_beside_cp_is_refused_before_any_process(invoke, monkeypatch):
-    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
-    result = invoke(*ARGS[:-7], "--cp", "2", "--dp", "2", "--zero", "1", "--measure")
-    assert result.exit_code == 2, result.output
-    assert "--dp with --cp is estimated only" in result.stderr and result.stdout == ""

@@ -198,7 +198,6 @@ def test_memory_measure_train_prints_each_rank_and_its_phases(invoke):
     ("extra", "words"),
     [
         (("--cp", "2", "--impl", "sdpa"), "--cp with --impl sdpa is not modelled"),
-        (("--cp", "2", "--dp", "2", "--zero", "1"), "--dp with --cp is estimated only"),
     ],
 )
 def test_memory_measure_train_refusals_start_no_process(invoke, extra, words):

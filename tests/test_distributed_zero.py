@@ -192,7 +192,6 @@ def test_memory_measure_dp_zero_prints_each_rank(invoke):
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
-        (("--cp", "2"), "--dp with --cp is estimated only"),
         (("--dp", "65"), "--measure would start 65 processes"),
     ],
 )

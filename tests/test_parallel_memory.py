@@ -82,7 +82,6 @@ REFUSALS = [
     (("--dp", "1024", "--pp", "1024", "--tp", "2"), "devices, more than 1,048,576"),
     (("--micro-batch", "3", "--batch", "4", "--tp", "2"), "--micro-batch 3 does not divide"),
     (("--micro-batch", "0", "--tp", "2"), "--micro-batch must be a positive integer"),
-    (("--measure", "--cp", "2", "--train", "--dp", "2"), "--dp with --cp is estimated"),
     (("--measure", "--pp", "2"), "--pp is estimated only"),
     (("--tp", "2", "-L", "64,128"), "one --seq-len"),
     (("--tp", "2", "--context-len", "8"), "cross-attention (--context-len)"),
