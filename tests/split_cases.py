@@ -118,3 +118,57 @@ def held_gradients(zero: int, results: list[dict], weights: dict) -> dict:
     for name, count in held.items():
         assert bool((count == 1).all()), name  # every value on exactly one rank
     return {k: v.view(shapes[k]) for k, v in flat.items()}
+
+
+def assert_steps_to_the_byte(case, ranks: list, world: int) -> None:
+    """Each of the ``world`` ranks' training step of ``case`` (``distributed.SplitCase``)
+    equal to its estimate: its weights, each phase's peak and the peak, to the byte."""
+    what = "the layer" if case.model is None else case.model.name
+    assert [r.rank for r in ranks] == list(range(world))
+    for rank in ranks:
+        where = f"{what} {case.layout.summary()} {case.config.dtype} rank {rank.rank}"
+        assert rank.stage_names == ("forward", "backward", "optimizer step")
+        assert rank.measured_parameter_bytes == rank.parameter_bytes, where
+        assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
+        assert rank.measured_peak_bytes == rank.peak_bytes, where
+
+
+def measured_document(invoke, *args: str) -> tuple[list[dict], dict]:
+    """``attnctl *args --measure --json`` of a training step: its ranks, each equal to its
+    estimate phase by phase, and its per-device row, which is the busiest rank's."""
+    import json
+
+    result = invoke(*args, "--measure", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    ranks = document["measured_per_rank"]
+    (device,) = document["per_device"]
+    for rank in ranks:
+        assert rank["peak_bytes"] == rank["measured_peak_bytes"]
+        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
+    assert device["peak_bytes"] == max(rank["peak_bytes"] for rank in ranks)
+    return ranks, device
+
+
+def assert_stepped_as_one_device(weights: dict, gradients: dict, results: list, dtype: str,
+                                 where: str) -> None:  # fmt: skip
+    """One device's Adam step on ``weights`` (a rank's tensors, by name; stepped in
+    place) with the ``gradients`` the ranks hold, against each result's weights after
+    its step, within 1e-6 of the largest weight. On the gradients held, not an oracle's:
+    a gradient of 0 (W_k's bias: softmax is blind to a shift of a row's scores) is float
+    noise, whose sign Adam's step keeps."""
+    import torch
+
+    from attnctl.measure import adam_step
+
+    trained = [weights[name] for name in gradients]
+    for tensor, name in zip(trained, gradients, strict=True):
+        tensor.grad = gradients[name].to(tensor.dtype)
+    adam_step(trained, dtype != "float32")()
+    bound = 1e-6 * max(float(w.abs().max()) for w in weights.values())
+    for result in results:
+        assert set(result["parameters"]) == set(weights), where
+        for name, value in result["parameters"].items():
+            said = f"{where} rank {result['rank']} {name}"
+            torch.testing.assert_close(torch.tensor(value), weights[name].float(), rtol=0,
+                                       atol=bound, msg=said)  # fmt: skip

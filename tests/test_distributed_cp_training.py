@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import torch
 from rank_pool import Batch, rank_batch, split_batch
-from split_cases import one_device_gradients, small_layers
+from split_cases import assert_steps_to_the_byte, one_device_gradients, small_layers
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.describe import seeded_model
@@ -65,14 +65,7 @@ def test_every_rank_steps_as_its_estimate_to_the_byte(measured):
     world, cases, results = measured
     assert len(cases) >= 4
     for case, ranks in zip(cases, results, strict=True):
-        what = case.model.name if case.model is not None else "the layer"
-        assert [r.rank for r in ranks] == list(range(world))
-        for rank in ranks:
-            where = f"{what} {case.layout.summary()} {case.config} rank {rank.rank}"
-            assert rank.stage_names == ("forward", "backward", "optimizer step")
-            assert rank.measured_parameter_bytes == rank.parameter_bytes, where
-            assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
-            assert rank.measured_peak_bytes == rank.peak_bytes, where
+        assert_steps_to_the_byte(case, ranks, world)
 
 
 def test_the_table_is_the_busiest_ring_rank(measured):

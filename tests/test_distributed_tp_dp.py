@@ -12,11 +12,16 @@ one device's Adam step. (With --cp too: test_distributed_zero_cp.py.)
 
 from __future__ import annotations
 
-import json
-
 import torch
 from rank_pool import Batch, rank_batch, split_batch
-from split_cases import held_gradients, seeded_weights, whole_batch_gradients
+from split_cases import (
+    assert_stepped_as_one_device,
+    assert_steps_to_the_byte,
+    held_gradients,
+    measured_document,
+    seeded_weights,
+    whole_batch_gradients,
+)
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.describe import seeded_model
@@ -61,14 +66,7 @@ def measured_batch(world: int, tiny) -> Batch:
 def test_every_rank_steps_as_its_own_estimate_to_the_byte(rank_pool):
     cases, results = rank_pool.get(measured_batch, TP * DP)
     for case, ranks in zip(cases, results, strict=True):
-        what = "the layer" if case.model is None else case.model.name
-        assert [r.rank for r in ranks] == list(range(TP * DP))
-        for rank in ranks:
-            where = f"{what} {case.layout.summary()} {case.config.dtype} rank {rank.rank}"
-            assert rank.stage_names == ("forward", "backward", "optimizer step")
-            assert rank.measured_parameter_bytes == rank.parameter_bytes, where
-            assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
-            assert rank.measured_peak_bytes == rank.peak_bytes, where
+        assert_steps_to_the_byte(case, ranks, TP * DP)
         if case.layout.zero:  # the copies hold different pieces; a copy's TP ranks alike
             steps = [rank.measured_stage_peak_bytes[2] for rank in ranks]
             assert steps[0] == steps[1] and steps[2] == steps[3], (case, steps)
@@ -100,7 +98,6 @@ def test_the_gradients_and_the_step_are_one_devices_cut_the_same_way(rank_pool):
     3) are its share of one device's of the whole batch (within 1e-4 of the largest);
     (b) every rank's weights after the step are its share of one device's Adam step on
     those gradients (within 1e-6 of the largest weight)."""
-    from attnctl.measure import adam_step
     from attnctl.nn.collectives import TensorGroup, shard_weights
 
     cases, replies = rank_pool.get(oracle_batch, TP * DP)
@@ -121,19 +118,7 @@ def test_the_gradients_and_the_step_are_one_devices_cut_the_same_way(rank_pool):
             for name, gradient in got.items():
                 torch.testing.assert_close(gradient, cut[name].float(), rtol=0, atol=scale,
                                            msg=f"{where} TP rank {tp_rank} {name}")  # fmt: skip
-            # (b) on the gradients the ranks hold: a gradient of 0 (W_k's bias: softmax is
-            # blind to a shift of a row's scores) is float noise, whose sign Adam's step keeps
-            trained = [mine[name] for name in got]
-            for tensor, name in zip(trained, got, strict=True):
-                tensor.grad = got[name].to(tensor.dtype)
-            adam_step(trained, case.config.dtype != "float32")()
-            bound = 1e-6 * max(float(w.abs().max()) for w in mine.values())
-            for result in results:
-                assert set(result["parameters"]) == set(mine), where
-                for name, value in result["parameters"].items():
-                    said = f"{where} rank {result['rank']} {name}"
-                    torch.testing.assert_close(torch.tensor(value), mine[name].float(), rtol=0,
-                                               atol=bound, msg=said)  # fmt: skip
+            assert_stepped_as_one_device(mine, got, results, case.config.dtype, where)  # (b)
 
 
 # ---------------------------------------------------------------- the command
@@ -144,13 +129,5 @@ ARGS = ("memory", "-L", "8", "--d-model", "36", "--heads", "4", "--norm", "pre",
 
 
 def test_memory_measure_tp_dp_prints_each_rank(invoke):
-    result = invoke(*ARGS, "--measure", "--json")
-    assert result.exit_code == 0, result.output
-    document = json.loads(result.stdout)
-    ranks = document["measured_per_rank"]
-    (device,) = document["per_device"]
+    ranks, _ = measured_document(invoke, *ARGS)
     assert [rank["rank"] for rank in ranks] == [0, 1, 2, 3]
-    for rank in ranks:
-        assert rank["peak_bytes"] == rank["measured_peak_bytes"]
-        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
-    assert device["peak_bytes"] == max(rank["peak_bytes"] for rank in ranks)

@@ -12,12 +12,13 @@ one device's Adam step on them.
 
 from __future__ import annotations
 
-import json
-
 import torch
 from rank_pool import Batch, rank_batch, split_batch
 from split_cases import (
+    assert_stepped_as_one_device,
+    assert_steps_to_the_byte,
     held_gradients,
+    measured_document,
     one_device_gradients,
     seeded_weights,
     whole_batch_gradients,
@@ -70,13 +71,7 @@ def test_every_rank_steps_as_its_own_estimate_to_the_byte(rank_pool):
     for world in (2, 4):
         cases, results = rank_pool.get(measured_batch, world)
         for case, ranks in zip(cases, results, strict=True):
-            assert [r.rank for r in ranks] == list(range(world))
-            for rank in ranks:
-                where = f"{case.layout.summary()} {case.config.dtype} rank {rank.rank}"
-                assert rank.stage_names == ("forward", "backward", "optimizer step")
-                assert rank.measured_parameter_bytes == rank.parameter_bytes, where
-                assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
-                assert rank.measured_peak_bytes == rank.peak_bytes, where
+            assert_steps_to_the_byte(case, ranks, world)
             # the shards differ: not every rank holds the same step
             steps = {rank.measured_stage_peak_bytes[2] for rank in ranks}
             assert len(steps) > 1 or case.layout.zero == 0, case.layout.summary()
@@ -108,7 +103,6 @@ def test_the_gradients_and_the_step_are_one_devices(rank_pool):
     together under ZeRO 2 and 3) are its share of one device's of the whole batch and
     sequence, divided by D (within 1e-4 of the largest); (b) every rank's weights after
     the step are one device's Adam step on them (within 1e-6 of the largest weight)."""
-    from attnctl.measure import adam_step
     from attnctl.nn.collectives import TensorGroup, shard_weights
 
     for world in (2, 4):
@@ -134,29 +128,11 @@ def test_the_gradients_and_the_step_are_one_devices(rank_pool):
                 for name, gradient in got.items():
                     torch.testing.assert_close(gradient, cut[name].float(), rtol=0,
                                                atol=scale, msg=f"{where} {name}")  # fmt: skip
-                trained = [mine[name] for name in got]  # (b) on the gradients they hold
-                for tensor, name in zip(trained, got, strict=True):
-                    tensor.grad = got[name].to(tensor.dtype)
-                adam_step(trained, case.config.dtype != "float32")()
-                bound = 1e-6 * max(float(w.abs().max()) for w in mine.values())
-                for result in results:
-                    assert set(result["parameters"]) == set(mine), where
-                    for name, value in result["parameters"].items():
-                        said = f"{where} rank {result['rank']} {name}"
-                        torch.testing.assert_close(torch.tensor(value), mine[name].float(),
-                                                   rtol=0, atol=bound, msg=said)  # fmt: skip
+                assert_stepped_as_one_device(mine, got, results, case.config.dtype, where)
 
 
 def test_memory_measure_cp_dp_zero_prints_each_rank(invoke):
-    result = invoke("memory", "-L", "16", "--d-model", "32", "--heads", "4", "--pos", "rope",
-                    "--mask", "causal", "--norm", "pre", "--train", "--cp", "2", "--dp", "2",
-                    "--zero", "1", "--measure", "--json")  # fmt: skip
-    assert result.exit_code == 0, result.output
-    document = json.loads(result.stdout)
-    ranks = document["measured_per_rank"]
-    (device,) = document["per_device"]
+    ranks, _ = measured_document(invoke, "memory", "-L", "16", "--d-model", "32", "--heads",
+                                 "4", "--pos", "rope", "--mask", "causal", "--norm", "pre",
+                                 "--train", "--cp", "2", "--dp", "2", "--zero", "1")  # fmt: skip
     assert [rank["rank"] for rank in ranks] == [0, 1, 2, 3]
-    for rank in ranks:
-        assert rank["peak_bytes"] == rank["measured_peak_bytes"]
-        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
-    assert device["peak_bytes"] == max(rank["peak_bytes"] for rank in ranks)
