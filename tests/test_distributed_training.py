@@ -10,12 +10,16 @@ The ranks of each size are started once a session for every module's batches
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 import torch
 from rank_pool import Batch, rank_batch, split_batch
-from split_cases import assert_steps_to_the_byte, one_device_gradients, small_layers
+from split_cases import (
+    assert_steps_to_the_byte,
+    measured_document,
+    one_device_gradients,
+    small_layers,
+)
 
 from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.describe import seeded_model
@@ -173,14 +177,9 @@ def test_memory_measure_train_prints_each_rank_and_its_phases(invoke):
     args = ("memory", "-L", "16", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
             "--pos", "rope", "--mask", "causal", "--norm", "pre", "--tp", "2", "--sp",
             "--train", "--layers", "2")  # fmt: skip
-    result = invoke(*args, "--measure", "--json")
-    assert result.exit_code == 0, result.output
-    document = json.loads(result.stdout)
-    ranks = document["measured_per_rank"]
-    (device,) = document["per_device"]
-    for rank in ranks:
-        assert rank["peak_bytes"] == rank["measured_peak_bytes"] == device["peak_bytes"]
-        assert rank["phase_peak_bytes"] == rank["measured_phase_peak_bytes"]
+    ranks, device = measured_document(invoke, *args)
+    for rank in ranks:  # the TP ranks alike: each is the per-device row
+        assert rank["peak_bytes"] == device["peak_bytes"]
         assert rank["phase_peak_bytes"] == device["phase_peak_bytes"]
     text = invoke(*args, "--measure", columns=100)
     assert text.exit_code == 0
