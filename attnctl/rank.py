@@ -144,7 +144,7 @@ def rank_places(rank: int, world: int, tasks: list[dict[str, Any]]) -> list[Rank
                 rings = {(d, t): dist.new_group([(d * cp + c) * tp + t for c in range(cp)])
                          for d in range(dp) for t in range(tp)}  # fmt: skip
                 ring_group = rings[rank // (tp * cp), rank % tp]
-            if tp > 1:
+            if tp > 1 and world > tp:
                 data_groups = [dist.new_group(list(range(t, world, tp))) for t in range(tp)]
                 data_group = data_groups[rank % tp]
             made[tp, cp, dp] = (tensor_group, ring_group, data_group, tuple(ranks_of))
@@ -232,8 +232,8 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
 
     A data-parallel copy (``dp`` D > 1; its T ranks alike) draws token ids of its own
     (seed + its copy's index), averages every gradient over its data group after the
-    backward (:func:`mean_gradients`) and steps Adam on every tensor (``zero`` 0) or on its pieces
-    of the flat buffer, handing them to the others after (``zero`` 1, :func:`zero_step`;
+    backward (:func:`mean_gradients`) and steps Adam on every tensor (``zero`` 0) or on
+    its pieces of the flat buffer, handing them to the others after (``zero`` 1, :func:`zero_step`;
     ``zero`` 2 reduce-scatters each gradient as it arrives, :class:`GradientShard`), or
     holds only its pieces of the weights too, each unit gathered while it is read
     (``zero`` 3, :class:`ShardedWeights`).
@@ -385,14 +385,14 @@ class Copies:
     Megatron-LM's distributed optimizer shards over data- and context-parallel ranks):
     how many, which is its own, their process group (None: the world) and each one's
     world rank (a piece's owner is one of them; a collective names it by its world rank).
-    ``copies``: D, what the sum is divided by (a CP rank's gradient is a part of its
+    ``divisor``: D, what the sum is divided by (a CP rank's gradient is a part of its
     copy's: summed, not averaged)."""
 
     size: int
     rank: int
-    group: Any = None
-    peers: tuple[int, ...] = ()  # () : index i is world rank i
-    copies: int = 0  # 0: size
+    group: Any
+    peers: tuple[int, ...]
+    divisor: int
 
     @classmethod
     def of(cls, place: RankPlace) -> Copies:
@@ -400,12 +400,8 @@ class Copies:
         peers = tuple(place.data_peer(index) for index in range(size))
         return cls(size, place.state_rank, place.data_group, peers, place.dp)
 
-    @property
-    def divisor(self) -> int:
-        return self.copies or self.size
-
-    def peer(self, copy: int) -> int:
-        return self.peers[copy] if self.peers else copy
+    def peer(self, index: int) -> int:
+        return self.peers[index]
 
 
 def mean_gradients(parameters: list[Any], copies: Copies):
@@ -479,15 +475,16 @@ def zero_step(
 
 
 class GradientShard:
-    """ZeRO 2's gradients on data-parallel rank ``copies.rank``, reduce-scattered as they
-    arrive, as DeepSpeed's stage 2 does with a bucket of one tensor: when the first
-    gradient is made, a buffer of S values (⌈n / D⌉, the gradients' dtype, alive from
-    then on) holds the rank's pieces end to end (``pieces``: tensor index -> its view);
-    each parameter's post-accumulate hook reduces (sums) every piece of its gradient onto
-    the piece's owner in place, the owner copies its piece into the buffer and divides it
-    by the copies (the mean), then the whole gradient is freed. ``partial(index,
-    gradient)``, first in the hook: a tensor-parallel rank's sum of a replicated weight's
-    part over the ranks that hold it (in place; the same order on every rank)."""
+    """ZeRO 2's gradients on rank ``copies.rank`` of the D · C it shards over,
+    reduce-scattered as they arrive, as DeepSpeed's stage 2 does with a bucket of one
+    tensor: when the first gradient is made, a buffer of S values (⌈n / (D · C)⌉, the
+    gradients' dtype, alive from then on) holds the rank's pieces end to end (``pieces``:
+    tensor index -> its view); each parameter's post-accumulate hook reduces (sums) every
+    piece of its gradient onto the piece's owner in place, the owner copies its piece into
+    the buffer and divides it by D (the copies' mean), then the whole gradient is freed.
+    ``partial(index, gradient)``, first in the hook: a tensor-parallel rank's sum of a
+    replicated weight's part over the ranks that hold it (in place; the same order on
+    every rank)."""
 
     def __init__(
         self, parameters: list[Any], owned: list[list[tuple[int, int, int]]], copies: Copies,
@@ -547,9 +544,9 @@ class GradientShard:
 
 
 class ShardedWeights:
-    """ZeRO 3 on data-parallel rank ``copies.rank``, as FSDP with one unit a block
-    and one for the trained weights outside the blocks (unit -1: the embeddings'): the
-    rank holds ``shard``, S = ⌈n / copies⌉ values in the weights' dtype, its pieces of
+    """ZeRO 3 on rank ``copies.rank`` of the D · C it shards over, as FSDP with one unit a
+    block and one for the trained weights outside the blocks (unit -1: the embeddings'):
+    the rank holds ``shard``, S = ⌈n / (D · C)⌉ values in the weights' dtype, its pieces of
     the ``trained`` tensors end to end (``parallel.zero_ranges``); the rest of ``named``
     (an untrained head) stays whole. ``partial``: :class:`GradientShard`'s.
 
