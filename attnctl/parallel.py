@@ -104,6 +104,7 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
     if layout.zero and layout.dp * layout.cp == 1:  # Megatron shards over DP·CP ranks
         raise AttnctlError(
             f"--zero {layout.zero} shards over the data-parallel copies: give --dp 2 or more"
+            " (or --cp 2 or more: it shards over their ranks too)"
         )
     if layout.zero and not train:
         raise AttnctlError(
