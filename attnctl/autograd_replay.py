@@ -297,6 +297,7 @@ class Replay:
                     if not self.shard_made:
                         self.new(self.gradient_shard_bytes)  # the first one makes the shard
                         self.shard_made = True
+                    self.read()  # its reduce runs in the next window, the gradient alive
                     self.drop(self.param_grads.pop(name))  # and frees it
                     unit = parameter_unit(name)
                     waiting[unit] -= 1

@@ -80,6 +80,10 @@ class RankMeasurement:
     collective_buffers: str  # in words
     # the rank process's seconds: to import torch and attnctl, to join the group, to work
     timings: dict[str, float] = field(default_factory=dict)
+    # a training step's backward peak besides the weights up to each gradient, in the
+    # order they come: estimated and measured (not in the JSON: the tests hold them equal)
+    gradient_window_bytes: tuple[int, ...] = ()
+    measured_gradient_window_bytes: tuple[int, ...] = ()
     # the whole process's peak resident memory (Linux VmHWM): its tensors, torch itself
     # and the whole weights it loaded before cutting its share; PROCESS_OVERHEAD_BYTES
     # is what a tiny layer's rank holds here
@@ -579,6 +583,8 @@ class RankEstimate:
     parameter_bytes: int
     stage_names: tuple[str, ...]
     stage_peak_bytes: tuple[int, ...]
+    # a training step's backward peak besides the weights up to each gradient
+    gradient_window_bytes: tuple[int, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -620,7 +626,10 @@ def training_estimates(
         state_rank = dp_rank * layout.cp + cp_rank  # its index among the D · C ZeRO shards
         (device,) = ranked.per_device(case.seq_len, case.batch, 1, 0, case.batch, state_rank)
         phases = tuple(peak - device.weights_bytes for peak in device.phase_peak_bytes)
-        estimates.append(RankEstimate(plan, device.weights_bytes, PHASES, phases))
+        state = ranked.state(0, ranked.rank_optimizer(0, state_rank))
+        windows = ranked.gradient_windows(case.seq_len, case.batch, 0, state)
+        windows = tuple(window - device.weights_bytes for window in windows)
+        estimates.append(RankEstimate(plan, device.weights_bytes, PHASES, phases, windows))
     return estimates
 
 
@@ -665,6 +674,8 @@ def _rank_measurement(
         collective_buffers=words,
         timings=reply.timings,
         resident_peak_bytes=reply.resident_peak_bytes,
+        gradient_window_bytes=estimate.gradient_window_bytes,
+        measured_gradient_window_bytes=tuple(result.get("gradient_window_bytes", ())),
     )
 
 

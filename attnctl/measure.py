@@ -82,7 +82,9 @@ class LiveStorages(TorchDispatchMode):
 
     def resized(self, tensor: torch.Tensor) -> None:
         """``tensor``'s storage was resized in place (ZeRO 3's gathered weights, freed to
-        no bytes and grown again): counted at its new size from now on."""
+        no bytes and grown again): counted at its new size from now on, after the
+        storages freed since the last op (not counted at the moment it grows)."""
+        self._forget_freed()
         storage = tensor.untyped_storage()
         ref = StorageWeakRef(storage)
         if ref.cdata in self._excluded:

@@ -136,6 +136,9 @@ class StepReplay:
     # of the optimizer step's peak, the state (``optimizer_state``): the rest is what the
     # replay holds besides (the inputs, and what the backward leaves)
     optimizer_step_state_bytes: int
+    # the backward's peak besides the parameters up to each trained tensor's gradient, in
+    # the order they come (() for a stack taller than EXACT_LAYERS, carried on)
+    gradient_window_bytes: tuple[int, ...] = ()
 
 
 def replay_step(
@@ -159,7 +162,9 @@ def replay_step(
     # checkpoint's sizes are its whole table, whatever ``layers``)
     made = replayed.gradient_bytes if shard is None else shard
     state += made - sum(sizes) * DTYPE_BYTES[plan.config.dtype]
-    return StepReplay(replayed.phase_peaks, replayed.saved, masters, state)
+    return StepReplay(
+        replayed.phase_peaks, replayed.saved, masters, state, replayed.gradient_windows
+    )
 
 
 def optimizer_state(sizes: list[int], dtype: str) -> tuple[int, int]:

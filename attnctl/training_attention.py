@@ -38,13 +38,17 @@ def _key_gradient_is_strided(walk: Walk) -> bool:
     config = walk.config
     if config.impl != "math" or config.pos == "rope" or config.kv_heads != config.heads:
         return False
+    if walk.plan.context_parallel > 1:  # ring attention's backward makes it contiguous
+        return False
     # a norm over every head gets it; a LayerNorm of each head's d_k returns a contiguous
     # one, an RMSNorm's elementwise ops one laid out as it came
     if config.qk_norm == "all" or (config.qk_norm == "head" and config.norm_type == "layer"):
         return False
     k_heads = walk.stage(walk.qualified("k_heads"))
-    batch, heads, length = k_heads.shape[0], k_heads.shape[1], k_heads.shape[2]
-    return batch > 1 and heads > 1 and length > 1
+    batch, length = k_heads.shape[0], k_heads.shape[2]
+    # one head too (a rank's under T = H): F.linear's copy then takes the original's
+    # place at once, but a sequence-parallel projection's backward holds both
+    return batch > 1 and length > 1
 
 
 def block_window(walk: Walk) -> int:

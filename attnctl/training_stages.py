@@ -455,11 +455,14 @@ def _gate_times_up(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
 def _ffn_residual(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     """``out += x`` in place. With a bias the linear's output is a view of its (B·L, D)
     result, and an in-place op on a view is CopySlices in the backward: the gradient laid
-    into a tensor of the base's shape, and a copy of it for x."""
+    into a tensor of the base's shape, and a copy of it for x. A tensor-parallel rank's
+    linear has no bias (added after the sum, :func:`row_parallel_linear`): mm's result
+    is not a view, and the add hands the gradient on to both."""
     r = walk.replay
     down, x = ins
     r.read()  # the add_ is an op: the bytes alive then, x among them, are read
-    if not walk.feed_forward.bias or walk.feed_forward.output_norm:  # not a linear's view
+    linear_bias = walk.feed_forward.bias and walk.plan.tensor_parallel == 1
+    if not linear_bias or walk.feed_forward.output_norm:  # not a linear's view
         return r.node(r.view(down), (down, x), (), (("pass", 0), ("pass", 1)))
     base = r.node(r.view(down), (down, x), (), (("grad", 0, down.nbytes), ("grad", 1, x.nbytes)))
     return r.node(r.view(down), (base,), (), (("grad", 0, down.nbytes),))  # as_strided

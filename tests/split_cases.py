@@ -122,7 +122,9 @@ def held_gradients(zero: int, results: list[dict], weights: dict) -> dict:
 
 def assert_steps_to_the_byte(case, ranks: list, world: int) -> None:
     """Each of the ``world`` ranks' training step of ``case`` (``distributed.SplitCase``)
-    equal to its estimate: its weights, each phase's peak and the peak, to the byte."""
+    equal to its estimate: its weights, each phase's peak and the peak, and the
+    backward's peak up to each gradient (every window, in the order they come), to the
+    byte."""
     what = "the layer" if case.model is None else case.model.name
     assert [r.rank for r in ranks] == list(range(world))
     for rank in ranks:
@@ -131,6 +133,10 @@ def assert_steps_to_the_byte(case, ranks: list, world: int) -> None:
         assert rank.measured_parameter_bytes == rank.parameter_bytes, where
         assert rank.measured_stage_peak_bytes == rank.stage_peak_bytes, where
         assert rank.measured_peak_bytes == rank.peak_bytes, where
+        assert rank.gradient_window_bytes, where  # one a trained tensor
+        windows = zip(rank.gradient_window_bytes, rank.measured_gradient_window_bytes, strict=True)
+        differ = [(n, a - b) for n, (a, b) in enumerate(windows) if a != b]  # (window, bytes)
+        assert rank.measured_gradient_window_bytes == rank.gradient_window_bytes, (where, differ)
 
 
 def measured_document(invoke, *args: str) -> tuple[list[dict], dict]:

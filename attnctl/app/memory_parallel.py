@@ -613,6 +613,20 @@ class Split:
         step_peak = weights + step_state + rest
         return forward_peak, backward_peak, step_peak
 
+    def gradient_windows(
+        self, length: int, micro: int, stage: int, state: tuple[int, int, int, int, int]
+    ) -> tuple[int, ...]:
+        """The device's bytes at the backward's busiest point up to each trained tensor's
+        gradient, in the order they come, of a step of one micro-batch without
+        ``--recompute`` (what ``memory --measure --train`` runs): the windows of the
+        replay :meth:`training_phases` makes, its masters put in the layout's place."""
+        weights, gradients, _optimizer, masters, _gathered = state
+        shard = gradients if self.layout.zero >= 2 else None
+        units = self.unit_bytes(stage) if self.layout.zero == 3 else None
+        replay = self.step_replay(length, micro, len(self.ranges[stage]), shard, units)
+        around = weights + masters - replay.master_bytes
+        return tuple(around + window for window in replay.gradient_window_bytes)
+
     def block_input_bytes(self, length: int, micro: int) -> int:
         tokens = length // self.layout.cp
         if self.layout.sp:
