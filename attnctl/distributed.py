@@ -120,14 +120,6 @@ def check_split_run(
     from attnctl.plan_parallel import check_split
 
     check_layout(layout, train=train)
-    if train and model is not None:
-        fused = next((e for e in model.source.table if len(e.targets) > 1 or e.transposed), None)
-        if fused is not None:  # the replay follows a view of it; a rank holds its parts
-            raise AttnctlError(
-                f"--measure --train of a split: {model.name} stores {fused.key} "
-                f"{'transposed' if fused.transposed else 'as one tensor of several weights'}"
-                ", which a training step is not run split for yet: leave out --measure"
-            )
     if layout.pp > 1 or (layout.dp > 1 and not train):
         raise AttnctlError(
             "attnctl runs the --tp and --cp split on this machine, and --dp with --train; "

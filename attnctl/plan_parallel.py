@@ -16,11 +16,13 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from attnctl.checkpoint import TensorEntry
 from attnctl.config import LayerConfig
 from attnctl.describe import (
     CROSS_ATTENTION,
     Attention,
     Block,
+    Checkpoint,
     FeedForward,
     ModelDescription,
     seeded_model,
@@ -156,6 +158,35 @@ def rank_description(description: ModelDescription, tp: int) -> ModelDescription
     return dataclasses.replace(description, blocks=blocks, stack=stack)
 
 
+def holds_apart(layout: Layout) -> bool:
+    """Whether a device of ``layout`` holds each of a checkpoint's weights as a tensor of
+    its own, by the layout's names: every rank of a split does (``shard_weights`` cuts
+    and clones each one, a fused tensor's parts and a transposed one alike); one device
+    (``--micro-batch`` or ``--recompute`` alone) holds them as the checkpoint stores them."""
+    return layout.ranks > 1
+
+
+def held_apart(source: Checkpoint) -> Checkpoint:
+    """``source`` with its table as a rank holds it: a fused tensor's parts (GPT-2's
+    c_attn, Phi-3's qkv_proj) and a transposed one (GPT-2's Conv1D) each an entry of
+    its own, by the layout's name, in nn.Linear's (out, in) layout. Their shapes are the
+    whole model's (the rank's cut is :func:`rank_weights`'); no view is left, so a
+    training step's replay has no view of a stored tensor to follow back."""
+    table: list[TensorEntry] = []
+    for entry in source.table:
+        shape = entry.shape[::-1] if entry.transposed else entry.shape  # (out, in)
+        if len(entry.targets) > 1 and entry.split:  # its parts, along dim 0
+            table += [
+                TensorEntry(target, (rows, *shape[1:]), entry.block, (target,))
+                for target, rows in zip(entry.targets, entry.split, strict=True)
+            ]
+        elif entry.transposed:
+            table.append(dataclasses.replace(entry, shape=shape, transposed=False))
+        else:
+            table.append(entry)
+    return dataclasses.replace(source, table=tuple(table))
+
+
 def rank_plan(
     config: LayerConfig,
     seq_len: int,
@@ -198,6 +229,8 @@ def rank_plan(
     ring = dict(context_parallel=cp, context_rank=cp_rank)
     if model is not None:
         local = rank_description(model.with_run(config), tp)
+        if holds_apart(layout):
+            local = dataclasses.replace(local, checkpoint=held_apart(local.source))
         plan = build_plan(
             config, chunk, batch, vocab_size, device, model=local, layer_index=layer_index,
             tensor_parallel=tp, sequence_parallel=layout.sp, **ring,
@@ -317,7 +350,8 @@ def rank_weights(
     source = description.source
     shares = []
     last = stage == pp - 1
-    for entry in source.table + source.head_table:
+    table = held_apart(source).table if holds_apart(layout) else source.table
+    for entry in table + source.head_table:
         if entry.block >= 0 and entry.block not in owned:
             continue
         key = entry.targets[0]

@@ -251,7 +251,7 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
 
     config = _config(task["config"])
     group, ring = place.group, place.ring
-    layout = Layout(tp=place.tp, sp=bool(task["sp"]), cp=place.cp)
+    layout = Layout(tp=place.tp, sp=bool(task["sp"]), cp=place.cp, dp=place.dp)
     model_dir = task.get("model_dir")
     full = _full_model(config, task["vocab_size"], model_dir)
     model = None if model_dir is None else full
@@ -278,9 +278,11 @@ def train_task(task: dict[str, Any], place: RankPlace, device) -> dict[str, Any]
                 named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = tensor.requires_grad_()
         parameters = list(named.values())  # the shared ones first, then each block's
         stack = ModelDescription(plan.description.embeddings, plan.description.blocks * layers)
-    else:  # every block; the weights its table maps trained, in its order (a head is not)
+    else:  # every block; the weights its table maps trained, in its order (a head is not),
+        # each a tensor of its own (a fused tensor's parts too: the rank plan's table)
         layers, named, stack = full.layers, shard, plan.description
-        parameters = [shard[e.targets[0]].requires_grad_() for e in full.source.table]
+        table = plan.model.source.table
+        parameters = [shard[e.targets[0]].requires_grad_() for e in table]
     held = named if model is None else shard  # the stack's copies; a checkpoint's all
     mixed = config.dtype != "float32"
     zero = int(task.get("zero", 0))

@@ -38,7 +38,7 @@ def _ring_layers() -> list[LayerConfig]:
     return [c for c in small_layers(variants) if c.impl == "math" and c.pos != "alibi"]
 
 
-def _cases(world: int, llama) -> list[SplitCase]:
+def _cases(world: int, llama, gpt2=None) -> list[SplitCase]:
     four = [Layout(cp=4), Layout(tp=2, cp=2), Layout(tp=2, cp=2, sp=True)]
     layouts = {2: [Layout(cp=2)], 4: four}[world]
     layers = _ring_layers()[:: 7 if world == 2 else 17]  # 4 ranks on 2 cores: fewer
@@ -47,12 +47,15 @@ def _cases(world: int, llama) -> list[SplitCase]:
     for layout in layouts:
         cases.append(SplitCase(_checkpoint(llama), LENGTH, 2, llama.vocab_size, layout, llama,
                                True))  # fmt: skip
+    if gpt2 is not None:  # its fused, transposed c_attn: held apart on a rank
+        cases.append(SplitCase(_checkpoint(gpt2), LENGTH, 2, gpt2.vocab_size, layouts[0], gpt2,
+                               True))  # fmt: skip
     return cases
 
 
 @rank_batch(2, 4)
 def measured_batch(world: int, tiny) -> Batch:
-    return split_batch(_cases(world, tiny["llama"]), TIMEOUT)
+    return split_batch(_cases(world, tiny["llama"], tiny["gpt2"] if world == 2 else None), TIMEOUT)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["world2", "world4"])

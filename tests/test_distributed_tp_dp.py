@@ -55,6 +55,9 @@ def _measured_cases(tiny) -> list[SplitCase]:
         _case(_layer(**GROUPED), 1, True),
         _case(_layer(**GROUPED), 3, False),
         *(_case(tiny.layer("llama"), zero, True, llama) for zero in (1, 3)),
+        # fused and transposed tensors, held apart on a rank (plan_parallel.held_apart)
+        _case(tiny.layer("gpt2"), 2, False, tiny["gpt2"]),
+        _case(tiny.layer("phi3"), 3, True, tiny["phi3"]),
     ]
 
 
@@ -82,6 +85,7 @@ def _oracle_cases(tiny) -> list[SplitCase]:
         _case(_layer(), 3, False),
         _case(_layer(**GROUPED), 1, True),
         _case(tiny.layer("llama"), 3, True, tiny["llama"]),
+        _case(tiny.layer("gpt2"), 3, False, tiny["gpt2"]),
     ]
 
 

@@ -27,7 +27,9 @@ from attnctl.distributed import SplitCase, measure_task
 from attnctl.parallel import Layout
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
-FAMILIES = ("llama", "bert", "qwen2", "qwen3", "mistral", "gemma3")  # FFN, biases, qk norms
+# FFN, biases, qk norms; GPT-2 and Phi-3 store fused and transposed tensors, which a rank
+# holds apart (plan_parallel.held_apart)
+FAMILIES = ("llama", "bert", "qwen2", "qwen3", "mistral", "gemma3", "gpt2", "phi3")
 
 
 def _layer(model, impl: str = "math"):
@@ -120,6 +122,8 @@ GRADIENT_CASES = [
     ("llama", {}, 2, True),
     ("bert", {}, 2, False),
     ("qwen3", {}, 2, False),
+    ("gpt2", {}, 2, True),
+    ("phi3", {}, 2, False),
 ]
 
 
@@ -198,8 +202,11 @@ def test_memory_measure_train_refusals_start_no_process(invoke, extra, words):
     assert result.exit_code == 2 and words in result.stderr and result.stdout == ""
 
 
-def test_a_fused_checkpoint_is_refused_by_name(invoke, tiny):
-    folder = str(tiny["gpt2"].source.path)
-    result = invoke("memory", "-L", "16", "--model", folder, "--tp", "2", "--train", "--measure")
-    assert result.exit_code == 2 and result.stdout == ""
-    assert "c_attn.weight transposed" in result.stderr
+def test_a_fused_checkpoint_trains_split_to_the_byte(invoke, tiny):
+    """GPT-2's c_attn (W_q, W_k, W_v in one transposed tensor) and Phi-3's qkv_proj, each
+    part held as a tensor of its own on a rank (``plan_parallel.held_apart``)."""
+    for family in ("gpt2", "phi3"):
+        folder = str(tiny[family].source.path)
+        ranks, _ = measured_document(invoke, "memory", "-L", "16", "--model", folder,
+                                          "--tp", "2", "--train")  # fmt: skip
+        assert [rank["rank"] for rank in ranks] == [0, 1], family
