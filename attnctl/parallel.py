@@ -131,6 +131,16 @@ def check_layout(layout: Layout, *, train: bool, measure: bool = False) -> None:
                 f"--micro-batch {layout.micro_batch} is more than {LARGEST_SPLIT:,} sequences"
             )
     if measure:
+        if layout.recompute != "none":  # the ranks and one device keep every activation
+            raise AttnctlError(
+                f"--measure runs a training step that keeps its activations; --recompute "
+                f"{layout.recompute} is estimated only: leave it out to measure"
+            )
+        if layout.ranks < 2:  # --micro-batch alone: one device, which --measure takes whole
+            raise AttnctlError(
+                "--measure of one device runs the whole --batch: leave out --micro-batch "
+                "(or split it: --tp, --cp or --dp 2 or more)"
+            )
         if layout.pp > 1:
             raise AttnctlError(
                 "--measure runs the --tp, --cp and --dp split on this machine; --pp is "

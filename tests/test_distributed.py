@@ -291,6 +291,8 @@ def test_run_tp_shows_heads_per_rank(invoke, llama):
     assert "TP 4 over 4 processes (gloo)" in out
     assert "rank 0: heads 0 (kv-head 0)" in out and "rank 3: heads 3 (kv-head 1)" in out
     assert "all_reduce" in out and "ffn_all_reduce" in out
+    # its memory footer is the whole model's on one device, and says so
+    assert "memory of one device (unsplit; each rank's: attnctl memory --tp 4)" in out
 
 
 # ---------------------------------------------------------------- failures

@@ -83,6 +83,14 @@ REFUSALS = [
     (("--micro-batch", "3", "--batch", "4", "--tp", "2"), "--micro-batch 3 does not divide"),
     (("--micro-batch", "0", "--tp", "2"), "--micro-batch must be a positive integer"),
     (("--measure", "--pp", "2"), "--pp is estimated only"),
+    # what the ranks would not run is refused, never measured as something else
+    (("--measure", "--train", "--tp", "2", "--recompute", "selective"), "--recompute selective"),
+    (("--measure", "--train", "--recompute", "full"), "--recompute full is estimated only"),
+    (
+        ("--measure", "--train", "--tp", "2", "--batch", "2", "--micro-batch", "1"),
+        "--micro-batch 1 of --batch 2 accumulates 2, estimated only",
+    ),
+    (("--measure", "--batch", "2", "--micro-batch", "1"), "--measure of one device runs the"),
     (("--tp", "2", "-L", "64,128"), "one --seq-len"),
     (("--tp", "2", "--context-len", "8"), "cross-attention (--context-len)"),
     (("--tp", "2", "--dropout", "0.1", "--train", "--impl", "math"), "attention dropout"),
@@ -636,6 +644,16 @@ def test_uneven_pipeline_stages_are_named_and_1f1b_holds_p_minus_p(invoke):
     assert [d["kind"] for d in two["per_device"]] == ["first", "last"]
 
 
+def test_only_the_stages_holding_vocabulary_rows_say_so(llama):
+    # the seeded layer's first stage holds the token embedding; Llama's last its LM head
+    seeded = invoke_at(("memory", "--layers", "6", "--pp", "3", "--tp", "2"), "200").stdout
+    weights = [line for line in seeded.splitlines() if line.startswith("weights")]
+    assert ["vocab rows / 2" in line for line in weights] == [True, False, False], weights
+    args = ("memory", "--model", llama, "--tp", "8", "--pp", "4", "-L", "512")
+    weights = [line for line in invoke_at(args, "200").stdout.splitlines() if "weights " in line]
+    assert ["vocab rows / 8" in line for line in weights] == [True, False, True], weights
+
+
 # ---------------------------------------------------------------- --budget
 
 
@@ -803,6 +821,8 @@ def test_each_fit_answer_keeps_its_label_on_a_narrow_terminal(width):
     assert re.search(r"largest micro-batch at L=2048\s+[\d,]+$", out, re.M), out
     nothing = invoke_at(("memory", "--tp", "2", "--budget", "16"), str(width)).stdout
     assert "does not fit" in " ".join(nothing.split())
+    title = "inference fits in 1.00 GiB on every device"
+    assert (title in out.splitlines()) == (width >= len(title)), out  # one line where it fits
 
 
 def test_the_kv_cache_line_says_what_a_sliding_window_keeps():

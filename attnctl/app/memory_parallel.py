@@ -86,6 +86,9 @@ class StageMemory:
     # training: the device's bytes at the busiest point of each phase (forward,
     # backward, optimizer step), whose largest is the peak; () in inference
     phase_peak_bytes: tuple[int, ...] = ()
+    # whether it holds vocabulary rows (the token embedding's, an LM head's): a middle
+    # pipeline stage holds none
+    vocab_rows: bool = False
 
     @property
     def peak_phase(self) -> str | None:
@@ -192,6 +195,12 @@ def check_request(request: MemoryRequest, layer: LayerConfig, model: ModelDescri
         )
     length = lengths[0] if lengths else min(2048, longest_input(layer, model) or 2048)
     micro_batches = check_batch(layout, request.batch)
+    if request.measure and request.train and micro_batches > 1:  # the ranks run one
+        raise AttnctlError(
+            f"--measure --train runs a step of one micro-batch; --micro-batch "
+            f"{layout.micro_batch} of --batch {request.batch} accumulates {micro_batches}, "
+            "estimated only: leave out --micro-batch (or make it --batch) to measure"
+        )
     description = _description(layer, model, length)
     check_split(layout, description, [length], request.layers)
     if request.kv_cache is not None and request.kv_cache < 0:
@@ -725,6 +734,7 @@ class Split:
                     kv_cache_bytes=kv,
                     in_flight=held,
                     phase_peak_bytes=phases,
+                    vocab_rows=any(s.rule.startswith("vocab") for s in self.shares[stage]),
                 )
             )
         return tuple(rows)

@@ -90,7 +90,7 @@ def shown_stages(report: ParallelReport) -> list[tuple[StageMemory, str]]:
 def _stage_grid(report: ParallelReport, row: StageMemory, title: str) -> Table:
     layout = report.layout
     grid = size_grid(title)
-    grid.add_row("weights", format_bytes(row.weights_bytes), _weights_why(report))
+    grid.add_row("weights", format_bytes(row.weights_bytes), _weights_why(report, row))
     if report.train:
         zero = layout.zero
         grid.add_row(
@@ -150,11 +150,13 @@ def _stage_grid(report: ParallelReport, row: StageMemory, title: str) -> Table:
     return grid
 
 
-def _weights_why(report: ParallelReport) -> str:
+def _weights_why(report: ParallelReport, row: StageMemory) -> str:
     layout = report.layout
     parts = []
     if layout.tp > 1:
-        parts.append(f"heads and columns / {layout.tp}, vocab rows / {layout.tp}")
+        parts.append(f"heads and columns / {layout.tp}")
+        if row.vocab_rows:
+            parts[-1] += f", vocab rows / {layout.tp}"
     if layout.pp > 1:
         parts.append("the stage's blocks")
     if layout.zero == 3:
@@ -162,9 +164,10 @@ def _weights_why(report: ParallelReport) -> str:
     return ", ".join(parts) or report.dtype
 
 
-def _fit_table(report: ParallelReport) -> Table:
+def _fit_table(report: ParallelReport) -> RenderableType:
     """Two labelled rows (a label per answer, so a narrow terminal wraps the labels and
-    keeps each number beside its own)."""
+    keeps each number beside its own), under a title as wide as the terminal (a table's
+    own would wrap at the table's width)."""
     fit = report.fit
     assert fit is not None
     what = "a training step" if report.train else "inference"
@@ -173,13 +176,13 @@ def _fit_table(report: ParallelReport) -> Table:
         title = f"{what} does not fit in {budget} on every device, even at L=1 and micro-batch 1"
     else:
         title = f"{what} fits in {budget} on every device"
-    table = titled_table(title)
+    table = titled_table("")
     table.add_column("", ratio=1)
     table.add_column("", justify="right", no_wrap=True)
     table.show_header = False
     table.add_row(f"longest L at micro-batch {report.micro_batch}", f"{fit.max_seq_len:,}")
     table.add_row(f"largest micro-batch at L={report.seq_len}", f"{fit.max_micro_batch:,}")
-    return table
+    return Group(Text(title, style="italic"), table)
 
 
 def _measured_table(measured: list[dict[str, Any]], report: ParallelReport) -> Table:

@@ -148,8 +148,15 @@ def weight_tables(
     return tables, notes, top_k is not None
 
 
-def memory_footer(estimate: MemoryEstimate) -> Table:
-    grid = size_grid("memory")
+def memory_footer(estimate: MemoryEstimate, split: Any = None) -> Table:
+    """One device's memory; under ``run --tp`` the whole layer's, titled so (a rank's is
+    ``memory --tp``'s)."""
+    title = (
+        "memory"
+        if split is None
+        else (f"memory of one device (unsplit; each rank's: attnctl memory --tp {split.layout.tp})")
+    )
+    grid = size_grid(title)
     grid.add_row(
         "parameters",
         format_bytes(estimate.parameter_bytes),
@@ -270,7 +277,7 @@ def run_view(report: RunReport, width: int) -> Group:
     parts.append(Text(""))
     parts.append(heads_overview(report.ranked, len(texts) > 1))
     parts.append(Text(""))
-    parts.append(memory_footer(report.estimate))
+    parts.append(memory_footer(report.estimate, report.split))
     return Group(*parts)
 
 
