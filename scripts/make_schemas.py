@@ -646,7 +646,11 @@ def split_properties() -> dict[str, Schema]:
     measured = obj(
         {
             "rank": INDEX,
-            "peak_bytes": BYTES,
+            "peak_bytes": integer(
+                0,
+                "the rank's estimated peak of what it measures: its weights and activations,"
+                " no KV cache (per_device's peak_bytes adds the cache in inference)",
+            ),
             "measured_peak_bytes": BYTES,
             # what gloo / NCCL allocate inside a collective, which the measurement does
             # not see: at most this
