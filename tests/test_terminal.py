@@ -417,3 +417,18 @@ def test_help_never_breaks_a_word(command, columns):
     words = help_words(command)
     assert not [word for word in words if word not in shown]
     assert not command or {"bfloat16", "sinusoidal", "causal"} <= set(words)
+
+
+def test_the_layer_line_names_positions_the_embeddings_add(tmp_path):
+    """GPT-2's attention adds no positions, its embeddings a learned table: the "layer"
+    line says so, as the HTML header does, and never "pos none" for it."""
+    import tiny_models
+
+    gpt2 = str(tiny_models.write_header_only("gpt2-small", tmp_path / "gpt2"))
+    for command in ("shapes", "memory"):
+        out = " ".join(invoke_at((command, "--model", gpt2), "200").stdout.split())
+        assert "pos learned (embeddings)" in out and "pos none" not in out, out
+    seeded = " ".join(invoke_at(("shapes", "--pos", "none"), "200").stdout.split())
+    assert "pos none ·" in seeded  # the seeded layer without positions anywhere
+    learned = " ".join(invoke_at(("shapes", "--pos", "learned"), "200").stdout.split())
+    assert "pos learned ·" in learned  # its own option, said as given

@@ -28,7 +28,7 @@ def check_view(result: CheckResult, plan: Plan) -> Group:
         header(
             "attnctl check",
             [
-                ("layer", config_line(plan.config)),
+                ("layer", config_line(plan.config, plan)),
                 ("input", f"random token ids {sizes_line(plan)} on {result.device}, "
                           f"{plan.config.dtype}"),
             ],

@@ -36,7 +36,7 @@ def shapes_view(plan: Plan, width: int) -> Group:
             "attnctl shapes",
             [
                 *model_lines(plan),
-                ("layer", config_line(config)),
+                ("layer", config_line(config, plan)),
                 ("dtype", f"{config.dtype} · device {config.device}"),
                 ("sizes", sizes_line(plan)),
             ],
@@ -68,7 +68,7 @@ def seq2seq_shapes_view(shapes: Seq2SeqShapes, width: int) -> Group:
             "attnctl shapes",
             [
                 *model_lines(encoder),
-                ("layer", config_line(config)),
+                ("layer", config_line(config, encoder)),
                 ("dtype", f"{config.dtype} · device {config.device}"),
                 *seq2seq_dims_lines(encoder, decoder),
             ],
@@ -127,7 +127,7 @@ def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
             "attnctl memory",
             [
                 *model_lines(encoder),
-                ("layer", config_line(config)),
+                ("layer", config_line(config, encoder)),
                 ("dtype", config.dtype),
                 *seq2seq_dims_lines(encoder, decoder),
             ],
@@ -203,7 +203,7 @@ def memory_view(command: MemoryCommandReport, width: int) -> Group:
             "attnctl memory",
             [
                 *model_lines(first.plan),
-                ("layer", config_line(config) + stack),
+                ("layer", config_line(config, first.plan) + stack),
                 ("dtype", config.dtype),
                 ("sizes", sizes_line(first.plan) if len(reports) == 1 else f"L = {lengths}"),
             ],

@@ -42,7 +42,7 @@ def parallel_view(command: MemoryCommandReport, width: int) -> Group:
         single += whole.kv_cache_bytes
     rows = [
         *model_lines(plan),
-        ("layer", config_line(plan.config)),
+        ("layer", config_line(plan.config, plan)),
         ("split", f"{layout.summary()} = {layout.ranks:,} device{'s' * (layout.ranks != 1)}"),
         (
             "sizes",

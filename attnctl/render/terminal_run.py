@@ -217,7 +217,7 @@ def _run_opening(
                 *lines,
                 ("tokenizer", f"{trace.tokenizer} (vocab {trace.vocab_size})"),
                 *model_lines(plan, block),
-                ("layer", config_line(config)),
+                ("layer", config_line(config, plan)),
                 ("device", f"{trace.device} · dtype {config.dtype}{seed}"),
                 ("attention", f"{trace.impl} ({how})"),
             ],

@@ -46,11 +46,19 @@ def shape_text(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
-def config_line(config: LayerConfig) -> str:
+def config_line(config: LayerConfig, plan: Plan | None = None) -> str:
+    """The layer's options in one line; ``plan``'s model's positions when its embeddings
+    add them (GPT-2's and BERT's learned table, Marian's sinusoids) and the attention
+    adds none (``pos none`` would read as no positions at all)."""
     kv = f", kv {config.kv_heads}" if config.kv_heads != config.heads else ""
+    pos = config.pos
+    description = None if plan is None else plan.description
+    added = "none" if description is None else description.embeddings.positions
+    if pos == "none" and added != "none":
+        pos = f"{added.removesuffix('_halves')} (embeddings)"
     return (
         f"d_model {config.d_model} · heads {config.heads} (d_k {config.d_k}{kv}) · "
-        f"pos {config.pos} · mask {config.mask} · norm {config.norm}"
+        f"pos {pos} · mask {config.mask} · norm {config.norm}"
         f"{' (rms)' if config.norm_type == 'rms' and config.norm != 'none' else ''} · "
         f"impl {config.impl} · bias {_bias_text(config)}{_math_text(config)}"
     )
