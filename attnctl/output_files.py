@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnctl.errors import RUNTIME, USAGE, AttnctlError
-from attnctl.render.text import printable
+from attnctl.literal import printable
 
 _NOT_REGULAR = (
     (stat.S_ISFIFO, "a FIFO"),

@@ -20,14 +20,16 @@ import argparse
 import sys
 import time
 
-from attnctl.config import build_config, resolve_impl, validate
-from attnctl.distributed import collective_buffers, measure_split, threads_per_rank
-from attnctl.measure import measure_forward, measure_training
-from attnctl.memory import estimate, format_bytes
-from attnctl.parallel import Layout
-from attnctl.plan import build_plan
-from attnctl.tokenize import vocab_size
-from attnctl.training import estimate_training
+from attnctl.memory.estimate import estimate, format_bytes
+from attnctl.memory.measure import measure_forward, measure_training
+from attnctl.model.config import build_config, resolve_impl, validate
+from attnctl.model.layout import Layout
+from attnctl.parallel.distributed import measure_split
+from attnctl.parallel.launch import threads_per_rank
+from attnctl.parallel.run_split import collective_buffers
+from attnctl.replay.step import estimate_training
+from attnctl.stages.plan import build_plan
+from attnctl.text.tokenize import vocab_size
 
 
 def main() -> int:

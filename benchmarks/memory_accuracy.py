@@ -15,12 +15,12 @@ import itertools
 import sys
 import time
 
-from attnctl.config import build_config
-from attnctl.measure import measure_forward, measure_training
-from attnctl.memory import estimate
-from attnctl.plan import build_plan
-from attnctl.tokenize import vocab_size
-from attnctl.training import estimate_training
+from attnctl.memory.estimate import estimate
+from attnctl.memory.measure import measure_forward, measure_training
+from attnctl.model.config import build_config
+from attnctl.replay.step import estimate_training
+from attnctl.stages.plan import build_plan
+from attnctl.text.tokenize import vocab_size
 
 TARGET = 2.0  # percent
 

@@ -5,7 +5,7 @@
 
 The schemas are built here from shared pieces (a token, a stage, a config, ...) and each
 file is written whole (no reference to another file), so that one file is all a reader
-needs to validate a document. The config's properties follow attnctl.config.LayerConfig:
+needs to validate a document. The config's properties follow attnctl.model.config.LayerConfig:
 a field added there changes the schema (run this script; tests/test_schema.py says so).
 Each document's version is attnctl.render.json.SCHEMA_VERSION (docs/json.md: the rule).
 """
@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from attnctl.config import _CHOICES, DTYPE_BYTES, DTYPES, IMPLS, LayerConfig  # noqa: E402
+from attnctl.model.config import _CHOICES, DTYPE_BYTES, DTYPES, IMPLS, LayerConfig  # noqa: E402
 from attnctl.render.json import (  # noqa: E402
     ENCODER_DECODER,
     LAYER,

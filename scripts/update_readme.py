@@ -44,7 +44,7 @@ EXAMPLES = {
     "--device cpu": (80, "attention heatmaps", "a query row"),
     'attnctl run "Are you OK?" --model models/marian-tiny --generate 6 --head 0 --view heatmap '
     "--device cpu": (80, "encoder self-attention heatmaps", "a query row"),
-    "attnctl shapes": (100, None, None),
+    "attnctl shapes --device cpu": (100, None, None),
     "attnctl check --device cpu": (80, None, None),
     "attnctl memory --seq-len 2048": (100, None, None),
     "attnctl memory --seq-len 1024 --measure --device cpu": (80, "activations", "vs measured"),

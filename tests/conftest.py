@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import json_contract
@@ -56,21 +55,20 @@ def _json_follows_its_schema(monkeypatch):
     """Every --json document a test produces in-process is checked against its command's
     schema (tests/json_contract.py): as JSON gives it back, schema_version first. A broken
     one fails the command (an internal error) and, whatever the test expected, the test."""
-    import attnctl.cli
+    import attnctl.cli.output
 
     broken: list[str] = []
-    print_json = attnctl.cli._print_json
+    print_json = attnctl.cli.output.print_json
 
-    def checked(document: dict) -> None:
-        command = sys._getframe(1).f_code.co_name  # the command function that prints it
+    def checked(document: dict, command: str) -> None:
         try:
             json_contract.check_printed(document, command)
         except AssertionError as error:
             broken.append(str(error))
             raise
-        print_json(document)
+        print_json(document, command)
 
-    monkeypatch.setattr(attnctl.cli, "_print_json", checked)
+    monkeypatch.setattr(attnctl.cli.output, "print_json", checked)
     yield broken  # a test that expects a broken document takes it out of this list
     if broken:
         pytest.fail("\n".join(broken), pytrace=False)
@@ -104,6 +102,15 @@ def tiny(tmp_path_factory):
     from rank_pool import TinyModels
 
     return TinyModels(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (-n, --dist loadgroup) every test of the gloo ranks runs in one
+    worker, so their ranks start once a world size, not once in each worker."""
+    for item in items:
+        if "rank_pool" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ranks"))
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The JSON contract: every --json document the suite produces is checked against its schema.
 
 docs/schema/COMMAND.schema.json (draft 2020-12) describes each command's document; its
-validator is compiled once per session. tests/conftest.py wraps ``attnctl.cli._print_json``
+validator is compiled once per session. tests/conftest.py wraps ``attnctl.cli.output.print_json``
 (every --json document goes through it) so that each document printed in-process is
 checked; a test that runs attnctl in a subprocess checks what it parses with :func:`loads`.
 """

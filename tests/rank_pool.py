@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import tiny_models
 
-from attnctl.distributed import RankReply, run_ranks
+from attnctl.parallel.launch import RankReply, run_ranks
 
 
 class Batch(NamedTuple):
@@ -109,7 +109,7 @@ class RankPool:
 def split_batch(cases: list, timeout: float) -> Batch:
     """``measure_splits(cases)`` as a batch: its result is (cases, each case's ranks'
     measurements)."""
-    from attnctl.distributed import prepare_splits
+    from attnctl.parallel.distributed import prepare_splits
 
     prepared = prepare_splits(cases, timeout=timeout)
     return Batch(prepared.tasks, prepared.timeout,

@@ -61,13 +61,13 @@ def token_ids(case: Case, vocab_size: int = VOCAB) -> torch.Tensor:
 
 def setting(case: Case):
     """(the run's config, the checkpoint's description or None, the vocabulary size)."""
-    from attnctl.config import build_config
+    from attnctl.model.config import build_config
 
     if not case.model:
         return build_config(device="cpu", **case.options), None, VOCAB
     from pathlib import Path
 
-    from attnctl.families import read_model
+    from attnctl.model.families import read_model
 
     spec = read_model(Path(case.model))
     return spec.layer_config(device="cpu", **case.options), spec, spec.vocab_size
@@ -84,7 +84,9 @@ def run_ring(size: int, cases: list[Case]) -> list[list[RankResult]]:
     # a fork server that has imported torch and attnctl forks each rank: no rank pays the
     # imports, and none is forked from a process whose OpenMP threads have run
     context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "ring_ranks", "attnctl.plan"])
+    context.set_forkserver_preload(
+        ["torch", "torch.distributed", "ring_ranks", "attnctl.stages.plan"]
+    )
     results = context.Queue()
     port = free_port()
     processes = [
@@ -138,11 +140,11 @@ def _train_case(rank: int, size: int, case: Case) -> RankResult:
     """The rank's chunk of the layer forward and backward (ring attention's own backward):
     its output and every weight's gradient, this rank's share (the ranks' sum is one
     device's)."""
+    from attnctl.model.layout import Layout
     from attnctl.nn.model import forward
     from attnctl.nn.ring_attention import Ring, running
     from attnctl.nn.weights import model_weights
-    from attnctl.parallel import Layout
-    from attnctl.plan_parallel import rank_plan
+    from attnctl.parallel.plan import rank_plan
 
     config, model, vocab_size = setting(case)
     plan = rank_plan(config, case.seq_len, case.batch, vocab_size, Layout(cp=size), model,
@@ -169,7 +171,7 @@ def _measured_step(plan, weights, ids, ring, layer: int):
     """The rank's training step as ``measure.measure_training`` runs one device's: loss =
     output.sum(), Adam on the weights (the shared ones, then the block's), under
     ``measure.measure_step``."""
-    from attnctl.measure import measure_step
+    from attnctl.memory.measure import measure_step
     from attnctl.nn.model import forward
     from attnctl.nn.ring_attention import running
 
@@ -190,12 +192,12 @@ def _measured_step(plan, weights, ids, ring, layer: int):
 def _run_case(rank: int, size: int, case: Case) -> RankResult:
     if case.train:
         return _train_case(rank, size, case)
-    from attnctl.measure import LiveStorages, _measure_dispatch
+    from attnctl.memory.measure import LiveStorages, _measure_dispatch
+    from attnctl.model.layout import Layout
     from attnctl.nn.model import forward
     from attnctl.nn.ring_attention import Ring, running
     from attnctl.nn.weights import model_weights
-    from attnctl.parallel import Layout
-    from attnctl.plan_parallel import rank_plan
+    from attnctl.parallel.plan import rank_plan
 
     config, model, vocab_size = setting(case)
     layout = Layout(cp=size)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.errors import AttnctlError
+from attnctl.model.config import LayerConfig, resolve_impl, validate
 
 
 def small_layers(variants: list[dict]) -> list[LayerConfig]:
@@ -31,7 +31,7 @@ def one_device_gradients(case, full) -> dict:
     ``loss = output.sum()``; a seeded stack of ``layers`` copies of block 0."""
     import torch
 
-    from attnctl.describe import ModelDescription
+    from attnctl.model.describe import ModelDescription
     from attnctl.nn.model import forward
     from attnctl.nn.weights import model_weights
 
@@ -76,7 +76,7 @@ def whole_batch_gradients(case, full) -> dict:
     seed + r), of the loss summed over them divided by D: the copies' mean."""
     import torch
 
-    from attnctl.describe import ModelDescription
+    from attnctl.model.describe import ModelDescription
     from attnctl.nn.model import forward
 
     dp = case.layout.dp
@@ -165,7 +165,7 @@ def assert_stepped_as_one_device(weights: dict, gradients: dict, results: list, 
     noise, whose sign Adam's step keeps."""
     import torch
 
-    from attnctl.measure import adam_step
+    from attnctl.memory.measure import adam_step
 
     trained = [weights[name] for name in gradients]
     for tensor, name in zip(trained, gradients, strict=True):

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-import attnctl.resources as resources
+import attnctl.memory.resources as resources
 from attnctl.app import (
     CheckRequest,
     Hooks,
@@ -29,7 +29,7 @@ from attnctl.app import (
     shapes_use_case,
 )
 from attnctl.errors import AttnctlError
-from attnctl.memory import variant_table
+from attnctl.memory.estimate import variant_table
 from attnctl.render import memory_json, run_json, shapes_json
 from attnctl.stats import PATTERNS, head_stats
 

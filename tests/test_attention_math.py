@@ -15,13 +15,14 @@ from json_contract import only_length
 
 import attnctl.nn.attention
 import attnctl.nn.positions
-from attnctl.check import run_check
-from attnctl.config import build_config
-from attnctl.layer import TORCH_DTYPES, AttentionLayer, Recorder
-from attnctl.measure import measure_forward
-from attnctl.memory import estimate
+import attnctl.nn.scores
+from attnctl.memory.estimate import estimate
+from attnctl.memory.measure import measure_forward
+from attnctl.model.config import build_config
+from attnctl.nn.check import run_check
+from attnctl.nn.layer import TORCH_DTYPES, AttentionLayer, Recorder
 from attnctl.nn.positions import sinusoidal_positions
-from attnctl.plan import build_plan
+from attnctl.stages.plan import build_plan
 from tests.test_variants import assert_plan_matches
 
 CPU = ("--device", "cpu")
@@ -211,7 +212,7 @@ def test_a_layer_scaling_by_d_over_h_is_caught_with_a_head_dim(monkeypatch):
     config = build_config(d_model=16, heads=4, head_dim=8, device="cpu")
     assert run_check(config, 2, 5, 30).ok
     wrong = types.SimpleNamespace(sqrt=lambda n: math.sqrt(16 / 4))
-    monkeypatch.setattr(attnctl.nn.attention, "math", wrong)
+    monkeypatch.setattr(attnctl.nn.scores, "math", wrong)
     result = run_check(config, 2, 5, 30)
     failed = {(c.a, c.b) for c in result.comparisons if not c.ok}
     assert ("math", SDPA_REFERENCE) in failed and ("sdpa", SDPA_REFERENCE) not in failed
@@ -277,9 +278,9 @@ def test_query_scale_misuse_exits_2(invoke, value, message):
 
 
 def test_query_scale_training_is_measured():
-    from attnctl.measure import measure_training
-    from attnctl.plan import build_plan
-    from attnctl.training import estimate_training
+    from attnctl.memory.measure import measure_training
+    from attnctl.replay.step import estimate_training
+    from attnctl.stages.plan import build_plan
 
     for impl in ("math", "sdpa"):
         config = build_config(d_model=40, heads=5, query_scale=0.1, impl=impl, device="cpu")
@@ -327,7 +328,7 @@ def test_softcap_plan_equals_trace_and_measurement(padded, mask):
 
 
 def test_softcap_picks_the_math_path_and_refuses_sdpa(invoke):
-    from attnctl.config import resolve_impl
+    from attnctl.model.config import resolve_impl
 
     config = build_config(softcap=30.0)
     assert resolve_impl(config, shows_every_weight=False).impl == "math"

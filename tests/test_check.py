@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-import attnctl.check
-import attnctl.layer
 import attnctl.nn.attention
+import attnctl.nn.check
+import attnctl.nn.layer
 import attnctl.nn.positions
-from attnctl.check import run_check
-from attnctl.config import (
+from attnctl.errors import AttnctlError
+from attnctl.model.config import (
     MASKS,
     NORM_TYPES,
     NORMS,
@@ -22,8 +22,8 @@ from attnctl.config import (
     build_config,
     validate,
 )
-from attnctl.errors import AttnctlError
-from attnctl.layer import AttentionLayer
+from attnctl.nn.check import run_check
+from attnctl.nn.layer import AttentionLayer
 
 CPU = ("--device", "cpu")
 MHA = "nn.MultiheadAttention"
@@ -58,7 +58,7 @@ def test_implementations_agree(invoke, options):
 
 
 def test_a_wrong_reference_makes_check_fail(invoke, monkeypatch):
-    original = attnctl.check.reference_mha
+    original = attnctl.nn.check.reference_mha
 
     def skewed(layer):
         mha = original(layer)
@@ -66,7 +66,7 @@ def test_a_wrong_reference_makes_check_fail(invoke, monkeypatch):
             mha.out_proj.weight.mul_(1.01)
         return mha
 
-    monkeypatch.setattr(attnctl.check, "reference_mha", skewed)
+    monkeypatch.setattr(attnctl.nn.check, "reference_mha", skewed)
     result = invoke("check", *CPU)
     assert result.exit_code == 1
     assert "FAIL" in result.stdout and "MISMATCH" in result.stdout
@@ -261,7 +261,7 @@ def test_the_sdpa_reference_is_not_the_layer(monkeypatch):
         monkeypatch.setattr(attnctl.nn.positions, name, forbidden)
     monkeypatch.setattr(torch.Tensor, "repeat_interleave", forbidden)
     with torch.no_grad():
-        reference = attnctl.check.sdpa_reference_attention(layer, x, x)
+        reference = attnctl.nn.check.sdpa_reference_attention(layer, x, x)
     assert reference.output.shape == (2, 5, 16) and reference.weights.shape == (2, 4, 5, 5)
 
 
@@ -273,7 +273,7 @@ def test_gradcheck_covers_alibi(monkeypatch):
         attnctl.nn.positions, "alibi_bias", lambda *args: added.append(args[-1]) or original(*args)
     )
     threads = torch.get_num_threads()
-    passed, note = attnctl.check._gradcheck(config, 30)
+    passed, note = attnctl.nn.check._gradcheck(config, 30)
     assert passed and "float64" in note
     assert torch.get_num_threads() == threads  # gradcheck's one thread, given back
     assert added and set(added) == {torch.float64}  # the float64 copy adds the bias
@@ -298,13 +298,13 @@ def test_a_wrong_backward_fails_gradcheck_with_alibi(monkeypatch):
 def test_the_layer_output_tolerance_scales_with_its_values(monkeypatch):
     """A residual stream reaches several units, where a bfloat16 step exceeds 5e-2."""
     expected = []
-    original = attnctl.check.reference_layer_output
+    original = attnctl.nn.check.reference_layer_output
 
     def recorded(*args):
         expected.append(original(*args))
         return expected[-1]
 
-    monkeypatch.setattr(attnctl.check, "reference_layer_output", recorded)
+    monkeypatch.setattr(attnctl.nn.check, "reference_layer_output", recorded)
     result = run_check(build_config(**SMALL, dtype="bfloat16", norm="pre"), 2, 5, 30)
     largest = expected[0].abs().max().item()
     assert largest > 1  # x + attention: the embeddings alone are N(0, 1)

@@ -53,7 +53,7 @@ def test_run_cat_eats_fish_golden(invoke, golden):
 
 @pytest.mark.parametrize("columns", [80, 200])
 def test_shapes_golden(invoke, golden, columns):
-    result = invoke("shapes", columns=columns)
+    result = invoke("shapes", "--device", "cpu", columns=columns)
     assert result.exit_code == 0, result.output
     golden(f"shapes_default_{columns}.txt", result.stdout)
 
@@ -198,7 +198,7 @@ def test_char_and_path_tokenizers(invoke, tmp_path):
     data = run_json(invoke, "run", "abca", "--tokenizer", "char", *CPU)
     assert [t["id"] for t in data["tokens"][0]] == [0, 1, 2, 0]
     assert data["vocab_size"] == 3
-    from attnctl.tokenize import BUNDLED_PATH
+    from attnctl.text.tokenize import BUNDLED_PATH
 
     copy = tmp_path / "tokenizer.json"
     copy.write_text(BUNDLED_PATH.read_text(encoding="utf-8"), encoding="utf-8")
@@ -418,10 +418,10 @@ def test_python_dash_m_and_version():
     ids=["run", "memory --measure", "check"],
 )
 def test_preflight_refuses_what_does_not_fit_unless_forced(invoke, monkeypatch, command):
-    import attnctl.resources
+    import attnctl.memory.resources
 
-    free = attnctl.resources.Available(1000, "MemAvailable")
-    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
+    free = attnctl.memory.resources.Available(1000, "MemAvailable")
+    monkeypatch.setattr(attnctl.memory.resources, "available_memory", lambda device: free)
     result = invoke(*command, *CPU)
     assert result.exit_code == 1
     assert re.fullmatch(
@@ -433,7 +433,7 @@ def test_preflight_refuses_what_does_not_fit_unless_forced(invoke, monkeypatch, 
 
 
 def test_free_memory_reads_the_system():
-    from attnctl.resources import available_memory
+    from attnctl.memory.resources import available_memory
 
     free = available_memory(torch.device("cpu"))
     assert free is not None and 0 < free.bytes <= 2**50
@@ -444,7 +444,7 @@ def test_progress_shows_on_a_terminal_and_not_elsewhere(invoke):
 
     from rich.console import Console
 
-    from attnctl.cli import _progress
+    from attnctl.cli.output import progress as _progress
 
     stream = io.StringIO()
     with _progress("measuring things", Console(file=stream, force_terminal=True, width=80)):
@@ -473,16 +473,16 @@ def test_readme_examples_are_the_real_output():
 
 
 def test_text_output_computes_only_the_heads_it_prints(invoke, monkeypatch):
-    import attnctl.runner
+    import attnctl.nn.runner
 
     seen = {}
-    original = attnctl.runner.run
+    original = attnctl.nn.runner.run
 
     def spy(batch, config, model=None, layers=None, heads=None, *args, **kwargs):
         seen["heads"] = heads
         return original(batch, config, model, layers, heads, *args, **kwargs)
 
-    monkeypatch.setattr(attnctl.runner, "run", spy)
+    monkeypatch.setattr(attnctl.nn.runner, "run", spy)
     invoke("run", LONG, "--heads", "16", "--d-model", "32", *CPU)
     assert list(seen["heads"]) == list(range(8))
     run_json(invoke, "run", LONG, "--heads", "16", "--d-model", "32", *CPU)

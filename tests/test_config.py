@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnctl.config import (
+from attnctl.errors import AttnctlError
+from attnctl.model.config import (
     LayerConfig,
     build_config,
     divisors,
@@ -16,7 +17,6 @@ from attnctl.config import (
     preset_names,
     validate,
 )
-from attnctl.errors import AttnctlError
 
 ROOT = Path(__file__).resolve().parent.parent
 

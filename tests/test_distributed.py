@@ -22,10 +22,10 @@ import torch
 from rank_pool import Batch, rank_batch, split_batch
 from split_cases import small_layers
 
-from attnctl.config import LayerConfig, resolve_impl, validate
 from attnctl.errors import AttnctlError
-from attnctl.parallel import Layout, rank_heads
-from attnctl.plan_parallel import rank_plan
+from attnctl.model.config import LayerConfig, resolve_impl, validate
+from attnctl.model.layout import Layout, rank_heads
+from attnctl.parallel.plan import rank_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 120  # seconds a start of the ranks may take at most, here
@@ -108,8 +108,8 @@ def test_every_rank_measures_its_plan_to_the_byte(measured):
 
 
 def test_the_split_holds_less_than_one_device(measured):
-    from attnctl.measure import measure_forward
-    from attnctl.plan import build_plan
+    from attnctl.memory.measure import measure_forward
+    from attnctl.stages.plan import build_plan
 
     cases, results = measured
     first = len(_sweep(len(results[0])))  # the named cases after the sweep
@@ -138,7 +138,7 @@ def test_rank_stages_are_the_plan_with_its_collectives(measured):
 
 def _single_device(config, model, token_ids, block, heads, rows):
     """One device's output and shown weights, by nn/model.py directly."""
-    from attnctl.describe import seeded_model
+    from attnctl.model.describe import seeded_model
     from attnctl.nn.model import forward
     from attnctl.nn.weights import model_weights
 
@@ -153,7 +153,7 @@ def _single_device(config, model, token_ids, block, heads, rows):
 @rank_batch(2, 4)
 def split_runs_batch(tp: int, tiny) -> Batch:
     """Each case's rank results from ``tp`` ranks."""
-    from attnctl.distributed import run_task
+    from attnctl.parallel.run_split import run_task
 
     (model, layer), (fused, fused_layer) = _models(tiny)
     generator = torch.Generator().manual_seed(1)
@@ -234,7 +234,7 @@ def test_split_run_equals_one_device(split_runs):
 
 
 def test_split_run_records_the_rank_plan(split_runs):
-    from attnctl.plan_parallel import _renamed
+    from attnctl.parallel.plan import _renamed
     from attnctl.trace import Stage
 
     cases, inputs, replies = split_runs
@@ -390,7 +390,7 @@ def test_bad_splits_are_refused_before_any_process(invoke, monkeypatch, args, me
 
 
 def test_measure_split_refuses_before_any_process(monkeypatch):
-    from attnctl.distributed import measure_split
+    from attnctl.parallel.distributed import measure_split
 
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
     with pytest.raises(AttnctlError, match="--tp 3 does not divide the 8 attention heads"):
@@ -402,12 +402,12 @@ def test_measure_split_refuses_before_any_process(monkeypatch):
 
 
 def test_the_ranks_memory_together_is_checked_before_any_process(monkeypatch):
-    import attnctl.resources
-    from attnctl.distributed import PROCESS_OVERHEAD_BYTES, measure_split
+    import attnctl.memory.resources
+    from attnctl.parallel.distributed import PROCESS_OVERHEAD_BYTES, measure_split
 
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
-    free = attnctl.resources.Available(3 * PROCESS_OVERHEAD_BYTES, "MemAvailable")
-    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
+    free = attnctl.memory.resources.Available(3 * PROCESS_OVERHEAD_BYTES, "MemAvailable")
+    monkeypatch.setattr(attnctl.memory.resources, "available_memory", lambda device: free)
     with pytest.raises(AttnctlError, match=r"is more than the 960\.00 MiB free") as refused:
         measure_split(GQA, 16, 1, 100, Layout(tp=4))  # 4 processes of 320 MiB each
     assert refused.value.exit_code == 1

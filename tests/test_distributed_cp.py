@@ -15,9 +15,9 @@ import subprocess
 import pytest
 from rank_pool import Batch, rank_batch, split_batch
 
-from attnctl.config import LayerConfig
 from attnctl.errors import AttnctlError
-from attnctl.parallel import Layout
+from attnctl.model.config import LayerConfig
+from attnctl.model.layout import Layout
 
 TIMEOUT = 120  # seconds a start of the ranks may take at most, here
 # attention dominates the peak (64 tokens, 4 heads of 16): the causal ranks differ
@@ -106,15 +106,15 @@ def test_bad_cp_splits_are_refused_before_any_process(invoke, monkeypatch, optio
 
 
 def test_all_tp_cp_ranks_memory_is_checked_before_any_process(monkeypatch):
-    import attnctl.resources
-    from attnctl.distributed import PROCESS_OVERHEAD_BYTES, measure_split
+    import attnctl.memory.resources
+    from attnctl.parallel.distributed import PROCESS_OVERHEAD_BYTES, measure_split
 
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("started"))
-    free = attnctl.resources.Available(3 * PROCESS_OVERHEAD_BYTES, "MemAvailable")
-    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
+    free = attnctl.memory.resources.Available(3 * PROCESS_OVERHEAD_BYTES, "MemAvailable")
+    monkeypatch.setattr(attnctl.memory.resources, "available_memory", lambda device: free)
     with pytest.raises(AttnctlError, match=r"is more than the 960\.00 MiB free") as refused:
         measure_split(RING, 16, 1, 50, Layout(tp=2, cp=2))  # 4 processes of 320 MiB each
     assert refused.value.exit_code == 1
-    free = attnctl.resources.Available(5 * PROCESS_OVERHEAD_BYTES, "MemAvailable")
+    free = attnctl.memory.resources.Available(5 * PROCESS_OVERHEAD_BYTES, "MemAvailable")
     with pytest.raises(AttnctlError, match=r"is more than the 1\.56 GiB free"):
         measure_split(RING, 16, 1, 50, Layout(cp=8))  # 8 processes

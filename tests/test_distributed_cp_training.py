@@ -16,10 +16,10 @@ import torch
 from rank_pool import Batch, rank_batch, split_batch
 from split_cases import assert_steps_to_the_byte, one_device_gradients, small_layers
 
-from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.describe import seeded_model
-from attnctl.distributed import SplitCase, measure_task
-from attnctl.parallel import Layout
+from attnctl.model.config import LayerConfig, resolve_impl, validate
+from attnctl.model.describe import seeded_model
+from attnctl.model.layout import Layout
+from attnctl.parallel.distributed import SplitCase, measure_task
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 LENGTH = 8
@@ -73,7 +73,7 @@ def test_every_rank_steps_as_its_estimate_to_the_byte(measured):
 
 def test_the_table_is_the_busiest_ring_rank(measured):
     """``memory --train --cp C``'s per-device row is its busiest rank's, measured."""
-    from attnctl.app.memory_parallel import Split
+    from attnctl.parallel.split import Split
 
     _, cases, results = measured
     for case, ranks in zip(cases, results, strict=True):

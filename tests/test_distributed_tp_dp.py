@@ -23,10 +23,10 @@ from split_cases import (
     whole_batch_gradients,
 )
 
-from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.describe import seeded_model
-from attnctl.distributed import SplitCase, measure_task
-from attnctl.parallel import Layout
+from attnctl.model.config import LayerConfig, resolve_impl, validate
+from attnctl.model.describe import seeded_model
+from attnctl.model.layout import Layout
+from attnctl.parallel.distributed import SplitCase, measure_task
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 LENGTH, BATCH, VOCAB, TP, DP = 8, 2, 50, 2, 2

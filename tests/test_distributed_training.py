@@ -21,10 +21,10 @@ from split_cases import (
     small_layers,
 )
 
-from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.describe import seeded_model
-from attnctl.distributed import SplitCase, measure_task
-from attnctl.parallel import Layout
+from attnctl.model.config import LayerConfig, resolve_impl, validate
+from attnctl.model.describe import seeded_model
+from attnctl.model.layout import Layout
+from attnctl.parallel.distributed import SplitCase, measure_task
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 # FFN, biases, qk norms; GPT-2 and Phi-3 store fused and transposed tensors, which a rank
@@ -85,7 +85,7 @@ def test_every_rank_steps_as_the_split_estimates_to_the_byte(measured):
 
 def test_the_step_is_the_peak_of_the_per_device_table(measured):
     """What a rank is held to is ``memory --train --tp T``'s own per-device row."""
-    from attnctl.app.memory_parallel import Split
+    from attnctl.parallel.split import Split
 
     cases, results = measured
     case, ranks = cases[-1], results[-1]  # a checkpoint

@@ -24,10 +24,10 @@ from split_cases import (
     whole_batch_gradients,
 )
 
-from attnctl.config import LayerConfig, resolve_impl, validate
-from attnctl.describe import seeded_model
-from attnctl.distributed import SplitCase, measure_task
-from attnctl.parallel import Layout, zero_pieces
+from attnctl.model.config import LayerConfig, resolve_impl, validate
+from attnctl.model.describe import seeded_model
+from attnctl.model.layout import Layout, zero_pieces
+from attnctl.parallel.distributed import SplitCase, measure_task
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 LENGTH, BATCH, VOCAB = 8, 2, 50
@@ -79,7 +79,7 @@ def test_every_rank_steps_as_its_own_estimate_to_the_byte(measured):
 def test_zero_ranks_differ_as_their_pieces_and_the_table_is_the_busiest(measured):
     """Under ZeRO 1 and 2 the ranks hold different pieces (so different bytes, all measured);
     the per-device table is the busiest of them. Without ZeRO every copy is alike."""
-    from attnctl.app.memory_parallel import Split
+    from attnctl.parallel.split import Split
 
     dp, cases, results = measured
     for case, ranks in zip(cases, results, strict=True):
@@ -133,7 +133,7 @@ def test_the_mean_gradients_and_the_step_are_one_devices(dp, rank_pool):
     (float32: within 1e-4 of the largest gradient); (b) every rank's weights after the
     step are one device's Adam step on those mean gradients (within 1e-6 of the largest
     weight): the pieces and their broadcasts put every value back where it belongs."""
-    from attnctl.measure import adam_step
+    from attnctl.memory.measure import adam_step
 
     cases, replies = rank_pool.get(oracle_batch, dp)
     for index, case in enumerate(cases):

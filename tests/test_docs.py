@@ -145,7 +145,7 @@ def test_ci_reads_the_readme_test_command():
 
 def test_example_blocks_in_docs_are_refreshed_and_unknown_ones_refused():
     module = update_readme()
-    command = "attnctl shapes"
+    command = "attnctl shapes --device cpu"
     page = f"intro\n\n```text\n$ {command}\nold output\n```\n"
     stale: list[str] = []
     assert module.refreshed(page, "docs/x.md", {command: "new output"}, stale) == (

@@ -8,13 +8,13 @@ import tiny_models
 import torch
 from family_checks import assert_every_layer_matches, parameters_of, refused
 
-from attnctl.families import read_model
-from attnctl.layer import Recorder
-from attnctl.measure import measure_forward
-from attnctl.memory import estimate
+from attnctl.memory.estimate import estimate
+from attnctl.memory.measure import measure_forward
+from attnctl.model.families import read_model
+from attnctl.nn.layer import Recorder
 from attnctl.nn.model import forward
 from attnctl.nn.weights import model_weights
-from attnctl.plan import build_plan
+from attnctl.stages.plan import build_plan
 
 SHORT = ["cat", "dog"]  # within the tiny window of 6: sliding blocks attend fully
 LONG = "Are you OK? 猫吃鱼, the cat eats the fish."

@@ -11,13 +11,13 @@ import torch
 from family_checks import assert_every_layer_matches, attnctl_layers, parameters_of, refused
 from json_contract import only_length
 
-from attnctl.families import read_model
-from attnctl.layer import Recorder
-from attnctl.measure import measure_forward
-from attnctl.memory import estimate
+from attnctl.memory.estimate import estimate
+from attnctl.memory.measure import measure_forward
+from attnctl.model.families import read_model
+from attnctl.nn.layer import Recorder
 from attnctl.nn.model import forward
 from attnctl.nn.weights import model_weights
-from attnctl.plan import build_plan
+from attnctl.stages.plan import build_plan
 
 SHORT = ["cat", "dog"]  # within the tiny window of 6: sliding blocks attend fully
 LONG = "Are you OK? 猫吃鱼, the cat eats the fish."
@@ -94,7 +94,7 @@ def test_plan_equals_the_recorded_stages_and_the_measured_bytes(gemma3, layer_in
 
 
 def estimate_kv(plan) -> int:
-    from attnctl.memory import kv_cache_bytes
+    from attnctl.memory.estimate import kv_cache_bytes
 
     return kv_cache_bytes(plan)
 

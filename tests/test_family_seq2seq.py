@@ -17,9 +17,9 @@ import pytest
 import tiny_seq2seq
 import torch
 
-from attnctl.describe import CROSS_ATTENTION
 from attnctl.errors import AttnctlError
-from attnctl.families import read_model
+from attnctl.model.describe import CROSS_ATTENTION
+from attnctl.model.families import read_model
 from attnctl.nn.generate import decoder_weights, encode, greedy
 from attnctl.nn.weights import model_weights
 

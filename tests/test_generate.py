@@ -19,7 +19,7 @@ import tiny_seq2seq
 import torch
 from family_checks import tolerance_of
 
-from attnctl.report_generation import alignment_of
+from attnctl.report.generation import alignment_of
 
 N = 6
 TOLERANCE = 1e-5
@@ -311,7 +311,7 @@ def _render(renderables, width: int) -> str:
 def test_alignment_view_of_a_translation_built_by_hand():
     from attnctl.render.json import translation_dict
     from attnctl.render.terminal_generation import alignment_view
-    from attnctl.report_generation import TranslationView
+    from attnctl.report.generation import TranslationView
     from attnctl.trace import Token
 
     source = [[Token(5, "猫", 0, 1), Token(6, "吃", 1, 2), Token(7, "鱼", 2, 3)]]
@@ -342,7 +342,7 @@ def test_alignment_view_of_a_translation_built_by_hand():
 def test_every_shape_and_size_stays_whole_at_every_width(invoke, folders, width):
     from test_terminal import assert_fits
 
-    from attnctl.memory import format_bytes
+    from attnctl.memory.estimate import format_bytes
 
     args = ("run", "the cat eats", "--model", str(folders["qwen3-sliding"]), "--generate", "3")
     document = json.loads(invoke(*args, "--json", "--device", "cpu").stdout)
@@ -359,7 +359,7 @@ def test_every_shape_and_size_stays_whole_at_every_width(invoke, folders, width)
 def test_generated_tokens_decode_in_place(folders):
     from tokenizers import Tokenizer
 
-    from attnctl.tokenize import decode_pieces, decode_texts
+    from attnctl.text.tokenize import decode_pieces, decode_texts
 
     spec = str(folders["gpt2"] / "tokenizer.json")  # byte-level: 猫 may be split in bytes
     tokenizer = Tokenizer.from_file(spec)

@@ -16,11 +16,11 @@ import pytest
 import torch
 from json_contract import only_length
 
-import attnctl.resources as resources
-from attnctl.config import build_config
+import attnctl.memory.resources as resources
 from attnctl.errors import AttnctlError
-from attnctl.plan import build_plan
-from attnctl.resources import Available, cpu_available, forward_flops
+from attnctl.memory.resources import Available, cpu_available, forward_flops
+from attnctl.model.config import build_config
+from attnctl.stages.plan import build_plan
 
 CPU = ("--device", "cpu")
 GiB = 2**30
@@ -381,17 +381,17 @@ def test_stdin_as_text(tmp_path):
 
 
 def test_run_gives_large_blocks_back_to_the_system(invoke, monkeypatch):
-    import attnctl.runner
+    import attnctl.nn.runner
 
-    resources.tune_allocator()  # callable here (glibc's mallopt, or nothing elsewhere)
+    attnctl.nn.runner.tune_allocator()  # callable here (glibc's mallopt, or nothing elsewhere)
     calls = []
-    monkeypatch.setattr(attnctl.runner, "tune_allocator", lambda: calls.append(1))
+    monkeypatch.setattr(attnctl.nn.runner, "tune_allocator", lambda: calls.append(1))
     assert invoke("run", "hi", *CPU).exit_code == 0 and calls == [1]
 
 
 def test_torch_is_imported_out_of_the_collectors_sight():
     code = (
-        "import gc, sys, attnctl.resources as r; r.import_torch(); "
+        "import gc, sys, attnctl.memory.resources as r; r.import_torch(); "
         "print('torch' in sys.modules, gc.isenabled(), gc.get_freeze_count() > 100_000)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -458,7 +458,7 @@ def test_forced_past_what_can_exist_is_still_one_error_line(invoke):
 
 
 def test_sizes_print_in_their_unit_however_large():
-    from attnctl.memory import format_bytes
+    from attnctl.memory.estimate import format_bytes
 
     assert format_bytes(2**50) == "1.00 PiB" and format_bytes(3 * 2**60) == "3.00 EiB"
     assert format_bytes(10**80) == "8.7e+61 EiB"

@@ -36,7 +36,7 @@ from attnctl.render.terminal_heatmap import (
     shortened,
     weight_color,
 )
-from attnctl.report_generation import GenerationReport, TranslationReport
+from attnctl.report.generation import GenerationReport, TranslationReport
 from attnctl.trace import Token
 
 CPU = ("--device", "cpu")
@@ -222,7 +222,7 @@ def test_the_cli_draws_half_blocks_only_on_a_colour_console(monkeypatch, no_colo
     def colour_console() -> Console:  # a terminal with truecolor, as rich detects one
         return Console(force_terminal=True, color_system="truecolor", width=80)
 
-    monkeypatch.setattr(cli, "_console", colour_console)
+    monkeypatch.setattr(cli.output, "terminal", colour_console)
     env = {"COLUMNS": "80", **({"NO_COLOR": "1"} if no_color else {})}
     args = ["run", "the cat eats the fish", "--head", "0", "--view", "heatmap", *CPU]
     result = CliRunner().invoke(cli.app, args, env=env)
@@ -733,7 +733,7 @@ def test_half_blocks_need_256_colours_sixteen_get_shade_characters(monkeypatch, 
     def terminal() -> Console:  # a terminal of color_system, as rich detects one
         return Console(force_terminal=True, color_system=color_system, width=80)
 
-    monkeypatch.setattr(cli, "_console", terminal)
+    monkeypatch.setattr(cli.output, "terminal", terminal)
     args = ["run", "the cat eats the fish", "--head", "0", "--view", "heatmap", *CPU]
     result = CliRunner().invoke(cli.app, args, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output

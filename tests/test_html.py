@@ -188,7 +188,7 @@ def test_head_and_rows_choose_what_the_page_holds_as_its_help_says(tmp_path):
     data = embedded(path.read_text(encoding="utf-8"))
     assert (data["attention_heads"], data["attention_rows"]) == ([2], [0])
     assert data["attention"]["shape"] == [1, 1, 1, 12]  # one head, one row, every key
-    from attnctl.cli_options import HtmlOption
+    from attnctl.cli.options import HtmlOption
 
     help_text = HtmlOption.__metadata__[0].help
     for said in ("every head", "those --head names", "the query rows computed", "--rows"):

@@ -98,14 +98,14 @@ def test_llama_without_windows_is_one_kind(invoke, tmp_path):
 
 def test_the_measure_preflight_counts_the_cache_it_keeps(invoke, monkeypatch):
     """--measure also keeps every block's K and V: the pre-flight asks for those bytes too."""
-    import attnctl.resources
+    import attnctl.memory.resources
 
     args = ("--seq-len", "512", "--d-model", "64", "--heads", "4")
     data = memory_json(invoke, *args)
     free = data["peak_bytes"] + data["kv_cache_bytes"] // 2  # the peak fits, the cache not
     monkeypatch.setattr(
-        attnctl.resources, "available_memory",
-        lambda device: attnctl.resources.Available(free, "MemAvailable"),
+        attnctl.memory.resources, "available_memory",
+        lambda device: attnctl.memory.resources.Available(free, "MemAvailable"),
     )  # fmt: skip
     result = invoke("memory", *args, "--measure", *CPU)
     assert result.exit_code == 1 and result.stdout == ""

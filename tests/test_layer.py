@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnctl.check import reference_mha
-from attnctl.config import build_config
-from attnctl.layer import AttentionLayer, Recorder
+from attnctl.model.config import build_config
+from attnctl.nn.check import reference_mha
+from attnctl.nn.layer import AttentionLayer, Recorder
 from attnctl.nn.positions import causal_mask, sinusoidal_positions
-from attnctl.plan import layer_parameters
-from attnctl.runner import run_text
+from attnctl.nn.runner import run_text
+from attnctl.stages.plan import layer_parameters
 
 # Printed by seed 000's own code (MultiHeadAttention(8, 2) after nn.Embedding(3, 8) under
 # torch.manual_seed(42)) for 猫吃鱼: attn_weights, shape (1, 2, 3, 3).

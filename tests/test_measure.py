@@ -9,10 +9,10 @@ import pytest
 import torch
 from json_contract import only_length
 
-from attnctl.config import build_config
-from attnctl.measure import LiveStorages, measure_forward
-from attnctl.memory import estimate
-from attnctl.plan import build_plan
+from attnctl.memory.estimate import estimate
+from attnctl.memory.measure import LiveStorages, measure_forward
+from attnctl.model.config import build_config
+from attnctl.stages.plan import build_plan
 
 
 def test_live_storages_counts_allocations_and_frees():
@@ -80,8 +80,8 @@ def test_memory_measure_cli(invoke):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kv_cache_bytes_equal_real_keys_and_values(dtype):
-    from attnctl.layer import TORCH_DTYPES, AttentionLayer
-    from attnctl.memory import kv_cache_bytes
+    from attnctl.memory.estimate import kv_cache_bytes
+    from attnctl.nn.layer import TORCH_DTYPES, AttentionLayer
 
     config = build_config(d_model=64, heads=4, dtype=dtype)
     plan = build_plan(config, 10, 3, vocab_size=50)
@@ -124,7 +124,7 @@ def test_several_lengths_side_by_side(invoke):
 
 @pytest.mark.parametrize("options", [[], ["--dtype", "bfloat16", "--batch", "2", "--layers", "3"]])
 def test_budget_is_solved_exactly(invoke, options):
-    from attnctl.memory import estimate
+    from attnctl.memory.estimate import estimate
 
     data = json.loads(
         invoke("memory", "--seq-len", "1024", "--budget", "2GiB", *options, "--json").stdout
@@ -145,10 +145,10 @@ def test_budget_is_solved_exactly(invoke, options):
 
 
 def test_fit_uses_the_free_memory_of_the_device(invoke, monkeypatch):
-    import attnctl.resources
+    import attnctl.memory.resources
 
-    free = attnctl.resources.Available(3 * 2**30, "MemAvailable")
-    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
+    free = attnctl.memory.resources.Available(3 * 2**30, "MemAvailable")
+    monkeypatch.setattr(attnctl.memory.resources, "available_memory", lambda device: free)
     fit_data = json.loads(invoke("memory", "--fit", "--device", "cpu", "--json").stdout)
     budget_data = json.loads(invoke("memory", "--budget", "3GiB", "--json").stdout)
     assert fit_data["budget_bytes"] == 3 * 2**30
@@ -184,7 +184,7 @@ def test_memory_rejects_bad_sizes(invoke, args, message):
 
 
 def test_parse_size_units():
-    from attnctl.memory import parse_size
+    from attnctl.memory.estimate import parse_size
 
     assert parse_size("16GiB") == 16 * 2**30
     assert parse_size("1.5GB") == 1_500_000_000

@@ -18,7 +18,7 @@ import tiny_models
 import torch
 import transformers
 
-from attnctl.families import read_model
+from attnctl.model.families import read_model
 
 CPU = ("--device", "cpu")
 TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."
@@ -503,10 +503,10 @@ def test_permission_denied_cannot_be_read(invoke, folders, tmp_path, monkeypatch
 @pytest.mark.parametrize("impl", ["math", "sdpa"])
 def test_a_causal_bert_plans_what_it_runs(tmp_path, impl):
     """is_decoder adds the causal mask to BERT's post-norm blocks: plan == recorded stages."""
-    from attnctl.layer import Recorder
+    from attnctl.nn.layer import Recorder
     from attnctl.nn.model import forward
     from attnctl.nn.weights import model_weights
-    from attnctl.plan import build_plan
+    from attnctl.stages.plan import build_plan
 
     spec = read_model(tiny_models.write("bert", tmp_path / "b", is_decoder=True))
     config = spec.layer_config(device="cpu", impl=impl)

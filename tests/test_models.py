@@ -17,14 +17,14 @@ import transformers  # a test extra (pip install -e ".[test]"): the oracle
 from family_checks import tolerance_of
 from json_contract import only_length
 
-from attnctl.config import DTYPE_BYTES
-from attnctl.families import read_model, supported
-from attnctl.layer import Recorder
-from attnctl.measure import measure_forward
-from attnctl.memory import estimate
+from attnctl.memory.estimate import estimate
+from attnctl.memory.measure import measure_forward
+from attnctl.model.config import DTYPE_BYTES
+from attnctl.model.families import read_model, supported
+from attnctl.nn.layer import Recorder
 from attnctl.nn.model import forward
 from attnctl.nn.weights import model_weights
-from attnctl.plan import build_plan
+from attnctl.stages.plan import build_plan
 
 CPU = ("--device", "cpu")
 TEXT = "Are you OK? 猫吃鱼, the cat eats the fish."

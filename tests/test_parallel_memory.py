@@ -17,23 +17,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_terminal import assert_fits, invoke_at, json_of
 
-from attnctl.app.memory_parallel import Split, attention_matrix_bytes, steady_peak
 from attnctl.app.requests import LayerRequest, MemoryRequest
 from attnctl.app.use_cases import memory_use_case, sized_plan
-from attnctl.config import build_config
-from attnctl.families import read_model
-from attnctl.memory import estimate, format_bytes, kv_cache_bytes
-from attnctl.parallel import (
+from attnctl.memory.estimate import estimate, format_bytes, kv_cache_bytes
+from attnctl.model.config import build_config
+from attnctl.model.families import read_model
+from attnctl.model.layout import (
     Layout,
     vocab_rows,
     zero_distinct_ranks,
     zero_pieces,
     zero_ranges,
 )
-from attnctl.plan import layer_parameters, seeded_model
-from attnctl.plan_parallel import rank_plan, rank_weights
+from attnctl.parallel.plan import rank_plan, rank_weights
+from attnctl.parallel.split import Split, attention_matrix_bytes
+from attnctl.parallel.split_report import steady_peak
 from attnctl.render.terminal_parallel import parallel_view
-from attnctl.training import estimate_training, saved_activations
+from attnctl.replay.step import estimate_training, saved_activations
+from attnctl.stages.plan import layer_parameters, seeded_model
 
 FAST = settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -498,7 +499,7 @@ def test_zero_device_is_the_busiest_rank_of_its_pieces(dp, zero, mixed):
     """Under ZeRO each rank's step state is its own pieces' (moments, masters, a step
     count a piece, Adam's temporaries of its largest): the table's device is the busiest
     of every rank, each rank's figures at hand (the measurement compares rank by rank)."""
-    from attnctl.training import adam_temporaries
+    from attnctl.replay.step import adam_temporaries
 
     layer = _layer(d_model=36, heads=4, dtype="bfloat16" if mixed else "float32")
     split = _split(layer, Layout(dp=dp, zero=zero), train=True, layers=2)
@@ -797,8 +798,8 @@ def test_a_sliding_stack_keeps_its_windows_per_stage():
 def test_the_collectives_keep_nothing_for_the_backward(values, tp, length, batch):
     """Tensor parallel alone: a rank's block saves what the same block with H / T heads on
     one device saves (all_reduce adds in place, keeps nothing)."""
-    from attnctl.plan import build_plan
-    from attnctl.plan_parallel import rank_config
+    from attnctl.parallel.plan import rank_config
+    from attnctl.stages.plan import build_plan
 
     layer = _layer(**{**values, "heads": 4})
     on_rank = saved_activations(rank_plan(layer, length, batch, 9000, Layout(tp=tp)))

@@ -9,11 +9,11 @@ import sys
 import pytest
 import torch
 
-from attnctl.config import build_config
-from attnctl.layer import AttentionLayer, Recorder
-from attnctl.memory import estimate, format_bytes, live_bytes_per_stage
-from attnctl.plan import build_plan
-from attnctl.runner import run_text
+from attnctl.memory.estimate import estimate, format_bytes, live_bytes_per_stage
+from attnctl.model.config import build_config
+from attnctl.nn.layer import AttentionLayer, Recorder
+from attnctl.nn.runner import run_text
+from attnctl.stages.plan import build_plan
 
 
 def comparable(stage):

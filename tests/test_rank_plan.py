@@ -10,12 +10,12 @@ import tiny_models
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnctl.config import build_config
-from attnctl.describe import seeded_model
 from attnctl.errors import AttnctlError
-from attnctl.families import read_model
-from attnctl.memory import estimate
-from attnctl.parallel import (
+from attnctl.memory.estimate import estimate
+from attnctl.model.config import build_config
+from attnctl.model.describe import seeded_model
+from attnctl.model.families import read_model
+from attnctl.model.layout import (
     Layout,
     check_blocks,
     check_layout,
@@ -26,8 +26,8 @@ from attnctl.parallel import (
     stage_blocks,
     stage_kind,
 )
-from attnctl.plan import build_plan, model_parameters
-from attnctl.plan_parallel import check_split, rank_plan, rank_weights
+from attnctl.parallel.plan import check_split, rank_plan, rank_weights
+from attnctl.stages.plan import build_plan, model_parameters
 
 
 def modern(**overrides):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from ring_ranks import Case, probe, run_ring, setting, token_ids
 
-from attnctl.plan import build_plan
+from attnctl.stages.plan import build_plan
 
 CAUSAL_ROPE = dict(d_model=16, heads=4, mask="causal", pos="rope", norm="pre")
 GQA = dict(CAUSAL_ROPE, kv_heads=2, norm_type="rms")
@@ -72,9 +72,9 @@ def test_each_ranks_training_step_is_its_replay_to_the_byte(rings, size, index):
     """Each rank's step (forward, ring attention's backward, Adam), measured, equals the
     replay of its rank plan (``training_ring.py``) phase by phase and between one
     gradient and the next."""
-    from attnctl.parallel import Layout
-    from attnctl.plan_parallel import rank_plan
-    from attnctl.training import estimate_training
+    from attnctl.model.layout import Layout
+    from attnctl.parallel.plan import rank_plan
+    from attnctl.replay.step import estimate_training
 
     case, results = RINGS[size][index], rings[size][index]
     config, model, vocab_size = setting(case)

@@ -1,4 +1,4 @@
-"""attnctl.rope against transformers: its config classes, ROPE_INIT_FUNCTIONS and rotary modules."""
+"""attnctl.model.rope against transformers: config classes, ROPE_INIT_FUNCTIONS, rotary modules."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from attnctl.errors import AttnctlError
-from attnctl.rope import (
+from attnctl.model.rope import (
     Rope,
     attention_scaling,
     describe,
@@ -303,7 +303,7 @@ def test_describe():
 
 
 def test_rope_needs_no_torch():
-    code = "import sys, attnctl.rope; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, attnctl.model.rope; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -10,9 +10,9 @@ import torch
 
 import attnctl.nn.attention
 import attnctl.nn.positions
-from attnctl.check import run_check
-from attnctl.config import build_config
-from attnctl.layer import AttentionLayer
+from attnctl.model.config import build_config
+from attnctl.nn.check import run_check
+from attnctl.nn.layer import AttentionLayer
 from tests.test_attention_math import SDPA_REFERENCE, assert_plan_matches_in_dtype
 
 # ---------------------------------------------------------------- RoPE scaling
@@ -97,9 +97,9 @@ def transformers_rope(config, seq_len: int, float64: bool = False):
 def test_the_layer_rope_equals_transformers(case, seq_len):
     """The layer's angles and cos/sin scaling, and check's own reference, against
     transformers' init functions (float32 as the layer; float64 for the reference)."""
-    from attnctl.check import reference_frequencies, reference_rope_scaling
+    from attnctl.model.rope import attention_scaling
+    from attnctl.nn.check import reference_frequencies, reference_rope_scaling
     from attnctl.nn.positions import rotary_angles
-    from attnctl.rope import attention_scaling
 
     config = build_config(**ROPE_SMALL, **ROPE_CASES[case])
     inv_freq, scaling = transformers_rope(config, seq_len)
@@ -155,12 +155,12 @@ def test_rope_scaling_in_check_and_its_breaks(case, tmp_path, invoke, monkeypatc
         assert {c["b"] for c in data["comparisons"]} == {"sdpa", SDPA_REFERENCE}
     config = build_config(**ROPE_SMALL, **ROPE_CASES[case])
     assert run_check(config, 2, 20, 30).ok
-    import attnctl.rope
+    import attnctl.model.rope
 
     unscaled = lambda rope, head_dim, seq_len: [  # noqa: E731
         1 / rope.theta ** (2 * i / head_dim) for i in range(head_dim // 2)
     ]
-    monkeypatch.setattr(attnctl.rope, "inverse_frequencies", unscaled)
+    monkeypatch.setattr(attnctl.model.rope, "inverse_frequencies", unscaled)
     result = run_check(config, 2, 20, 30)
     wrong = {c.a for c in result.comparisons if c.b == SDPA_REFERENCE and not c.ok}
     assert wrong == {"math", "sdpa"}
@@ -176,8 +176,8 @@ def test_a_layer_without_the_attention_scaling_is_caught(monkeypatch):
 
 
 def test_the_rope_reference_is_not_the_layer(monkeypatch):
-    import attnctl.check
-    import attnctl.rope
+    import attnctl.model.rope
+    import attnctl.nn.check
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the reference used the layer's own code")
@@ -189,11 +189,11 @@ def test_the_rope_reference_is_not_the_layer(monkeypatch):
         x = torch.randn(2, 20, 64)
         with monkeypatch.context() as patched:
             for name in ("inverse_frequencies", "attention_scaling", "_yarn", "_mscale"):
-                patched.setattr(attnctl.rope, name, forbidden)
+                patched.setattr(attnctl.model.rope, name, forbidden)
             for name in ("rotate", "rotary_angles", "scaled_frequency"):
                 patched.setattr(attnctl.nn.positions, name, forbidden)
             with torch.no_grad():
-                reference = attnctl.check.sdpa_reference_attention(layer, x, x)
+                reference = attnctl.nn.check.sdpa_reference_attention(layer, x, x)
         assert reference.output.shape == (2, 20, 64)
 
 

@@ -164,16 +164,7 @@ def test_an_existing_file_is_replaced_whole(invoke, tmp_path):
 
 
 def test_the_kept_stages_count_in_the_memory_check(invoke, tmp_path, monkeypatch):
-    import attnctl.app.use_cases as use_cases
-
-    asked: list[int] = []
-    real = use_cases.preflight
-
-    def recording(plan, need_bytes, *args, **kwargs):
-        asked.append(need_bytes)
-        return real(plan, need_bytes, *args, **kwargs)
-
-    monkeypatch.setattr(use_cases, "preflight", recording)
+    asked = _recorded_need(monkeypatch)
     args = ("run", "the cat sat", "--d-model", "32", "--device", "cpu")
     as_json = invoke(*args, "--json")
     saved = invoke(*args, "--save", str(tmp_path / "s.safetensors"))
@@ -242,16 +233,19 @@ def test_every_view_saves_its_attention_with_tables_and_with_the_heatmap(
 
 
 def _recorded_need(monkeypatch) -> list[int]:
-    """The bytes each run after this asks the pre-flight for, in order."""
+    """The bytes each run after this asks the pre-flight for, in order (the use cases
+    import it from ``app/preflight.py``; generation when it starts)."""
+    import attnctl.app.preflight as preflight
     import attnctl.app.use_cases as use_cases
 
     asked: list[int] = []
-    real = use_cases.preflight
+    real = preflight.preflight
 
     def recording(plan, need_bytes, *rest, **kwargs):
         asked.append(need_bytes)
         return real(plan, need_bytes, *rest, **kwargs)
 
+    monkeypatch.setattr(preflight, "preflight", recording)
     monkeypatch.setattr(use_cases, "preflight", recording)
     return asked
 
@@ -317,8 +311,8 @@ def test_every_layer_kept_stages_count_in_the_memory_check(invoke, tmp_path, mon
     kept = sum(stage["bytes"] for document in per_block for stage in _own_stages(document))
     assert asked[1] - asked[0] == kept > 0
     # refused, --force-less, when the copies would not fit: nothing written, nothing printed
-    import attnctl.resources as resources
-    from attnctl.resources import Available
+    import attnctl.memory.resources as resources
+    from attnctl.memory.resources import Available
 
     target.unlink()
     between = Available(asked[0] + kept // 2, "x")
@@ -464,8 +458,8 @@ def test_encoder_decoder_kept_stages_count_in_the_memory_check(
     target = tmp_path / "t.safetensors"
     assert invoke(*args, "--json", "--save", str(target)).exit_code == 0
     assert asked[1] - asked[0] == kept > 0
-    import attnctl.resources as resources
-    from attnctl.resources import Available
+    import attnctl.memory.resources as resources
+    from attnctl.memory.resources import Available
 
     target.unlink()
     between = Available(asked[0] + kept // 2, "x")

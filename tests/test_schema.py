@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 from typer.testing import CliRunner
 
 from attnctl.cli import app
-from attnctl.config import LayerConfig
+from attnctl.model.config import LayerConfig
 from attnctl.render.json import RUN_KEYS, SCHEMA_VERSION, schema_file
 
 ROOT = Path(__file__).resolve().parent.parent

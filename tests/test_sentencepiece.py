@@ -22,7 +22,7 @@ import sentencepiece  # a test extra, like transformers (and protobuf for its T5
 import transformers
 from test_terminal import SEPARATORS, help_words, invoke_at
 
-from attnctl.sentencepiece import parse_model
+from attnctl.text.sentencepiece import parse_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = [
@@ -455,7 +455,7 @@ def test_a_folder_without_sentencepiece_files_is_one_line(invoke, tmp_path):
 
 def test_a_huge_length_field_is_refused_at_once():
     """A length that the file cannot hold is refused before any loop or allocation."""
-    from attnctl.sentencepiece import _fields, _Malformed
+    from attnctl.text.sentencepiece import _fields, _Malformed
 
     with pytest.raises(_Malformed, match="truncated"):
         list(_fields(memoryview(b"\x0a" + _varint(2**62))))

@@ -23,15 +23,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from json_contract import only_length
 
-from attnctl.families import read_model
-from attnctl.layer import TORCH_DTYPES, Recorder
-from attnctl.measure import measure_forward, measure_seq2seq_caches
-from attnctl.memory import cross_kv_cache_groups, estimate, kv_cache_groups
+from attnctl.memory.estimate import cross_kv_cache_groups, estimate, kv_cache_groups
+from attnctl.memory.measure import measure_forward, measure_seq2seq_caches
+from attnctl.model.families import read_model
 from attnctl.nn.generate import decoder_weights
+from attnctl.nn.layer import TORCH_DTYPES, Recorder
 from attnctl.nn.model import forward
 from attnctl.nn.positions import sinusoidal_halves
 from attnctl.nn.weights import model_weights
-from attnctl.plan import build_plan, build_seq2seq_plans
+from attnctl.stages.plan import build_plan, build_seq2seq_plans
 
 FAMILIES = tiny_seq2seq.SEQ2SEQ_FAMILIES
 BATCH, SOURCE, TARGET = 2, 7, 5
@@ -273,10 +273,10 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
 def test_shapes_shows_the_encoder_and_the_decoder_block(invoke, folders, family):
     model = read_model(folders[family])
     result = invoke("shapes", "--model", str(folders[family]), "--src-len", "6", "--tgt-len",
-                    "4", "--json")  # fmt: skip
+                    "4", "--device", "cpu", "--json")  # fmt: skip
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    config = model.layer_config()
+    config = model.layer_config(device="cpu")
     encoder, decoder = build_seq2seq_plans(model, config, 6, 4, device=config.device)
     assert data["encoder"]["stages"] == [s.to_dict() for s in encoder.stages]
     assert data["decoder"]["stages"] == [s.to_dict() for s in decoder.stages]

@@ -11,9 +11,9 @@ import torch
 from json_contract import only_length
 
 import attnctl.nn.positions
-from attnctl.check import run_check
-from attnctl.config import build_config
-from attnctl.layer import AttentionLayer
+from attnctl.model.config import build_config
+from attnctl.nn.check import run_check
+from attnctl.nn.layer import AttentionLayer
 from tests.test_attention_math import CPU, SDPA_REFERENCE, reference_attention
 from tests.test_variants import assert_plan_matches
 
@@ -67,7 +67,7 @@ def test_window_plan_equals_trace_and_measurement(impl, pos, kv_heads):
     assert "sliding window 4: query i sees keys i - 4 < j <= i" in plan.stage("mask").what
     if impl == "sdpa":
         assert "mask" in plan.stage("weighted_values").reads
-    from attnctl.describe import seeded_model
+    from attnctl.model.describe import seeded_model
 
     assert seeded_model(config, 20).blocks[0].attention.window == 4
 
@@ -152,7 +152,7 @@ NEW_VARIANTS = new_variants()
 
 
 def test_the_new_variants_are_all_accepted():
-    from attnctl.config import LayerConfig, validate
+    from attnctl.model.config import LayerConfig, validate
 
     assert len(NEW_VARIANTS) == 48 * 3 + 24
     for options in NEW_VARIANTS:

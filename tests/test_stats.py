@@ -110,9 +110,9 @@ def test_the_runs_sums_give_the_same_statistics_as_the_reference(texts, options)
     """run computes entropies and column sums in torch; stats.py's own loops are the oracle."""
     import dataclasses
 
-    from attnctl.config import build_config
-    from attnctl.runner import run
-    from attnctl.tokenize import encode_batch
+    from attnctl.model.config import build_config
+    from attnctl.nn.runner import run
+    from attnctl.text.tokenize import encode_batch
 
     context = options.get("context")
     config = build_config(device="cpu", d_model=32, heads=4, cross=context is not None)

@@ -251,7 +251,7 @@ def colour_run(args, path: Path, color_system: str = "truecolor", no_color: bool
         return recorded(Console(force_terminal=True, color_system=color_system, width=100,
                                 no_color=no_color, highlight=False, emoji=False))  # fmt: skip
 
-    with mock.patch.object(cli, "_console", colour_console):
+    with mock.patch.object(cli.output, "terminal", colour_console):
         result = RUNNER.invoke(app, [*args, "--svg", str(path)], env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
     return result
@@ -282,7 +282,7 @@ def test_a_heatmap_keeps_its_colours_in_the_svg(gpt2, marian, name, tmp_path, mo
         return recorded(Console(force_terminal=True, color_system="truecolor", width=100,
                                 highlight=False, emoji=False))  # fmt: skip
 
-    monkeypatch.setattr(cli, "_console", colour_console)
+    monkeypatch.setattr(cli.output, "terminal", colour_console)
     options = MODEL_VIEWS.get(name, ())
     folder = marian if name.startswith("encoder-decoder") else gpt2
     model = () if name in ("seeded", "context") else ("--model", str(folder))

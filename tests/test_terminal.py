@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from attnctl.cli import app
-from attnctl.memory import format_bytes
+from attnctl.memory.estimate import format_bytes
 from attnctl.render import difference_bound, shape_text
 
 CPU = ("--device", "cpu")
@@ -296,10 +296,10 @@ def test_differences_show_as_a_bound_that_holds_on_any_cpu():
 def test_check_view_is_the_same_for_two_cpus_float_noise():
     from rich.console import Console
 
-    from attnctl.check import CheckResult, Comparison
-    from attnctl.config import build_config
-    from attnctl.plan import build_plan
+    from attnctl.model.config import build_config
+    from attnctl.nn.check import CheckResult, Comparison
     from attnctl.render import check_view
+    from attnctl.stages.plan import build_plan
 
     plan = build_plan(build_config(None), 16, 2, 2214)
 

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from attnctl.errors import AttnctlError
-from attnctl.tokenize import BUNDLED_PATH, encode, vocab_size
+from attnctl.text.tokenize import BUNDLED_PATH, encode, vocab_size
 
 ROOT = Path(__file__).resolve().parent.parent
 

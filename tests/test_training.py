@@ -11,7 +11,9 @@ import tiny_models
 import torch
 from json_contract import only_length
 
-from attnctl.config import (
+from attnctl.errors import AttnctlError
+from attnctl.memory.measure import measure_training
+from attnctl.model.config import (
     DTYPES,
     MASKS,
     NORM_TYPES,
@@ -21,13 +23,11 @@ from attnctl.config import (
     build_config,
     validate,
 )
-from attnctl.errors import AttnctlError
-from attnctl.families import read_model
-from attnctl.layer import AttentionLayer
-from attnctl.measure import measure_training
-from attnctl.plan import build_plan
-from attnctl.training import EXACT_LAYERS, _replay, estimate_training
-from attnctl.training_stages import ENTRIES
+from attnctl.model.families import read_model
+from attnctl.nn.layer import AttentionLayer
+from attnctl.replay.stages import ENTRIES
+from attnctl.replay.step import EXACT_LAYERS, _replay, estimate_training
+from attnctl.stages.plan import build_plan
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from json_contract import only_length
 
-from attnctl.config import build_config
-from attnctl.layer import AttentionLayer, Recorder
-from attnctl.measure import measure_forward
-from attnctl.memory import allowed_impls, estimate, kv_cache_bytes, variant_table
+from attnctl.memory.estimate import allowed_impls, estimate, kv_cache_bytes, variant_table
+from attnctl.memory.measure import measure_forward
+from attnctl.model.config import build_config
+from attnctl.nn.layer import AttentionLayer, Recorder
 from attnctl.nn.positions import causal_mask, sinusoidal_positions
-from attnctl.plan import build_plan
+from attnctl.stages.plan import build_plan
 
 CPU = ("--device", "cpu")
 
@@ -362,10 +362,10 @@ def test_llama3_scaling_keeps_fast_stretches_slow_and_blends_between():
 @pytest.mark.parametrize("how", [["--budget", "16GiB"], ["--budget", "16GiB", "--impl", "math"],
                                  ["--fit", "--device", "cpu"]])  # fmt: skip
 def test_alibi_memory_budget_fits_the_math_path_only(invoke, monkeypatch, how):
-    import attnctl.resources
+    import attnctl.memory.resources
 
-    free = attnctl.resources.Available(16 * 2**30, "MemAvailable")
-    monkeypatch.setattr(attnctl.resources, "available_memory", lambda device: free)
+    free = attnctl.memory.resources.Available(16 * 2**30, "MemAvailable")
+    monkeypatch.setattr(attnctl.memory.resources, "available_memory", lambda device: free)
     args = ("memory", "--pos", "alibi", *how)
     result = invoke(*args)
     assert result.exit_code == 0, result.output
@@ -447,7 +447,7 @@ def test_each_text_of_a_batch_equals_running_it_alone(invoke, impl):
 
 
 def test_padding_agrees_with_nn_multihead_attention_under_its_own_convention():
-    from attnctl.check import reference_mha
+    from attnctl.nn.check import reference_mha
 
     config = build_config(d_model=32, heads=4, norm="none", pos="none")
     torch.manual_seed(0)
@@ -487,7 +487,7 @@ def test_batch_output_shows_each_texts_own_tables(invoke):
 
 
 def test_char_tokenizer_shares_one_vocabulary_across_a_batch():
-    from attnctl.tokenize import encode_batch
+    from attnctl.text.tokenize import encode_batch
 
     batch = encode_batch(["猫吃鱼", "鱼吃"], "char")
     assert [[t.id for t in row] for row in batch.rows] == [[0, 1, 2], [2, 1]]
@@ -507,7 +507,7 @@ def test_batches_plan_equals_trace_and_measurement():
 
 @pytest.mark.parametrize("norm", ["post", "pre", "none"])
 def test_cross_attention_equals_nn_multihead_attention(norm):
-    from attnctl.check import reference_mha
+    from attnctl.nn.check import reference_mha
 
     config = build_config(d_model=32, heads=4, norm=norm)
     torch.manual_seed(0)

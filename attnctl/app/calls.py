@@ -9,27 +9,27 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from attnctl.config import DTYPE_BYTES, LayerConfig
-from attnctl.describe import ModelDescription
-from attnctl.families import read_model
-from attnctl.memory import (
+from attnctl.memory.estimate import (
     KVCacheGroup,
     MemoryEstimate,
     cross_kv_cache_groups,
     estimate,
     kv_cache_groups,
 )
-from attnctl.plan import Plan, build_plan, build_seq2seq_plans
-from attnctl.tokenize import Batch
-from attnctl.training import TrainingEstimate, estimate_training
+from attnctl.model.config import DTYPE_BYTES, LayerConfig
+from attnctl.model.describe import ModelDescription
+from attnctl.model.families import read_model
+from attnctl.stages.plan import Plan, build_plan, build_seq2seq_plans
+from attnctl.text.tokenize import Batch
 
-if TYPE_CHECKING:  # they import torch
-    from attnctl.check import CheckResult
+if TYPE_CHECKING:  # they import torch (the replay: only --train needs it)
+    from attnctl.nn.check import CheckResult
+    from attnctl.replay.step import TrainingEstimate
     from attnctl.trace import Trace
 
 
 if TYPE_CHECKING:  # generation's report types: imported by the calls that make them
-    from attnctl.report_generation import GenerationRun, TranslationRun
+    from attnctl.report.generation import GenerationRun, TranslationRun
 
 
 def load_model(directory: str) -> ModelDescription:
@@ -76,6 +76,8 @@ def estimate_of(plan: Plan, layers: int = 1) -> MemoryEstimate:
 
 
 def training_estimate_of(plan: Plan, layers: int) -> TrainingEstimate:
+    from attnctl.replay.step import estimate_training  # only --train loads the replay
+
     return estimate_training(plan, layers)
 
 
@@ -84,20 +86,20 @@ def kv_cache_of(plan: Plan, tokens: int, layers: int) -> list[KVCacheGroup]:
 
 
 def device_of(spec: str) -> Any:
-    from attnctl.layer import resolve_device
+    from attnctl.nn.layer import resolve_device
 
     return resolve_device(spec)
 
 
 def padding_mask_needed(keys: Batch, layer: LayerConfig) -> bool:
-    from attnctl.runner import needs_padding_mask
+    from attnctl.nn.runner import needs_padding_mask
 
     return needs_padding_mask(keys, layer)
 
 
 @contextlib.contextmanager
 def device_errors_of(device_spec: str) -> Iterator[None]:
-    from attnctl.runner import device_errors
+    from attnctl.nn.runner import device_errors
 
     with device_errors(device_spec):
         yield
@@ -115,7 +117,7 @@ def run_traces(
 ) -> list[Trace]:
     """attnctl's layer on the batch (one trace), or a model's blocks (one trace each);
     ``keep_stages``: with a CPU copy of each recorded stage's tensor."""
-    from attnctl.runner import run
+    from attnctl.nn.runner import run
 
     with device_errors_of(layer.device):
         return run(
@@ -126,7 +128,7 @@ def run_traces(
 def measure_peak(plan: Plan, model: ModelDescription | None, train: bool, layers: int = 1) -> Any:
     """A forward pass of the plan's model, or (``train``) a training step of its stack
     of ``layers`` blocks."""
-    from attnctl.measure import measure_forward, measure_training
+    from attnctl.memory.measure import measure_forward, measure_training
 
     with device_errors_of(plan.config.device):
         if train:
@@ -135,14 +137,14 @@ def measure_peak(plan: Plan, model: ModelDescription | None, train: bool, layers
 
 
 def require_trained_weights(plan: Plan) -> None:
-    from attnctl.measure import require_trained_weights
+    from attnctl.memory.measure import require_trained_weights
 
     require_trained_weights(plan)
 
 
 def measure_generated_cache_of(plan: Plan, new_tokens: int) -> int:
     """The K and V bytes after really generating ``new_tokens`` after the plan's prompt."""
-    from attnctl.measure import measure_generated_cache
+    from attnctl.memory.measure import measure_generated_cache
 
     with device_errors_of(plan.config.device):
         return measure_generated_cache(plan, new_tokens)
@@ -151,7 +153,7 @@ def measure_generated_cache_of(plan: Plan, new_tokens: int) -> int:
 def compare_implementations(
     layer: LayerConfig, batch: int, seq_len: int, vocab: int
 ) -> CheckResult:
-    from attnctl.check import run_check
+    from attnctl.nn.check import run_check
 
     with device_errors_of(layer.device):
         return run_check(layer, batch, seq_len, vocab)
@@ -186,12 +188,11 @@ def generate_tokens(
     (``run --save``): a CPU copy of every block's stages in the prefill."""
     import torch
 
-    from attnctl.layer import Recorder, resolve_device
     from attnctl.nn.generate import greedy
+    from attnctl.nn.layer import Recorder, resolve_device
+    from attnctl.nn.runner import kept_stages_of, shown_weights, tune_allocator
     from attnctl.nn.weights import model_weights
-    from attnctl.report_generation import TOP_KEYS_KEPT, GenerationRun, GenerationStep
-    from attnctl.resources import tune_allocator
-    from attnctl.runner import kept_stages_of, shown_weights
+    from attnctl.report.generation import TOP_KEYS_KEPT, GenerationRun, GenerationStep
 
     device = resolve_device(layer.device)
     tune_allocator()
@@ -306,13 +307,12 @@ def translate_tokens(
     (teacher-forced: the tokens it chose; its weights are the steps', to float error)."""
     import torch
 
-    from attnctl.layer import Recorder, resolve_device
     from attnctl.nn.generate import decoder_weights, encode, greedy
+    from attnctl.nn.layer import Recorder, resolve_device
     from attnctl.nn.model import forward
+    from attnctl.nn.runner import kept_stages_of, shown_weights, tune_allocator
     from attnctl.nn.weights import model_weights
-    from attnctl.report_generation import TOP_KEYS_KEPT, GenerationStep, TranslationRun
-    from attnctl.resources import tune_allocator
-    from attnctl.runner import kept_stages_of, shown_weights
+    from attnctl.report.generation import TOP_KEYS_KEPT, GenerationStep, TranslationRun
 
     device = resolve_device(layer.device)
     tune_allocator()

@@ -27,11 +27,11 @@ from attnctl.app.calls import (
 )
 from attnctl.app.inputs import choose_blocks, read_texts
 from attnctl.app.requests import Hooks, RunRequest
-from attnctl.config import LARGEST_SIZE, LayerConfig
-from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.report import Seq2SeqDtypeRow
-from attnctl.report_generation import (
+from attnctl.model.config import LARGEST_SIZE, LayerConfig
+from attnctl.model.describe import ModelDescription
+from attnctl.report.commands import Seq2SeqDtypeRow
+from attnctl.report.generation import (
     GenerationReport,
     TranslationReport,
     TranslationView,
@@ -40,7 +40,7 @@ from attnctl.report_generation import (
     stop_reason,
 )
 from attnctl.stats import head_stats
-from attnctl.tokenize import (
+from attnctl.text.tokenize import (
     Batch,
     decode_pieces,
     decode_texts,
@@ -130,7 +130,7 @@ def generation_use_case(
     hooks: Hooks,
 ) -> GenerationReport:
     """Check, tokenize, pre-flight, decode, report."""
-    from attnctl.app.use_cases import kept_stage_bytes, preflight
+    from attnctl.app.preflight import kept_stage_bytes, preflight
 
     new_tokens = request.generate if request.generate is not None else 0
     model = check_generation_request(request, model, new_tokens)
@@ -283,7 +283,7 @@ def translation_use_case(
 ) -> TranslationReport:
     """An encoder–decoder: encode the texts (a padded batch), generate greedily from the
     decoder's start token, and report the three attentions of the blocks chosen."""
-    from attnctl.app.use_cases import kept_stage_bytes, preflight
+    from attnctl.app.preflight import kept_stage_bytes, preflight
 
     decoder = model.decoder
     new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.render.text import printable
+from attnctl.literal import printable
+from attnctl.model.describe import ModelDescription
 
 MAX_TEXT_BYTES = 4 * 2**20  # about a million tokens: hours of attention on a CPU
 

@@ -14,17 +14,17 @@ import dataclasses
 
 from attnctl.app.calls import device_errors_of
 from attnctl.app.requests import Hooks, MemoryRequest
-from attnctl.config import DTYPES, LARGEST_SIZE, LayerConfig
-from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.memory import allowed_impls, cross_kv_cache_groups, estimate, kv_cache_groups
-from attnctl.plan import build_seq2seq_plans
-from attnctl.report import (
+from attnctl.memory.estimate import allowed_impls, cross_kv_cache_groups, estimate, kv_cache_groups
+from attnctl.model.config import DTYPES, LARGEST_SIZE, LayerConfig
+from attnctl.model.describe import ModelDescription
+from attnctl.report.commands import (
     Seq2SeqDtypeRow,
     Seq2SeqMeasured,
     Seq2SeqMemoryReport,
     Seq2SeqShapes,
 )
+from attnctl.stages.plan import build_seq2seq_plans
 
 SHAPES_LENGTH = 16  # shapes' default source and target lengths, as its --seq-len
 MEMORY_LENGTH = 2048  # memory's, fewer for a model with fewer positions
@@ -138,7 +138,7 @@ def seq2seq_memory(
             variants[dtype][impl] = _row(variant, model, source, target, batch)[0]
     measured = None
     if request.measure:
-        from attnctl.app.use_cases import preflight
+        from attnctl.app.preflight import preflight
 
         need = row.peak_bytes + row.encoder.peak_activation_bytes  # measured one after another
         blocks = 2 + model.decoder.layers  # block 0 of each, then the decoder keeping K, V
@@ -157,7 +157,7 @@ def seq2seq_memory(
 
 
 def _measure(encoder_plan, decoder_plan) -> Seq2SeqMeasured:
-    from attnctl.measure import measure_forward, measure_seq2seq_caches
+    from attnctl.memory.measure import measure_forward, measure_seq2seq_caches
 
     with device_errors_of(encoder_plan.config.device):
         encoder = measure_forward(encoder_plan)

@@ -8,11 +8,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from attnctl.parallel import Layout
+from attnctl.model.layout import Layout
 
 if TYPE_CHECKING:  # check.py imports torch; the plan is a type here
-    from attnctl.check import CheckResult
-    from attnctl.plan import Plan
+    from attnctl.nn.check import CheckResult
+    from attnctl.stages.plan import Plan
 
 
 def _no_progress(description: str) -> AbstractContextManager[None]:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from attnctl.app.calls import (
     compare_implementations,
-    device_of,
     estimate_of,
     kv_cache_of,
     load_model,
@@ -27,6 +26,7 @@ from attnctl.app.calls import (
 )
 from attnctl.app.inputs import choose_blocks, parse_lengths, read_contexts, read_texts
 from attnctl.app.memory_seq2seq import check_length_options, seq2seq_memory, seq2seq_shapes
+from attnctl.app.preflight import kept_stage_bytes, preflight
 from attnctl.app.requests import (
     CheckReport,
     CheckRequest,
@@ -36,13 +36,13 @@ from attnctl.app.requests import (
     RunRequest,
     ShapesRequest,
 )
-from attnctl.config import LARGEST_SIZE, LayerConfig, build_config, resolve_impl
-from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.memory import allowed_impls, fit, longest_input, parse_size
-from attnctl.parallel import Layout
-from attnctl.plan import Plan
-from attnctl.report import (
+from attnctl.memory.estimate import allowed_impls, fit, longest_input, parse_size
+from attnctl.model.config import LARGEST_SIZE, LayerConfig, build_config, resolve_impl
+from attnctl.model.describe import ModelDescription
+from attnctl.model.device import resolve as resolved_device
+from attnctl.model.layout import Layout
+from attnctl.report.commands import (
     LengthReport,
     MemoryCommandReport,
     RunReport,
@@ -52,17 +52,24 @@ from attnctl.report import (
     memory_command_report,
     run_report,
 )
-from attnctl.tokenize import encode_batch, missing_tokenizer, vocab_size
+from attnctl.stages.plan import Plan
+from attnctl.text.tokenize import encode_batch, missing_tokenizer, vocab_size
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads, choose_rows
 
 if TYPE_CHECKING:  # run's other reports: their use case is imported when it runs
-    from attnctl.report_generation import GenerationReport, TranslationReport
+    from attnctl.report.generation import GenerationReport, TranslationReport
 
 MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer")  # options that still apply to a model
 
 
 def resolve_layer(request: LayerRequest) -> tuple[LayerConfig, ModelDescription | None]:
-    """The validated layer: a preset with overrides, or a model's config.json (and the model)."""
+    """The validated layer: a preset with overrides, or a model's config.json (and the
+    model), on its device resolved: the one place ``--device auto`` is decided."""
+    layer, model = _requested_layer(request)
+    return dataclasses.replace(layer, device=str(resolved_device(layer.device))), model
+
+
+def _requested_layer(request: LayerRequest) -> tuple[LayerConfig, ModelDescription | None]:
     values = dict(request.options)
     if request.model_dir is None:
         return build_config(values.pop("config", None), **values), None
@@ -176,7 +183,7 @@ def refuse_split(
     request: RunRequest, layout: Layout, layer: LayerConfig, model: ModelDescription | None
 ) -> None:
     """``run --tp``: the options a split does not run, each refused by name (exit 2)."""
-    from attnctl.parallel import check_layout
+    from attnctl.model.layout import check_layout
 
     check_layout(layout, train=False)
     if model is not None and model.is_encoder_decoder:
@@ -212,15 +219,15 @@ def split_run(
 ) -> RunReport:
     """``run --tp T [--sp]``: the same run over T processes (``distributed.run_split``),
     reported as one device's run is, with the heads each rank holds."""
-    from attnctl.distributed import (
+    from attnctl.parallel.distributed import (
         check_devices,
         check_split_run,
         estimated_ranks,
         preflight_split,
-        run_split,
         split_timeout,
         whole_weight_bytes,
     )
+    from attnctl.parallel.run_split import run_split
 
     seq_len, vocab = batch.seq_len, (batch.vocab_size if model is None else model.vocab_size)
     whole = check_split_run(layout, layer, model, [seq_len], vocab)
@@ -228,7 +235,7 @@ def split_run(
         layer, seq_len, len(texts), vocab, layout, model, block
     )
     peak = rank_weights + rank_estimate.peak_activation_bytes + shown_bytes
-    from attnctl.layer import resolve_device
+    from attnctl.nn.layer import resolve_device
 
     device = resolve_device(layer.device)
     check_devices(device, layout.tp)
@@ -245,21 +252,6 @@ def split_run(
         hidden = (len(heads), layer.heads - 1)
     report = run_report(texts, [], plan, memory, split.traces, heads, request.digits, False, hidden)
     return dataclasses.replace(report, split=split)
-
-
-def kept_stage_bytes(block_plans: list[Plan]) -> int:
-    """The bytes of the CPU copies ``run --save`` keeps of the stages recorded by one pass
-    through these consecutive blocks' plans: each whole for the first; the inputs and
-    embeddings, recorded with the first block only, left out of the others (their stages
-    start at ``hidden``, the block's input)."""
-    total = 0
-    for index, block_plan in enumerate(block_plans):
-        stages = block_plan.stages
-        if index > 0:
-            names = [stage.name for stage in stages]
-            stages = stages[names.index("hidden") :]
-        total += sum(stage.bytes for stage in stages)
-    return total
 
 
 def shapes_use_case(request: ShapesRequest) -> Plan | Seq2SeqShapes:
@@ -350,7 +342,11 @@ def memory_use_case(
         if generate is not None:
             report = generated_cache(report, generate, request, hooks)
         reports.append(report)
-    budget_bytes = _device_free_bytes(layer.device) if request.fit_device else None
+    budget_bytes = None
+    if request.fit_device:
+        from attnctl.memory.resources import device_free_bytes
+
+        budget_bytes = device_free_bytes(layer.device)
     if request.budget is not None:
         budget_bytes = parse_size(request.budget)
     fits = None
@@ -444,49 +440,3 @@ def sized_plan(
         return plan_for(config, seq_len, batch, model.vocab_size, config.device, model=model)
     vocab = vocab_size(config.tokenizer, seq_len + (context_len or 0))
     return plan_for(config, seq_len, batch, vocab, config.device, context_len=context_len)
-
-
-def preflight(
-    plan: Plan, need_bytes: int, force: bool, hooks: Hooks, blocks: int = 1, passes: int = 1
-) -> None:
-    """The one check before a command allocates: memory (skipped with --force), then time.
-
-    A run estimated to take over LONG_RUN_SECONDS (its FLOPs at the rates measured on the
-    device just now; ``passes`` forward passes of ``blocks`` blocks) is announced through
-    ``hooks.warn`` first; one forced past the memory it may use is not timed (it fails, or
-    the swap decides).
-    """
-    from attnctl.resources import import_torch
-
-    import_torch()  # the first command to need it: with the collector paused
-    from attnctl.resources import (
-        LONG_RUN_SECONDS,
-        available_memory,
-        duration_text,
-        estimated_seconds,
-    )
-    from attnctl.resources import preflight as check_memory
-
-    device = device_of(plan.config.device)
-    if not force:
-        check_memory(need_bytes, device)
-    else:
-        available = available_memory(device)
-        if available is not None and need_bytes > available.bytes:
-            return
-    seconds = estimated_seconds(plan, device, blocks)
-    if seconds is not None and seconds * passes > LONG_RUN_SECONDS:
-        hooks.warn(
-            f"attnctl: this will take about {duration_text(seconds * passes)} on {device} "
-            "(its operations at the speed measured here just now)"
-        )
-
-
-def _device_free_bytes(device_spec: str) -> int:
-    from attnctl.resources import available_memory
-
-    device = device_of(device_spec)
-    available = available_memory(device)
-    if available is None:
-        raise AttnctlError(f"cannot tell how much memory {device} has free; use --budget SIZE")
-    return available.bytes

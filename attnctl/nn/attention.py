@@ -8,15 +8,15 @@ holds at any moment is what ``memory.py`` predicts from the plan, whose stages a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from attnctl.config import LayerConfig
-from attnctl.describe import Attention
 from attnctl.errors import AttnctlError
+from attnctl.model.config import LayerConfig
+from attnctl.model.describe import Attention
+from attnctl.model.rope import attention_scaling
 from attnctl.nn import Record, no_record, positions, ring_attention
 from attnctl.nn.collectives import (
     TensorGroup,
@@ -26,7 +26,7 @@ from attnctl.nn.collectives import (
     output_bias,
     reduce_partial,
 )
-from attnctl.rope import attention_scaling
+from attnctl.nn.scores import scale_scores, soft_cap
 
 
 @dataclass
@@ -72,24 +72,6 @@ def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch
 def _scaled(table: torch.Tensor, scaling: float) -> torch.Tensor:
     """A float32 cos or sin table times RoPE's attention scaling, in place (1: as it is)."""
     return table if scaling == 1 else table.mul_(scaling)
-
-
-def scale_scores(config: LayerConfig, scores: torch.Tensor) -> torch.Tensor:
-    """Q·Kᵀ times query_scale, else divided by √d_k (in place)."""
-    if config.query_scale:
-        return scores.mul_(config.query_scale)
-    return scores.div_(math.sqrt(config.d_k))
-
-
-def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap·tanh(scores/cap): every score within (-cap, cap) (Gemma 2).
-
-    In place, as the plan says, unless autograd records it (gradcheck, a training step):
-    tanh's backward needs its output, which an in-place multiply would overwrite.
-    """
-    if scores.requires_grad and torch.is_grad_enabled():
-        return torch.tanh(scores / cap) * cap
-    return scores.div_(cap).tanh_().mul_(cap)
 
 
 def attention(

@@ -5,7 +5,7 @@ they run on ``torch.distributed`` (gloo on the CPU, NCCL on CUDA). A :class:`Ten
 is passed down the model (``nn/model.py``); ``None`` everywhere is one device, whose
 code path is unchanged.
 
-What each allocates where :class:`attnctl.measure.LiveStorages` sees it is what the
+What each allocates where :class:`attnctl.memory.measure.LiveStorages` sees it is what the
 plan says: ``all_reduce`` adds in place (no new bytes), ``all_gather`` writes one new
 (B, L, D), ``reduce_scatter`` one new (B, L/T, D). What the backend allocates inside a
 collective, on its own threads, is not seen there: ``COLLECTIVE_BUFFERS``
@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from attnctl.model.layout import rank_heads, vocab_rows
 from attnctl.nn import Record, no_record
-from attnctl.parallel import rank_heads, vocab_rows
 from attnctl.stages.collectives import COLLECTIVE_BUFFERS  # noqa: F401 (what gloo adds)
 
 
@@ -322,8 +322,8 @@ def shard_weights(
     """This rank's share of every weight, cut from the whole model's ``named`` weights
     (the single device's, by the layout's names): its own contiguous tensors, so the
     whole ones can be freed. ``description``: the whole model (its blocks' configs say
-    which rows are whose). The rules are ``plan_parallel.share``'s."""
-    from attnctl.plan_parallel import share
+    which rows are whose). The rules are ``model.layout.share``'s."""
+    from attnctl.model.layout import share
 
     cut: dict[str, torch.Tensor] = {}
     size, rank = group.size, group.rank

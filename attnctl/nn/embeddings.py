@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from attnctl.describe import Embeddings
+from attnctl.model.describe import Embeddings
 from attnctl.nn import Record, no_record, positions
 from attnctl.nn.collectives import TensorGroup
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from attnctl.describe import FeedForward
+from attnctl.model.describe import FeedForward
 from attnctl.nn import Record, no_record
 from attnctl.nn.collectives import (
     TensorGroup,

@@ -8,7 +8,7 @@ cache holds. The last token chosen is fed once more, so that its row and its K a
 exist: the rows then cover the whole final sequence, and the cache holds every position.
 
 The token chosen is the arg-max of the logits after the rules of the model's generation
-config (:class:`~attnctl.describe.Generation`), as transformers' ``generate(do_sample=
+config (:class:`~attnctl.model.describe.Generation`), as transformers' ``generate(do_sample=
 False, num_beams=1)`` applies them.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnctl.describe import Generation, ModelDescription
+from attnctl.model.describe import Generation, ModelDescription
 from attnctl.nn import Record
 from attnctl.nn.attention import KVCache
 from attnctl.nn.model import final_norm, forward, logits, sublayer_weights

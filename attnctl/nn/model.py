@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from attnctl.describe import Attention, ModelDescription
 from attnctl.errors import AttnctlError
+from attnctl.model.describe import Attention, ModelDescription
 from attnctl.nn import Record, no_record
 from attnctl.nn.attention import KVCache, attention
 from attnctl.nn.collectives import TensorGroup, vocab_parallel_lookup

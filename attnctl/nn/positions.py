@@ -12,8 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from attnctl import rope
-from attnctl.config import LayerConfig
+from attnctl.model import rope
+from attnctl.model.config import LayerConfig
 
 
 def sinusoidal_positions(
@@ -130,7 +130,7 @@ def rotary_angles(
     ``seq_len`` tokens (a decoding step's new tokens; a context-parallel rank's chunk).
 
     ``config`` gives the base (rope_theta) and any long-context scaling (rope_type):
-    linear and llama3 here, dynamic, yarn and longrope from ``attnctl.rope`` (which depend
+    linear and llama3 here, dynamic, yarn and longrope from ``attnctl.model.rope`` (which depend
     on the length: dynamic and longrope change past the original one).
     """
     theta = config.rope_theta if config is not None else 10000.0

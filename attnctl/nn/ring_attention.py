@@ -1,6 +1,6 @@
 """Ring attention in torch: one context-parallel rank's queries against every rank's K, V.
 
-Under context parallelism (``--cp C``, ``attnctl/parallel.py``) rank r holds the r-th of C
+Under context parallelism (``--cp C``, ``attnctl/model/layout.py``) rank r holds the r-th of C
 consecutive chunks of L / C tokens throughout the layer. Its attention sublayer projects
 its own chunk's Q, K and V (rotated at the chunk's own positions) as on one device; then
 :func:`attend` runs C steps: at step s the rank holds the K and V chunk of rank
@@ -27,10 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from attnctl.config import LayerConfig
-from attnctl.errors import AttnctlError
+from attnctl.model.config import LayerConfig
 from attnctl.nn import Record, positions
-from attnctl.stages.ring_attention import last_step, receives, sends
+from attnctl.nn.scores import scale_scores
+from attnctl.stages.ring_attention import check_ring, last_step, receives, sends
 
 
 @dataclass(frozen=True)
@@ -107,11 +107,7 @@ def _attend(
     grouped = config.kv_heads != config.heads
     chunk = f"B {'Hkv' if grouped else 'H'} L/C d_k"
     causal = config.mask == "causal"
-    unmodelled = config.window or config.pos in ("alibi", "relative") or config.softcap
-    if unmodelled or config.dropout or config.impl == "sdpa":  # plan_parallel.check_split
-        raise AttnctlError(
-            "ring attention runs the math path with the causal or no mask, without biases"
-        )
+    check_ring(config)  # what the planner refuses, refused here too
     k = k.contiguous()  # (B, Hkv, L/C, d_k): what is sent is one block of memory
     record("ring_k", k, chunk)
     v = v.contiguous()  # (B, Hkv, L/C, d_k)
@@ -194,7 +190,6 @@ def _step(
     """One ring step's online softmax: the local queries' scores against the K, V chunk
     held now, folded into ``state`` (``max``, ``sum``: (B, H, L/C); ``output``:
     (B, H, L/C, d_k), all float32). ``last``: the queries are taken out after it."""
-    from attnctl.nn.attention import scale_scores  # (nn/attention.py imports this module)
 
     q = queries.pop() if last else queries[0]
     k, v = chunks  # (B, Hkv, L/C, d_k) each
@@ -304,7 +299,6 @@ def _dense_float32(tensor: torch.Tensor) -> torch.Tensor:
 
 def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
     """:class:`RingAttention`'s backward: (dQ, dK, dV) of this rank, in the dtype."""
-    from attnctl.nn.attention import scale_scores
 
     dtype, fp32 = q.dtype, torch.float32
     ranks, rank = ring.size, ring.rank

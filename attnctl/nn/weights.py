@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnctl.checkpoint import load, named_views
-from attnctl.config import LayerConfig
-from attnctl.describe import ModelDescription
 from attnctl.errors import AttnctlError
-from attnctl.layer import TORCH_DTYPES, AttentionLayer
+from attnctl.model.checkpoint import load, named_views
+from attnctl.model.config import LayerConfig
+from attnctl.model.describe import ModelDescription
+from attnctl.nn.layer import TORCH_DTYPES, AttentionLayer
 
 
 @dataclass

@@ -28,8 +28,8 @@ from importlib import resources
 from typing import Any
 
 from attnctl.errors import RUNTIME, AttnctlError
+from attnctl.literal import printable
 from attnctl.output_files import OutputFile, checked_output, write_atomically
-from attnctl.render.text import printable
 
 ENCODING = "rowmax-uint"  # the name the page's script decodes
 ATTENTION_KEYS = ("attention", "encoder_attention", "decoder_attention", "cross_attention")

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnctl.memory import KVCacheGroup, MemoryEstimate
-from attnctl.plan import Plan
-from attnctl.report import LengthReport, MemoryCommandReport, RunReport, Seq2SeqDtypeRow
+from attnctl.memory.estimate import KVCacheGroup, MemoryEstimate
+from attnctl.report.commands import LengthReport, MemoryCommandReport, RunReport, Seq2SeqDtypeRow
+from attnctl.stages.plan import Plan
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
-    from attnctl.app.memory_parallel import ParallelReport
-    from attnctl.check import CheckResult
+    from attnctl.nn.check import CheckResult
+    from attnctl.parallel.split_report import ParallelReport
 
 
 # ---------------------------------------------------------------- JSON
@@ -63,7 +63,7 @@ RUN_KEYS = (
 )
 
 if TYPE_CHECKING:  # generation's reports: their module loads with their use case
-    from attnctl.report_generation import GenerationReport, TranslationReport, TranslationView
+    from attnctl.report.generation import GenerationReport, TranslationReport, TranslationView
 
 
 # the keys of a training device's phase_peak_bytes, in the order of training.PHASES

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnctl.plan import Plan
 from attnctl.render.json import (
     ENCODER_DECODER,
     cache_groups,
@@ -19,12 +18,13 @@ from attnctl.render.json import (
     shapes_json,
     versioned,
 )
-from attnctl.report import (
+from attnctl.report.commands import (
     MemoryCommandReport,
     Seq2SeqDtypeRow,
     Seq2SeqMemoryReport,
     Seq2SeqShapes,
 )
+from attnctl.stages.plan import Plan
 
 
 def shapes_document(shapes: Plan | Seq2SeqShapes) -> dict[str, Any]:

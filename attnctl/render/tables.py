@@ -12,9 +12,9 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from attnctl.memory import format_bytes
-from attnctl.plan import Plan
+from attnctl.memory.estimate import format_bytes
 from attnctl.render.text import WIDE, shape_text
+from attnctl.stages.plan import Plan
 from attnctl.trace import Stage
 
 

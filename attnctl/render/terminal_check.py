@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
-from attnctl.plan import Plan
 from attnctl.render.tables import header, titled_table
 from attnctl.render.text import config_line, difference_bound, sizes_line
+from attnctl.stages.plan import Plan
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
-    from attnctl.check import CheckResult
+    from attnctl.nn.check import CheckResult
 
 
 def check_view(result: CheckResult, plan: Plan) -> Group:

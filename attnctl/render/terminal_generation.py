@@ -7,7 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnctl.memory import format_bytes
+from attnctl.memory.estimate import format_bytes
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.terminal_heads import heads_map
 from attnctl.render.terminal_heatmap import (
@@ -28,8 +28,8 @@ from attnctl.render.text import (
     token_label_text,
     weight_text,
 )
-from attnctl.report import text_windows
-from attnctl.report_generation import (
+from attnctl.report.commands import text_windows
+from attnctl.report.generation import (
     GenerationReport,
     GenerationStep,
     TranslationReport,

@@ -32,7 +32,7 @@ from rich.text import Text
 
 from attnctl.render.terminal_run import _run_opening
 from attnctl.render.text import token_label
-from attnctl.report import RunReport, TextWindow, text_windows
+from attnctl.report.commands import RunReport, TextWindow, text_windows
 from attnctl.trace import Token, Trace
 
 UPPER_HALF = "▀"

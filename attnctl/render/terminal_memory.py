@@ -8,22 +8,22 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnctl.config import DTYPE_BYTES, DTYPES
-from attnctl.memory import format_bytes
-from attnctl.plan import Plan
+from attnctl.memory.estimate import format_bytes
+from attnctl.model.config import DTYPE_BYTES, DTYPES
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.text import config_line, model_lines, shape_text, sizes_line
-from attnctl.report import (
+from attnctl.report.commands import (
     LengthReport,
     MemoryCommandReport,
     Seq2SeqDtypeRow,
     Seq2SeqMemoryReport,
     Seq2SeqShapes,
 )
-from attnctl.training import TrainingEstimate
+from attnctl.stages.plan import Plan
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
-    from attnctl.measure import Measurement as Measured
+    from attnctl.memory.measure import Measurement as Measured
+    from attnctl.replay.step import TrainingEstimate
 
 
 # ---------------------------------------------------------------- shapes and memory

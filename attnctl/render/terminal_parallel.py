@@ -13,13 +13,13 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnctl.memory import format_bytes
+from attnctl.memory.estimate import format_bytes
 from attnctl.render.tables import header, size_grid, titled_table
 from attnctl.render.text import config_line, model_lines
 
 if TYPE_CHECKING:  # the report's types; render only reads them
-    from attnctl.app.memory_parallel import ParallelReport, StageMemory
-    from attnctl.report import MemoryCommandReport
+    from attnctl.parallel.split_report import ParallelReport, StageMemory
+    from attnctl.report.commands import MemoryCommandReport
 
 KINDS = ("all", "first", "middle", "last")
 

@@ -11,8 +11,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from attnctl.memory import MemoryEstimate, format_bytes
-from attnctl.plan import MASK_CONVENTION, Plan
+from attnctl.memory.estimate import MemoryEstimate, format_bytes
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.terminal_heads import heads_map, heads_overview
 from attnctl.render.text import (
@@ -23,7 +22,8 @@ from attnctl.render.text import (
     token_label,
     weight_text,
 )
-from attnctl.report import CLEAREST_SHOWN, RunReport, TextWindow
+from attnctl.report.commands import CLEAREST_SHOWN, RunReport, TextWindow
+from attnctl.stages.plan import MASK_CONVENTION, Plan
 from attnctl.trace import Token, Trace
 
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-import unicodedata
 from typing import TYPE_CHECKING
 
-from attnctl.config import LayerConfig
+from attnctl.literal import printable
+from attnctl.model.config import LayerConfig
 from attnctl.trace import Token
 
 if TYPE_CHECKING:  # the plan's module is not needed to print a line
-    from attnctl.plan import Plan
+    from attnctl.stages.plan import Plan
 
 LABEL_WIDTH = 10  # longest token label in weight tables before it is shortened
 MAX_TEXT = 200  # characters of the input shown in the header
@@ -18,17 +18,6 @@ WIDE = 120  # from this width on, stage tables add a column explaining each stag
 
 
 # ---------------------------------------------------------------- text helpers
-
-
-def printable(text: str) -> str:
-    """User text made safe to show: control and format characters become escapes."""
-    out = []
-    for char in text:
-        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
-            out.append(char.encode("unicode_escape").decode("ascii"))
-        else:
-            out.append(char)
-    return "".join(out)
 
 
 def token_label_text(text: str, width: int = LABEL_WIDTH) -> str:

@@ -3,7 +3,7 @@
 Each module here has a twin under ``attnctl/nn/`` that computes the same stages in torch
 and records them under the same names, written out literally in both, so a stage name
 in the output leads to its plan and its code with one search. ``plan.py`` walks a
-:class:`~attnctl.describe.ModelDescription` and calls these.
+:class:`~attnctl.model.describe.ModelDescription` and calls these.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from attnctl.config import DTYPE_BYTES
+from attnctl.model.config import DTYPE_BYTES
 from attnctl.trace import Stage
 
 MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)"
@@ -28,7 +28,7 @@ class PlanBuilder:
     stages: list[Stage] = field(default_factory=list)
     # the names of a scope's stages start with it ("cross_": a decoder's cross-attention)
     scope: str = ""
-    # one rank of a split (``attnctl/parallel.py``): the T ranks its partial sums are added
+    # one rank of a split (``attnctl/model/layout.py``): the T ranks its partial sums are added
     # over, and whether the tensors between the sublayers hold L / T tokens (SP)
     tensor_parallel: int = 1
     sequence_parallel: bool = False

@@ -5,9 +5,9 @@ The torch twin is ``attnctl/nn/attention.py``; both name every stage literally.
 
 from __future__ import annotations
 
-from attnctl.config import LayerConfig
-from attnctl.describe import NORM_NAMES, Attention
-from attnctl.rope import attention_scaling
+from attnctl.model.config import LayerConfig
+from attnctl.model.describe import NORM_NAMES, Attention
+from attnctl.model.rope import attention_scaling
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 from attnctl.stages.collectives import gather_sequence, reduce_partial
 from attnctl.stages.ring_attention import plan_ring_attention

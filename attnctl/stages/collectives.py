@@ -1,6 +1,6 @@
 """The plan of the collectives a tensor-parallel rank runs between its sublayers.
 
-One place for every collective stage (``attnctl/parallel.py`` says how the model is
+One place for every collective stage (``attnctl/model/layout.py`` says how the model is
 split; the torch twin is ``attnctl/nn/collectives.py``). A sublayer's column-parallel
 projections (W_q, W_k, W_v; W_up, W_gate) read the whole sequence; its row-parallel one
 (W_o; W_down) leaves each rank a partial sum over its heads or inner columns:

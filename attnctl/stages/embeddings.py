@@ -5,8 +5,8 @@ The torch twin is ``attnctl/nn/embeddings.py``.
 
 from __future__ import annotations
 
-from attnctl.describe import Embeddings
 from attnctl.errors import AttnctlError
+from attnctl.model.describe import Embeddings
 from attnctl.stages import PlanBuilder
 from attnctl.stages.collectives import reduce_partial
 

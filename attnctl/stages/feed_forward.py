@@ -5,7 +5,7 @@ The torch twin is ``attnctl/nn/feed_forward.py``.
 
 from __future__ import annotations
 
-from attnctl.describe import NORM_NAMES, FeedForward
+from attnctl.model.describe import NORM_NAMES, FeedForward
 from attnctl.stages import PlanBuilder
 from attnctl.stages.collectives import gather_sequence, reduce_partial
 

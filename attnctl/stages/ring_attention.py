@@ -23,7 +23,8 @@ what one device's softmax(Q·Kᵀ)·V gives for these queries. The torch twin is
 
 from __future__ import annotations
 
-from attnctl.config import LayerConfig
+from attnctl.errors import AttnctlError
+from attnctl.model.config import LayerConfig
 from attnctl.stages import PlanBuilder
 
 
@@ -209,3 +210,30 @@ def plan_ring_attention(
     return plan.add(
         "weighted_values", "B H L/C d_k", (output,), what=f"the attended values in {plan.dtype}"
     )
+
+
+RING_KERNEL = (
+    "--cp with --impl sdpa is not modelled: ring attention runs the math path's online "
+    "softmax, chunk by chunk"
+)
+
+
+def check_ring(config: LayerConfig, padded: bool = False) -> None:
+    """What ring attention (``--cp``) does not model, refused by name: the one list the
+    planner (``parallel/plan.check_split``) and the torch code (``nn/ring_attention``) read."""
+    refused = [
+        (config.impl == "sdpa", RING_KERNEL),
+        (bool(config.window), "--cp with a sliding window is not modelled yet: ring "
+         "attention masks only the causal diagonal chunk"),
+        (config.pos == "alibi", "--cp with ALiBi is not modelled yet: each chunk's bias "
+         "would depend on the distance between the chunks"),
+        (config.pos == "relative", "--cp with T5's relative position bias is not "
+         "modelled yet"),
+        (bool(config.softcap), "--cp with soft-capped scores is not modelled yet"),
+        (bool(config.dropout), "--cp with attention dropout is not modelled yet"),
+        (padded, "--cp with padded keys is not modelled yet: ring attention masks no "
+         "padding"),
+    ]  # fmt: skip
+    for refuse, message in refused:
+        if refuse:
+            raise AttnctlError(message)
