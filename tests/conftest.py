@@ -104,13 +104,27 @@ def tiny(tmp_path_factory):
     return TinyModels(tmp_path_factory.mktemp("tiny"))
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (-n, --dist loadgroup) every test of the gloo ranks runs in one
-    worker, so their ranks start once a world size, not once in each worker."""
-    for item in items:
-        if "rank_pool" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ranks"))
+def _rank_modules() -> set[str]:
+    """The test modules that declare batches of the gloo ranks (``@rank_batch``)."""
+    here = Path(__file__).parent
+    return {p.name for p in here.glob("test_*.py") if "@rank_batch(" in p.read_text("utf-8")}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (``-n``) every test of the gloo ranks runs in one worker, so the
+    ranks start once a world size (``rank_pool``), not once in each worker; every other
+    test is a unit of its own, sent to whichever worker is free."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    ranks = _rank_modules()
+
+    class RanksTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return "the gloo ranks" if module in ranks else nodeid
+
+    return RanksTogether(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """The small layers the split tests sweep (tests/test_distributed*.py): every layer of
 d_model 32 and 4 heads over norm, positions, mask and kernel, with each of ``variants``
-(options that change the stages), that ``validate`` accepts."""
+(options that change the stages), that ``validate`` accepts; and :func:`covering`, the few
+of them (with and without SP) that still put every two options' values together once."""
 
 from __future__ import annotations
 
@@ -11,18 +12,45 @@ from attnctl.model.config import LayerConfig, resolve_impl, validate
 
 
 def small_layers(variants: list[dict]) -> list[LayerConfig]:
+    return [config for config, _ in _small_layers(variants)]
+
+
+def _small_layers(variants: list[dict]) -> list[tuple[LayerConfig, tuple]]:
+    """Every accepted layer of the grid with its factors (norm, pos, mask, kernel, variant)."""
     configs = []
-    for norm, pos, mask, impl, extra in itertools.product(
+    for norm, pos, mask, impl, (index, extra) in itertools.product(
         ["pre", "post", "none"], ["sinusoidal", "learned", "rope", "none"], ["none", "causal"],
-        ["math", "sdpa"], variants,
+        ["math", "sdpa"], list(enumerate(variants)),
     ):  # fmt: skip
         values = {"d_model": 32, "heads": 4, "norm": norm, "pos": pos, "mask": mask,
                   "impl": impl, "device": "cpu", **extra}  # fmt: skip
         try:
-            configs.append(resolve_impl(validate(LayerConfig(**values))))
+            config = resolve_impl(validate(LayerConfig(**values)))
         except AttnctlError:  # a window without the causal mask, ...
             continue
+        configs.append((config, (norm, pos, mask, impl, index)))
     return configs
+
+
+def covering(variants: list[dict], strength: int = 2) -> list[tuple[LayerConfig, bool]]:
+    """(layer, sp) pairs from the grid of :func:`small_layers` x SP in which every value of
+    every factor (``strength`` 1), or every two values of two factors (2: all pairs),
+    that an accepted layer has, appears at least once: a grid's interactions with a
+    fraction of its cases. Greedy (the case covering most of what is left first), so the
+    same cases every run."""
+    grid = _small_layers(variants)
+    candidates = [(config, sp, (*factors, sp)) for config, factors in grid for sp in (False, True)]
+
+    def combinations(factors: tuple) -> set[tuple]:
+        return set(itertools.combinations(enumerate(factors), strength))
+
+    left = set().union(*(combinations(f) for _, _, f in candidates))
+    chosen = []
+    while left:
+        best = max(candidates, key=lambda c: len(combinations(c[2]) & left))
+        left -= combinations(best[2])
+        chosen.append((best[0], best[1]))
+    return chosen
 
 
 def one_device_gradients(case, full) -> dict:

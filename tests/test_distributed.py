@@ -1,6 +1,6 @@
 """The split run for real: 2 and 4 gloo processes on the CPU (issue 14).
 
-Each rank's stages equal its plan (``plan_parallel.rank_plan``) and its live bytes equal
+Each rank's stages equal its plan (``parallel.plan.rank_plan``) and its live bytes equal
 the plan's to the byte; ``run --tp`` gives one device's output and weights. The ranks
 of each size are started once a session for every module's batches (``rank_pool.py``:
 each process imports torch once) and run every task in turn.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from rank_pool import Batch, rank_batch, split_batch
-from split_cases import small_layers
+from split_cases import covering
 
 from attnctl.errors import AttnctlError
 from attnctl.model.config import LayerConfig, resolve_impl, validate
@@ -57,16 +57,13 @@ def _models(tiny):
 def _sweep(tp: int) -> list:
     """Small layers over norm, positions, mask, kernel and the options that change the
     stages (per-head q/k norm, head_dim, a window, a soft cap, bfloat16 without biases,
-    one kv-head), with and without SP: every 3rd of those validate accepts (8th for 4)."""
+    one kv-head), with and without SP: a covering set of the grid (split_cases.covering)."""
     variants = [{}, {"qk_norm": "head", "norm_type": "rms"}, {"head_dim": 12}, {"window": 3},
                 {"softcap": 5.0, "impl": "math"}, {"dtype": "bfloat16", "bias": False},
                 {"kv_heads": 1}]  # fmt: skip
-    cases = [
-        (config, 8, 2, 50, Layout(tp=tp, sp=sp), None)
-        for config in small_layers(variants)
-        for sp in (False, True)
-    ]
-    return cases[:: 3 if tp == 2 else 8]  # 4 ranks on 2 cores: fewer
+    # every two options' values together once on 2 ranks; each value once on 4 (2 cores)
+    chosen = covering(variants, strength=2 if tp == 2 else 1)
+    return [(config, 8, 2, 50, Layout(tp=tp, sp=sp), None) for config, sp in chosen]
 
 
 def _cases(tp: int, llama, gpt2):

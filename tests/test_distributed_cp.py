@@ -3,7 +3,7 @@ processes on the CPU (issue 14).
 
 Rank ``cp_rank · T + tp_rank``: a TP group per context-parallel rank, a ring per TP
 rank. Each rank's block 0 (with the embeddings) under ring attention equals its own plan
-(``plan_parallel.rank_plan(..., cp_rank=...)``) to the byte; under the causal mask the
+(``parallel.plan.rank_plan(..., cp_rank=...)``) to the byte; under the causal mask the
 CP ranks differ (rank r scores r + 1 chunks), and so do their entries.
 """
 

@@ -2,7 +2,7 @@
 parallelism on torch.distributed (gloo), ring attention's own backward
 (``nn/ring_attention.RingAttention``) and every gradient summed over the ring. Each rank
 is held phase by phase to its estimate (``memory --train --cp C``: its chunk's replay,
-``training_ring.py``), to the byte; its gradients to one device's of the whole sequence,
+``replay/ring.py``), to the byte; its gradients to one device's of the whole sequence,
 cut as the tensor-parallel ranks cut them.
 """
 

@@ -55,7 +55,7 @@ def _measured_cases(tiny) -> list[SplitCase]:
         _case(_layer(**GROUPED), 1, True),
         _case(_layer(**GROUPED), 3, False),
         *(_case(tiny.layer("llama"), zero, True, llama) for zero in (1, 3)),
-        # fused and transposed tensors, held apart on a rank (plan_parallel.held_apart)
+        # fused and transposed tensors, held apart on a rank (parallel.plan.held_apart)
         _case(tiny.layer("gpt2"), 2, False, tiny["gpt2"]),
         _case(tiny.layer("phi3"), 3, True, tiny["phi3"]),
     ]

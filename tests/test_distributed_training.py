@@ -16,9 +16,9 @@ import torch
 from rank_pool import Batch, rank_batch, split_batch
 from split_cases import (
     assert_steps_to_the_byte,
+    covering,
     measured_document,
     one_device_gradients,
-    small_layers,
 )
 
 from attnctl.model.config import LayerConfig, resolve_impl, validate
@@ -28,7 +28,7 @@ from attnctl.parallel.distributed import SplitCase, measure_task
 
 TIMEOUT = 300  # seconds a start of the ranks may take at most, here
 # FFN, biases, qk norms; GPT-2 and Phi-3 store fused and transposed tensors, which a rank
-# holds apart (plan_parallel.held_apart)
+# holds apart (parallel.plan.held_apart)
 FAMILIES = ("llama", "bert", "qwen2", "qwen3", "mistral", "gemma3", "gpt2", "phi3")
 
 
@@ -45,12 +45,10 @@ def _sweep(tp: int) -> list[SplitCase]:
     variants = [{}, {"qk_norm": "head", "norm_type": "rms"}, {"head_dim": 12}, {"window": 3},
                 {"softcap": 5.0, "impl": "math"}, {"dtype": "bfloat16", "bias": False},
                 {"kv_heads": 1}, {"kv_heads": 2, "dtype": "float16"}]  # fmt: skip
-    cases = [
-        SplitCase(config, 8, 2, 50, Layout(tp=tp, sp=sp), None, True, 2)
-        for config in small_layers(variants)
-        for sp in (False, True)
-    ]
-    return cases[:: 5 if tp == 2 else 23]  # 4 ranks on 2 cores: fewer
+    # every two options' values together once on 2 ranks; each value once on 4 (2 cores)
+    chosen = covering(variants, strength=2 if tp == 2 else 1)
+    return [SplitCase(config, 8, 2, 50, Layout(tp=tp, sp=sp), None, True, 2)
+            for config, sp in chosen]  # fmt: skip
 
 
 def _cases(tp: int, models) -> list[SplitCase]:
@@ -204,7 +202,7 @@ def test_memory_measure_train_refusals_start_no_process(invoke, extra, words):
 
 def test_a_fused_checkpoint_trains_split_to_the_byte(invoke, tiny):
     """GPT-2's c_attn (W_q, W_k, W_v in one transposed tensor) and Phi-3's qkv_proj, each
-    part held as a tensor of its own on a rank (``plan_parallel.held_apart``)."""
+    part held as a tensor of its own on a rank (``parallel.plan.held_apart``)."""
     for family in ("gpt2", "phi3"):
         folder = str(tiny[family].source.path)
         ranks, _ = measured_document(invoke, "memory", "-L", "16", "--model", folder,

@@ -70,7 +70,7 @@ def test_ring_gradients_summed_over_the_ranks_are_one_devices(rings, size, index
 @pytest.mark.parametrize("size,index", CASES, ids=[f"C{s}-{n}" for s, n in CASES])
 def test_each_ranks_training_step_is_its_replay_to_the_byte(rings, size, index):
     """Each rank's step (forward, ring attention's backward, Adam), measured, equals the
-    replay of its rank plan (``training_ring.py``) phase by phase and between one
+    replay of its rank plan (``replay/ring.py``) phase by phase and between one
     gradient and the next."""
     from attnctl.model.layout import Layout
     from attnctl.parallel.plan import rank_plan

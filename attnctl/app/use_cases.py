@@ -217,7 +217,7 @@ def split_run(
     hooks: Hooks,
     shown_bytes: int,
 ) -> RunReport:
-    """``run --tp T [--sp]``: the same run over T processes (``distributed.run_split``),
+    """``run --tp T [--sp]``: the same run over T processes (``run_split.run_split``),
     reported as one device's run is, with the heads each rank holds."""
     from attnctl.parallel.distributed import (
         check_devices,

@@ -93,11 +93,11 @@ def forward(
     extends; ``offset`` is the position of the first token of ``token_ids``.
 
     ``group``: one rank of a tensor-parallel split (``nn/collectives.py``): ``model`` is
-    its cut description (``plan_parallel.rank_description``) and ``weights`` its share
+    its cut description (``parallel.plan.rank_description``) and ``weights`` its share
     (``collectives.shard_weights``); the embedding is looked up in its vocabulary rows.
     Under sequence parallelism the output holds this rank's L / T tokens.
 
-    ``gather`` (ZeRO 3, ``rank.ShardedWeights``): called as ``gather(-1, None)`` before the
+    ``gather`` (ZeRO 3, ``rank_zero.ShardedWeights``): called as ``gather(-1, None)`` before the
     embeddings, ``gather(n, hidden)`` before block n with its input, and ``gather(last +
     1, output)`` after the last block, so that a rank can gather the weights about to be
     read and free those read before.

@@ -1,7 +1,7 @@
 """Running a tensor- and context-parallel split for real: T · C processes on this machine.
 
 The parent side of ``attnctl/parallel/rank.py``. Everything is checked before any process
-starts (``parallel.check_layout``, ``plan_parallel.check_split``, the memory of all the
+starts (``parallel.check_layout``, ``parallel.plan.check_split``, the memory of all the
 ranks together); then :func:`run_ranks` picks a free TCP port on 127.0.0.1, starts T
 ``python -m attnctl.parallel.rank`` processes, each in a session (process group) of its own,
 hands each its work as JSON on stdin and waits for one JSON document from each. On a
@@ -9,8 +9,8 @@ failure, a timeout, Ctrl-C or exit it kills every rank's process group, so no ra
 outlives attnctl; a rank's error comes back as one line naming the rank.
 
 :func:`measure_split` is ``memory --measure --tp T [--sp] [--cp C]``: each rank's block 0
-under ``measure.LiveStorages`` beside its plan (``plan_parallel.rank_plan`` of its CP
-rank). Rank r is CP rank r // T and TP rank r % T (``rank.rank_places`` makes the groups:
+under ``measure.LiveStorages`` beside its plan (``parallel.plan.rank_plan`` of its CP
+rank). Rank r is CP rank r // T and TP rank r % T (``rank_place.rank_places`` makes the groups:
 a TP group per CP rank, a ring per TP rank). With ``--train --dp D --zero 0|1|2|3`` (T = C =
 1) the world is the D data-parallel copies, each held to its own estimate (under ZeRO its
 pieces of the optimizer's flat buffer: ``training_estimates``).
@@ -284,7 +284,7 @@ def measure_split(
     ``config``: the seeded layer, or with ``model`` a checkpoint's run settings (dtype,
     device, impl). Checked, pre-flighted, then run; on the CPU equal to the byte per rank.
     ``timeout`` None: ``split_timeout`` of one device's plan. ``train``: rather one
-    training step of ``layers`` blocks on each TP rank (``rank.train_task``), beside the
+    training step of ``layers`` blocks on each TP rank (``rank_training.train_task``), beside the
     per-device step of ``memory --train --tp T``, phase by phase."""
     case = SplitCase(config, seq_len, batch, vocab_size, layout, model, train, layers)
     return measure_splits([case], timeout, force)[0]
@@ -433,7 +433,7 @@ def training_estimates(
 ) -> list[RankEstimate]:
     """A training step on each of the ``world`` ranks, as ``memory --train --tp T`` or
     ``--dp D --zero Z`` gives it: the split's per-device phases
-    (``app.memory_parallel.Split``) of the rank (its data-parallel rank's under ZeRO: its
+    (``parallel.split.Split``) of the rank (its data-parallel rank's under ZeRO: its
     own pieces), less the rank's weights. The split is made once (one replay)."""
     from attnctl.parallel.plan import rank_plan
     from attnctl.parallel.split import Split  # the one place a split's step is made

@@ -4,7 +4,7 @@
 Every check of the options and of the options against the model runs first (one line,
 exit 2); then, per pipeline stage, on one of its tensor-parallel ranks (they are alike):
 
-- weights: each weight's share on the rank (``plan_parallel.rank_weights``);
+- weights: each weight's share on the rank (``parallel.plan.rank_weights``);
 - training with Adam: gradients in the dtype, two float32 moments, float32 master
   weights under mixed precision; ZeRO 1 shards the moments and masters over the D·C
   data-parallel ranks (context-parallel ranks hold the same weights, so they share the
@@ -12,14 +12,14 @@ exit 2); then, per pipeline stage, on one of its tensor-parallel ranks (they are
   the weights too: each rank ⌈n / (D·C)⌉ values of a flat buffer padded to a multiple
   of D·C, plus the largest unit's parameters (a block's, or the embeddings') gathered;
 - activations of one micro-batch: in inference the busiest block's peak (the rank's
-  plan, ``plan_parallel.rank_plan``); in training what each block saves for the
-  backward (``training.saved_activations``, the step's replay on the rank's plan) times
+  plan, ``parallel.plan.rank_plan``); in training what each block saves for the
+  backward (``replay.step.saved_activations``, the step's replay on the rank's plan) times
   the stage's blocks times the micro-batches in flight under 1F1B, less what
   ``--recompute`` recomputes;
 - the KV cache (inference): the stage's blocks, each rank's kv-heads, L / C positions.
 
 In inference the per-device peak is their sum. In training it is the busiest phase of
-the step (``training_phases``): the single-device replay (``training.replay_step``) of
+the step (``training_phases``): the single-device replay (``replay.step.replay_step``) of
 the rank's plan over the stage's blocks, with the replay's own masters, gradients and
 optimizer state replaced by the layout's, plus the other micro-batches in flight, the
 gradients already accumulated, ZeRO 3's gathered block. Nothing here prints;
@@ -154,7 +154,7 @@ class Split:
         return values
 
     def unit_bytes(self, stage: int) -> tuple[int, ...]:
-        """ZeRO 3's gathered units of the stage's step, as ``training.replay_step`` takes
+        """ZeRO 3's gathered units of the stage's step, as ``replay.step.replay_step`` takes
         them: the trained weights outside the blocks (the embeddings', on the first
         stage), then each block's."""
         trained, e = self._trained(stage), self.element
@@ -311,7 +311,7 @@ class Split:
         kept by (length, micro-batch, blocks, shard, units) between calls (--budget).
         ``shard``: the bytes of ZeRO 2's and 3's gradient shard, which each gradient is
         reduce-scattered into as it arrives; ``units``: ZeRO 3's gathered weights
-        (``training.replay_step``)."""
+        (``replay.step.replay_step``)."""
         from attnctl.replay.step import replay_step
 
         key = (length, micro, blocks, shard, units)

@@ -70,7 +70,7 @@ class StageMemory:
 class RankOptimizer:
     """What Adam holds on one data-parallel rank: the values of its tensors (ZeRO: its
     pieces of the flat buffer), how many tensors (a 4-byte step count each), its largest
-    sqrt(v) + denom beside the previous denom (``training.adam_temporaries``)."""
+    sqrt(v) + denom beside the previous denom (``replay.step.adam_temporaries``)."""
 
     rank: int
     values: int

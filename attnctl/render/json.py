@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # generation's reports: their module loads with their use cas
     from attnctl.report.generation import GenerationReport, TranslationReport, TranslationView
 
 
-# the keys of a training device's phase_peak_bytes, in the order of training.PHASES
+# the keys of a training device's phase_peak_bytes, in the order of replay.step.PHASES
 PHASE_KEYS = ("forward", "backward", "optimizer_step")
 
 

@@ -1,5 +1,5 @@
 """What autograd does at each stage of an attention sublayer: its entries in the table
-of ``training_stages.py`` (projections, q/k norms, heads, RoPE, K/V repeats, scores, the
+of ``replay/stages.py`` (projections, q/k norms, heads, RoPE, K/V repeats, scores, the
 softcap, masks, softmax, dropout, the weighted values, concat, residual).
 
 Written, like the others, against the measured timeline of ``memory --measure --train``.

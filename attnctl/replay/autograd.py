@@ -1,6 +1,6 @@
 """A torch-free replay of autograd's memory: storages, saved tensors, the engine's order.
 
-``training_stages.py`` walks a plan's stages and, per stage, records what its forward
+``replay/stages.py`` walks a plan's stages and, per stage, records what its forward
 allocates, which tensors autograd saves, and what its backward allocates; this module
 keeps the books. A storage lives while anything holds it: the Python code that computes
 the forward (released after the stage that reads it last, as the plan says), a node that

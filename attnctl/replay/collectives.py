@@ -13,14 +13,14 @@ Megatron-LM's autograd functions do it:
 
 None of them keeps a tensor for the backward. The vocab-parallel embedding's mask of
 the ids outside this rank's rows is kept by the ``masked_fill_`` that zeroes their
-vectors (see ``training_stages._lookup``).
+vectors (see ``replay.stages._lookup``).
 
 Under tensor parallelism alone the column-parallel projections read their input through
-Megatron's f (``training_stages.Walk.column_input``): its gradient is all-reduced in place.
+Megatron's f (``replay.stages.Walk.column_input``): its gradient is all-reduced in place.
 A row-parallel projection's bias is added in place after the sum, by every rank.
 
 These entries are held to the measured timeline of ``memory --measure --train --tp T``
-(``rank.train_task``: the step of each rank's shard on torch.distributed, the collectives'
+(``rank_training.train_task``: the step of each rank's shard on torch.distributed, the collectives'
 autograd of ``nn/collectives.py``) by tests/test_distributed_training.py, to the byte.
 """
 
@@ -61,7 +61,7 @@ def add_bias(walk: Walk, summed: Tensor) -> Tensor:
 @entry("all_gather", "ffn_all_gather")
 def _all_gather(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     """The gathered sequence; the code keeps the rank's tokens (``kept_shard``) until the
-    sublayer's last column-parallel projection has saved them (``training_stages.
+    sublayer's last column-parallel projection has saved them (``replay.stages.
     _sequence_parallel_linear`` lets go of them)."""
     r = walk.replay
     (shard,) = ins

@@ -7,7 +7,7 @@ lists what that node's backward allocates, in the order the kernels make it. The
 Python code's own references end after the last stage that reads a tensor, as the plan
 says (``reads``, ``held_until``), so a new stage needs one entry here and nothing else.
 
-Those of an attention sublayer are in ``training_attention.py``. The entries were written
+Those of an attention sublayer are in ``replay/attention.py``. The entries were written
 against the measured timeline of ``memory --measure --train``
 (``measure.LiveStorages``: bytes alive after every aten op, on CPU, torch 2.13); the
 tests hold the replay equal to it to the byte over the accepted grid.
@@ -26,7 +26,7 @@ from attnctl.stages.plan import INPUTS, Plan
 from attnctl.trace import Stage
 
 EMBEDDING_STAGES = (
-    "vocab_mask",  # a tensor-parallel rank's vocab-parallel lookup (training_collectives.py)
+    "vocab_mask",  # a tensor-parallel rank's vocab-parallel lookup (replay/collectives.py)
     "local_ids",
     "embeddings",
     "embedding_all_reduce",
@@ -62,13 +62,13 @@ class Walk:
     # tensor parallel without SP: what a block's column-parallel projections read, as
     # Megatron's f hands it to them (by the name of the stage they read)
     to_ranks: dict[str, Tensor] = field(default_factory=dict)
-    # ring attention under autograd (``training_ring.py``): what its function keeps, and
+    # ring attention under autograd (``replay/ring.py``): what its function keeps, and
     # the storages held until it returns
     ring: dict[str, Tensor] = field(default_factory=dict)
     ring_held: list[int] = field(default_factory=list)
     # a row-parallel projection's bias under tensor parallelism, added in place after the
     # ranks' sum (its name, its view of a stored tensor or None, its bytes): the next
-    # collective stage adds it (``training_collectives.add_bias``)
+    # collective stage adds it (``replay.collectives.add_bias``)
     bias_after_sum: tuple[str, Tensor | None, int] | None = None
 
     @property

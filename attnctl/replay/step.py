@@ -2,9 +2,9 @@
 
 Inference frees a tensor after its last use; training keeps what autograd saves for
 the backward pass, then allocates gradients in the order the autograd engine runs.
-The replay walks the plan's stages (``training_stages.py``: what each stage's forward
+The replay walks the plan's stages (``replay/stages.py``: what each stage's forward
 allocates and saves, and what its backward allocates) through a model of the engine
-(``autograd_replay.py``), so its peak is the peak of the real step, not a sum of
+(``replay/autograd.py``), so its peak is the peak of the real step, not a sum of
 guesses. A ``--layers N`` stack is the plan's block N times over one shared embedding.
 
 The step is: forward, ``loss = output.sum()``, ``loss.backward()``, ``Adam.step()``
@@ -150,7 +150,7 @@ def replay_step(
     gradients (in its state). ``units`` (ZeRO 3): the bytes of the weights gathered for
     the embeddings' unit, then for each block (the last standing for any after it):
     each gathered while its forward runs and again from its first node in the backward
-    to its last gradient (``rank.ShardedWeights``)."""
+    to its last gradient (``rank_zero.ShardedWeights``)."""
     if plan.config.impl not in ("math", "sdpa"):
         raise AttnctlError(f"cannot replay training for impl {plan.config.impl!r}")
     refuse_unreplayable(plan, layers)

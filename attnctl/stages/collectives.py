@@ -19,7 +19,7 @@ from __future__ import annotations
 from attnctl.stages import PlanBuilder
 
 # What gloo allocates inside a collective, on its own threads, beyond the tensors it is
-# given (``distributed.collective_buffers``: the rise of a rank's peak resident memory
+# given (``run_split.collective_buffers``: the rise of a rank's peak resident memory
 # over one collective of a float32 (B, L, D) of 32 and 128 MiB, 2 and 4 ranks, torch
 # 2.13 on the CPU; docs/memory.md, "Measured on torch.distributed"): all_gather gathers
 # into a flat buffer of the whole (B, L, D), then copies it into the output's views; the

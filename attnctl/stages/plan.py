@@ -51,7 +51,7 @@ class Plan:
     # alive before the first stage and held to the last: the inputs, and in a T5 block
     # after the first, block 0's relative position bias
     given: tuple[str, ...] = INPUTS
-    # one rank's plan of a split (``plan_parallel.rank_plan``): its TP group's size, SP
+    # one rank's plan of a split (``parallel.plan.rank_plan``): its TP group's size, SP
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     # context parallel: the C ranks of the ring and which of them (``ring_attention``)
@@ -134,7 +134,7 @@ def build_plan(
     block's input, then its sublayers. Blocks run one after another, so one block's peak
     is the model's.
     ``tensor_parallel``, ``sequence_parallel``: one rank's stages when the model (already
-    cut to one rank's heads and columns, ``plan_parallel.py``) is split over that many
+    cut to one rank's heads and columns, ``parallel/plan.py``) is split over that many
     ranks: the collectives between sublayers, and the L / T tokens between them with SP.
     ``context_parallel``, ``context_rank``: ``seq_len`` is the chunk of rank
     ``context_rank`` of that many (L/C), whose attention is ring attention.
