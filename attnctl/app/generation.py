@@ -14,6 +14,8 @@ and the report says what each step chose and what its cache held.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Sequence
 
 from attnctl.app.calls import (
     cross_kv_cache_of,
@@ -28,17 +30,22 @@ from attnctl.app.calls import (
 from attnctl.app.inputs import choose_blocks, read_texts
 from attnctl.app.requests import Hooks, RunRequest
 from attnctl.errors import AttnctlError
+from attnctl.memory.estimate import MemoryEstimate
 from attnctl.model.config import LARGEST_SIZE, LayerConfig
-from attnctl.model.describe import ModelDescription
+from attnctl.model.describe import Generation, ModelDescription
 from attnctl.report.commands import Seq2SeqDtypeRow
 from attnctl.report.generation import (
     GenerationReport,
+    GenerationRun,
+    GenerationStep,
     TranslationReport,
+    TranslationRun,
     TranslationView,
     alignment_of,
     generation_report,
     stop_reason,
 )
+from attnctl.stages.plan import Plan
 from attnctl.stats import head_stats
 from attnctl.text.tokenize import (
     Batch,
@@ -123,33 +130,55 @@ def equal_lengths(batch: Batch) -> None:
         )
 
 
-def generation_use_case(
-    request: RunRequest,
-    layer: LayerConfig,
-    model: ModelDescription | None,
-    hooks: Hooks,
-) -> GenerationReport:
-    """Check, tokenize, pre-flight, decode, report."""
-    from attnctl.app.preflight import kept_stage_bytes, preflight
+def _check_digits(digits: int) -> None:
+    """--digits: refused outside 0–8."""
+    if not 0 <= digits <= 8:
+        raise AttnctlError(f"--digits must be between 0 and 8, got {digits}")
 
-    new_tokens = request.generate if request.generate is not None else 0
-    model = check_generation_request(request, model, new_tokens)
-    if not 0 <= request.digits <= 8:
-        raise AttnctlError(f"--digits must be between 0 and 8, got {request.digits}")
-    limit = positions_limit(model)
-    if limit is not None and new_tokens >= limit:  # before any text is read
-        raise AttnctlError(
-            f"--generate {new_tokens} does not fit: {model.name} takes at most {limit} "
-            f"positions ({model.embeddings.limited_by}), prompt included"
-        )
-    chosen = choose_blocks(request.block, model)
-    every_block = chosen is not None and len(chosen) > 1
-    blocks = chosen if request.block is not None and chosen else [model.layers - 1]
-    cache_block = blocks[-1]  # --layer all: the last block's row and cache in the steps
-    texts = read_texts(request.texts, request.file)
+
+def _shown_heads(request: RunRequest, count: int, every_block: bool) -> tuple[list[int], list[int]]:
+    """Every head the run keeps (of ``count``), and the heads whose tables are printed."""
+    all_heads = list(choose_heads(request.heads, count))
+    heads_shown = all_heads
+    if not request.heads and not request.every_weight and not every_block:
+        heads_shown = all_heads[:DEFAULT_HEADS_SHOWN]  # tables printed; rows averaged over all
+    return all_heads, heads_shown
+
+
+def _heads_not_shown(
+    request: RunRequest, count: int, every_block: bool, heads_shown: list[int]
+) -> tuple[int, int] | None:
+    """The first and last head of ``count`` left out of the tables; None: every one shown."""
+    if not request.heads and not every_block and count > len(heads_shown):
+        return (len(heads_shown), count - 1)
+    return None
+
+
+def _own_tokenizer_present(layer: LayerConfig, model: ModelDescription) -> None:
+    """The model's own tokenizer.json, when the layer reads it, must be in its folder."""
     own_tokenizer = model.path / "tokenizer.json"
     if layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
         raise AttnctlError(missing_tokenizer(model.path))
+
+
+def _generation_blocks(request: RunRequest, model: ModelDescription) -> tuple[list[int], bool]:
+    """The blocks whose weights are kept (default: the last), and whether --layer all."""
+    chosen = choose_blocks(request.block, model)
+    every_block = chosen is not None and len(chosen) > 1
+    blocks = chosen if request.block is not None and chosen else [model.layers - 1]
+    return blocks, every_block
+
+
+def _prompt_batch(
+    texts: list[str],
+    layer: LayerConfig,
+    model: ModelDescription,
+    new_tokens: int,
+    limit: int | None,
+) -> Batch:
+    """The prompts tokenized: of one length, fitting the positions with ``new_tokens``
+    after them, and in the model's vocabulary."""
+    _own_tokenizer_present(layer, model)
     batch = encode_batch(texts, layer.tokenizer)
     equal_lengths(batch)
     prompt_len = batch.seq_len
@@ -166,17 +195,27 @@ def generation_use_case(
             f"({model.embeddings.limited_by}); {room}"
         )
     in_vocabulary(batch, model)
-    all_heads = list(choose_heads(request.heads, layer.heads))
-    heads_shown = all_heads
-    if not request.heads and not request.every_weight and not every_block:
-        heads_shown = all_heads[:DEFAULT_HEADS_SHOWN]  # tables printed; rows averaged over all
-    layer = dataclasses.replace(layer, impl="math")  # generation keeps every weight
-    rows = len(texts)
-    # the prefill's plan: the steps after it read one query row each
-    plan = plan_for(layer, prompt_len, rows, model.vocab_size, model=model, layer_index=blocks[0])
-    memory = estimate_of(plan)
+    return batch
+
+
+def _generation_need(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription,
+    plan: Plan,
+    memory: MemoryEstimate,
+    rows: int,
+    heads: int,
+    blocks: int,
+    total: int,
+) -> int:
+    """The bytes the pre-flight asks for: the weights, the prefill's peak, the cache of
+    ``total`` tokens, the weights kept and their copy, the logits, and --save's stages."""
+    from attnctl.app.preflight import kept_stage_bytes
+
+    prompt_len = plan.seq_len
     cache = sum(group.bytes for group in kv_cache_of(plan, total, model.layers))
-    kept = rows * len(all_heads) * total * total * len(blocks)  # weights kept, (B, h, T, T)
+    kept = rows * heads * total * total * blocks  # weights kept, (B, h, T, T)
     per_weight = 4 + (PYTHON_FLOAT_BYTES if request.every_weight else 0)
     logits = rows * model.vocab_size * 4 * 2  # float32 logits and the rules' copy
     need = (
@@ -194,6 +233,43 @@ def generation_use_case(
                 for n in range(model.layers)
             ]
         )
+    return need
+
+
+def generation_use_case(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription | None,
+    hooks: Hooks,
+) -> GenerationReport:
+    """Check, tokenize, pre-flight, decode, report."""
+    from attnctl.app.preflight import preflight
+
+    new_tokens = request.generate if request.generate is not None else 0
+    model = check_generation_request(request, model, new_tokens)
+    _check_digits(request.digits)
+    limit = positions_limit(model)
+    if limit is not None and new_tokens >= limit:  # before any text is read
+        raise AttnctlError(
+            f"--generate {new_tokens} does not fit: {model.name} takes at most {limit} "
+            f"positions ({model.embeddings.limited_by}), prompt included"
+        )
+    blocks, every_block = _generation_blocks(request, model)
+    cache_block = blocks[-1]  # --layer all: the last block's row and cache in the steps
+    texts = read_texts(request.texts, request.file)
+    batch = _prompt_batch(texts, layer, model, new_tokens, limit)
+    prompt_len = batch.seq_len
+    all_heads, heads_shown = _shown_heads(request, layer.heads, every_block)
+    layer = dataclasses.replace(layer, impl="math")  # generation keeps every weight
+    rows = len(texts)
+    # the prefill's plan: the steps after it read one query row each
+    plan = plan_for(layer, prompt_len, rows, model.vocab_size, model=model, layer_index=blocks[0])
+    memory = estimate_of(plan)
+    total = prompt_len + new_tokens
+    need = _generation_need(
+        request, layer, model, plan, memory, rows, len(all_heads), len(blocks), total
+    )
+    keep_stages = request.save is not None
     preflight(plan, need, request.force, hooks, blocks=model.layers)
     prompt_ids = [[t.id for t in row] for row in batch.rows]
     with hooks.progress(f"generating {new_tokens} tokens with {model.name}"):
@@ -201,6 +277,29 @@ def generation_use_case(
             model, layer, prompt_ids, new_tokens, blocks, all_heads, cache_block, all_heads,
             keep_stages,
         )  # fmt: skip
+    return _generation_report(
+        request, model, layer, texts, batch, plan, memory, run, prompt_ids, new_tokens,
+        blocks, (all_heads, heads_shown), every_block,
+    )  # fmt: skip
+
+
+def _generation_report(
+    request: RunRequest,
+    model: ModelDescription,
+    layer: LayerConfig,
+    texts: list[str],
+    batch: Batch,
+    plan: Plan,
+    memory: MemoryEstimate,
+    run: GenerationRun,
+    prompt_ids: list[list[int]],
+    new_tokens: int,
+    blocks: list[int],
+    heads: tuple[list[int], list[int]],
+    every_block: bool,
+) -> GenerationReport:
+    """The report of a run: each step's texts and estimated cache, a Trace per block."""
+    all_heads, heads_shown = heads
     pieces = decode_pieces(run.generated, layer.tokenizer, prompt_ids)
     generated_tokens = [
         _generated_tokens(ids, row) for ids, row in zip(run.generated, pieces, strict=True)
@@ -213,29 +312,11 @@ def generation_use_case(
         )
         for step in run.steps
     ]
-    final_length = prompt_len + len(steps)
+    final_length = batch.seq_len + len(steps)
     kv_groups = kv_cache_of(plan, final_length, model.layers)
     sequences = [p + g for p, g in zip(batch.rows, generated_tokens, strict=True)]
-    traces = [
-        Trace(
-            tokens=sequences,
-            stages=[],
-            attention=run.attention[block][0],
-            attention_heads=all_heads,
-            attention_rows=list(range(final_length)),
-            top_keys=run.attention[block][1],
-            device=run.device,
-            tokenizer=batch.name,
-            vocab_size=batch.vocab_size,
-            impl="math",
-            layer=block,
-            sums=run.attention[block][2],
-        )
-        for block in blocks
-    ]
-    hidden = None
-    if not request.heads and not every_block and layer.heads > len(heads_shown):
-        hidden = (len(heads_shown), layer.heads - 1)
+    traces = _generation_traces(run, batch, sequences, all_heads, blocks, final_length)
+    hidden = _heads_not_shown(request, layer.heads, every_block, heads_shown)
     eos = model.generation.eos_ids if model.generation else ()
     return generation_report(
         texts=texts,
@@ -248,7 +329,7 @@ def generation_use_case(
         steps=steps,
         traces=traces,
         blocks=blocks,
-        cache_block=cache_block,
+        cache_block=blocks[-1],
         heads=heads_shown,
         averaged_heads=all_heads,
         digits=request.digits,
@@ -263,6 +344,34 @@ def generation_use_case(
     )
 
 
+def _generation_traces(
+    run: GenerationRun,
+    batch: Batch,
+    sequences: list[list[Token]],
+    heads: list[int],
+    blocks: list[int],
+    final_length: int,
+) -> list[Trace]:
+    """One Trace per block shown: its weights over the final sequence, every row."""
+    return [
+        Trace(
+            tokens=sequences,
+            stages=[],
+            attention=run.attention[block][0],
+            attention_heads=heads,
+            attention_rows=list(range(final_length)),
+            top_keys=run.attention[block][1],
+            device=run.device,
+            tokenizer=batch.name,
+            vocab_size=batch.vocab_size,
+            impl="math",
+            layer=block,
+            sums=run.attention[block][2],
+        )
+        for block in blocks
+    ]
+
+
 def _generated_tokens(ids: list[int], pieces: list[str]) -> list[Token]:
     """The generated tokens with their text and its span in the generated text."""
     tokens, start = [], 0
@@ -275,21 +384,14 @@ def _generated_tokens(ids: list[int], pieces: list[str]) -> list[Token]:
 DEFAULT_TRANSLATION_TOKENS = 20  # an encoder–decoder's --generate when not given
 
 
-def translation_use_case(
-    request: RunRequest,
-    layer: LayerConfig,
-    model: ModelDescription,
-    hooks: Hooks,
-) -> TranslationReport:
-    """An encoder–decoder: encode the texts (a padded batch), generate greedily from the
-    decoder's start token, and report the three attentions of the blocks chosen."""
-    from attnctl.app.preflight import kept_stage_bytes, preflight
-
+def _check_translation_request(
+    request: RunRequest, model: ModelDescription, new_tokens: int
+) -> Generation:
+    """The options an encoder–decoder's run takes, and its decoder's rules (with a start
+    token), or one line why not."""
     decoder = model.decoder
-    new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate
     check_new_tokens(new_tokens)
-    if not 0 <= request.digits <= 8:
-        raise AttnctlError(f"--digits must be between 0 and 8, got {request.digits}")
+    _check_digits(request.digits)
     if request.rows:
         raise AttnctlError("--rows does not apply to an encoder–decoder: every row is shown")
     if request.contexts or request.context_file is not None:
@@ -316,6 +418,11 @@ def translation_use_case(
             f"{target_limit} positions ({decoder.embeddings.limited_by}), its start token "
             "included"
         )
+    return rules
+
+
+def _translation_blocks(request: RunRequest, model: ModelDescription) -> tuple[bool, int, int]:
+    """Whether --layer all, and the encoder's and the decoder's block shown."""
     if request.encoder_block is not None and request.encoder_block.strip().lower() == "all":
         raise AttnctlError("--encoder-layer takes a block number; --layer all shows every block")
     every_block = request.block is not None and request.block.strip().lower() == "all"
@@ -326,15 +433,18 @@ def translation_use_case(
     # --layer N: decoder block N and encoder block N (--encoder-layer: another); default
     # each stack's last block
     layer_spec = None if every_block else request.block
-    decoder_block = _one_block(layer_spec, decoder, "--layer", "decoder")
+    decoder_block = _one_block(layer_spec, model.decoder, "--layer", "decoder")
     encoder_spec, option = layer_spec, "--layer"
     if request.encoder_block is not None and not every_block:
         encoder_spec, option = request.encoder_block, "--encoder-layer"
     encoder_block = _one_block(encoder_spec, model, option, "encoder")
-    texts = read_texts(request.texts, request.file)
-    own_tokenizer = model.path / "tokenizer.json"
-    if layer.tokenizer == str(own_tokenizer) and not own_tokenizer.is_file():
-        raise AttnctlError(missing_tokenizer(model.path))
+    return every_block, encoder_block, decoder_block
+
+
+def _source_batch(texts: list[str], layer: LayerConfig, model: ModelDescription) -> Batch:
+    """The source texts tokenized (a padded batch), fitting the encoder's positions and in
+    the model's vocabulary."""
+    _own_tokenizer_present(layer, model)
     batch = encode_batch(texts, layer.tokenizer)
     source_limit = model.longest_input()
     if source_limit is not None and batch.seq_len > source_limit:
@@ -343,23 +453,35 @@ def translation_use_case(
             f"({model.embeddings.limited_by}); give a shorter text"
         )
     in_vocabulary(batch, model)
-    heads_count = min(model.heads, decoder.heads)
-    all_heads = list(choose_heads(request.heads, heads_count))
-    heads_shown = all_heads
-    if not request.heads and not request.every_weight and not every_block:
-        heads_shown = all_heads[:DEFAULT_HEADS_SHOWN]
-    layer = dataclasses.replace(layer, impl="math")
-    rows, source_len, target_len = len(texts), batch.seq_len, new_tokens + 1
-    # the encoder block over the source, the decoder block over the whole target at once
-    encoder_plan, decoder_plan = seq2seq_plans_of(
-        model, layer, source_len, target_len, rows, batch.padded, encoder_block, decoder_block
-    )
+    return batch
 
-    def cache_bytes(target: int) -> int:  # the decoder's K and V, and cross-attention's
-        groups = kv_cache_of(decoder_plan, target, decoder.layers)
-        return sum(g.bytes for g in groups + cross_kv_cache_of(decoder_plan, source_len))
 
-    kept = rows * len(all_heads) * (source_len + target_len) ** 2  # the three, (B, h, L, L)
+def _translation_cache_bytes(decoder_plan: Plan, layers: int, source: int, target: int) -> int:
+    """The decoder's K and V over ``target`` positions, and cross-attention's."""
+    groups = kv_cache_of(decoder_plan, target, layers)
+    return sum(g.bytes for g in groups + cross_kv_cache_of(decoder_plan, source))
+
+
+def _translation_need(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription,
+    batch: Batch,
+    plans: tuple[Plan, Plan],
+    rows: int,
+    target_len: int,
+    heads: int,
+    every_block: bool,
+    cache_bytes: Callable[[int], int],
+) -> int:
+    """The bytes the pre-flight asks for: the weights, the larger peak, both caches, the
+    three attentions kept (and as Python floats), the logits, and --save's stages."""
+    from attnctl.app.preflight import kept_stage_bytes
+
+    decoder = model.decoder
+    encoder_plan, decoder_plan = plans
+    source_len = batch.seq_len
+    kept = rows * heads * (source_len + target_len) ** 2  # the three, (B, h, L, L)
     if every_block:
         kept *= max(model.layers, decoder.layers)
     per_weight = 4 + PYTHON_FLOAT_BYTES  # as computed, then as Python floats
@@ -385,6 +507,42 @@ def translation_use_case(
                 for n in range(decoder.layers)
             ]
         )  # fmt: skip
+    return need
+
+
+def translation_use_case(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription,
+    hooks: Hooks,
+) -> TranslationReport:
+    """An encoder–decoder: encode the texts (a padded batch), generate greedily from the
+    decoder's start token, and report the three attentions of the blocks chosen."""
+    from attnctl.app.preflight import preflight
+
+    decoder = model.decoder
+    new_tokens = DEFAULT_TRANSLATION_TOKENS if request.generate is None else request.generate
+    rules = _check_translation_request(request, model, new_tokens)
+    every_block, encoder_block, decoder_block = _translation_blocks(request, model)
+    texts = read_texts(request.texts, request.file)
+    batch = _source_batch(texts, layer, model)
+    heads_count = min(model.heads, decoder.heads)
+    all_heads, heads_shown = _shown_heads(request, heads_count, every_block)
+    layer = dataclasses.replace(layer, impl="math")
+    rows, source_len, target_len = len(texts), batch.seq_len, new_tokens + 1
+    # the encoder block over the source, the decoder block over the whole target at once
+    encoder_plan, decoder_plan = seq2seq_plans_of(
+        model, layer, source_len, target_len, rows, batch.padded, encoder_block, decoder_block
+    )
+    # the decoder's K and V, and cross-attention's
+    cache_bytes = functools.partial(
+        _translation_cache_bytes, decoder_plan, decoder.layers, source_len
+    )
+    need = _translation_need(
+        request, layer, model, batch, (encoder_plan, decoder_plan), rows, target_len,
+        len(all_heads), every_block, cache_bytes,
+    )  # fmt: skip
+    keep_stages = request.save is not None
     preflight(encoder_plan, need, request.force, hooks, blocks=model.layers + decoder.layers)
     pad = rules.pad_id if rules.pad_id is not None else batch.pad_id
     padded = [[t.id for t in row] + [pad] * (source_len - len(row)) for row in batch.rows]
@@ -401,90 +559,46 @@ def translation_use_case(
             every_block,
             keep_stages,
         )
+    return _translation_report(
+        request, model, layer, texts, batch, run, new_tokens, pad, encoder_plan, cache_bytes,
+        (encoder_block, decoder_block), (all_heads, heads_shown), every_block,
+    )  # fmt: skip
+
+
+def _translation_report(
+    request: RunRequest,
+    model: ModelDescription,
+    layer: LayerConfig,
+    texts: list[str],
+    batch: Batch,
+    run: TranslationRun,
+    new_tokens: int,
+    pad: int,
+    encoder_plan: Plan,
+    cache_bytes: Callable[[int], int],
+    blocks: tuple[int, int],
+    heads: tuple[list[int], list[int]],
+    every_block: bool,
+) -> TranslationReport:
+    """The report of a run: each step, the three attentions and their alignment, the
+    statistics, and the memory of the target the run made."""
+    rules = model.decoder.generation
+    all_heads, heads_shown = heads
     targets = [[rules.start_id, *row] for row in run.generated]
     pieces = decode_pieces(targets, layer.tokenizer)
     target_tokens = [_generated_tokens(ids, row) for ids, row in zip(targets, pieces, strict=True)]
-    steps = [
-        dataclasses.replace(
-            step,
-            texts=[row[step.position] for row in pieces],
-            estimated_bytes=cache_bytes(step.position),
-        )
-        for step in run.steps
-    ]
-    source_tokens = [
-        row + [Token(pad, "<pad>", -1, -1, pad=True)] * (source_len - len(row))
-        for row in batch.rows
-    ]
-    matrix, alignment = alignment_of(
-        run.cross_attention,
-        all_heads,
-        all_heads,
-        targets,
-        [len(row) for row in batch.rows],
-        rules.eos_ids,
-    )
-    view = TranslationView(
-        source_tokens=source_tokens,
-        target_tokens=target_tokens,
-        encoder_block=encoder_block,
-        decoder_block=decoder_block,
-        heads=all_heads,
-        encoder_attention=run.encoder_attention,
-        decoder_attention=run.decoder_attention,
-        cross_attention=run.cross_attention,
-        averaged_heads=all_heads,
-        alignment_matrix=matrix,
-        alignment=alignment,
+    steps = _translation_steps(run, pieces, cache_bytes)
+    source_tokens = _source_tokens(batch, pad)
+    view = _translation_view(
+        run, source_tokens, target_tokens, targets, batch, blocks, all_heads, rules.eos_ids
     )
     fed = len(targets[0])
-
-    def weights_trace(queries, weights, block, context=None, top=(), sums=None) -> Trace:
-        """One attention's weights (every row, every head) as a Trace: what the tables,
-        heatmaps and statistics read."""
-        return Trace(
-            tokens=queries,
-            stages=[],
-            attention=weights,
-            attention_heads=all_heads,
-            attention_rows=list(range(len(queries[0]))),
-            top_keys=list(top),
-            device=run.device,
-            tokenizer=batch.name,
-            vocab_size=batch.vocab_size,
-            impl="math",
-            context_tokens=context,
-            layer=block,
-            sums=sums,
-        )
-
-    weights, top, sums = run.cross_window
-    cross_trace = weights_trace(target_tokens, weights, decoder_block, source_tokens, top, sums)
-    block_traces: dict[str, list[Trace]] = {}
-    for kind, windows in run.block_windows.items():
-        queries = source_tokens if kind == "encoder" else target_tokens
-        context = source_tokens if kind == "cross" else None
-        block_traces[kind] = [
-            weights_trace(queries, weights, block, context, top, sums)
-            for block, (weights, top, sums) in sorted(windows.items())
-        ]
-    block_stats = {
-        kind: [head_stats(trace) for trace in traces] for kind, traces in block_traces.items()
-    }
-    # the statistics of the three attentions of the blocks shown, over the whole target
-    shown_stats = {
-        "encoder": head_stats(weights_trace(source_tokens, run.encoder_attention, encoder_block)),
-        "decoder": head_stats(weights_trace(target_tokens, run.decoder_attention, decoder_block)),
-        "cross": head_stats(cross_trace),
-    }
-    hidden = None
-    if not request.heads and not every_block and heads_count > len(heads_shown):
-        hidden = (len(heads_shown), heads_count - 1)
-    # planned again for the target the run made (an early end makes it shorter)
-    final_decoder_plan = seq2seq_plans_of(
-        model, layer, source_len, fed, rows, batch.padded, encoder_block, decoder_block
-    )[1]
-    memory = _seq2seq_memory(model, layer, source_len, fed, rows, batch.padded)
+    cross_trace, block_traces, block_stats, shown_stats = _translation_traces(
+        run, batch, all_heads, source_tokens, target_tokens, blocks
+    )
+    heads_count = min(model.heads, model.decoder.heads)
+    hidden = _heads_not_shown(request, heads_count, every_block, heads_shown)
+    final_decoder_plan, memory = _final_memory(model, layer, batch, fed, blocks)
     return TranslationReport(
         kept_stages=run.kept_stages,
         texts=texts,
@@ -514,6 +628,143 @@ def translation_use_case(
         block_stats=block_stats,
         shown_stats=shown_stats,
     )
+
+
+def _translation_steps(
+    run: TranslationRun, pieces: list[list[str]], cache_bytes: Callable[[int], int]
+) -> list[GenerationStep]:
+    """Each step with the texts of the tokens it chose and the cache it held, estimated."""
+    return [
+        dataclasses.replace(
+            step,
+            texts=[row[step.position] for row in pieces],
+            estimated_bytes=cache_bytes(step.position),
+        )
+        for step in run.steps
+    ]
+
+
+def _source_tokens(batch: Batch, pad: int) -> list[list[Token]]:
+    """The source's tokens as the encoder read them: each text padded on the right, the
+    padding marked."""
+    return [
+        row + [Token(pad, "<pad>", -1, -1, pad=True)] * (batch.seq_len - len(row))
+        for row in batch.rows
+    ]
+
+
+def _translation_view(
+    run: TranslationRun,
+    source_tokens: list[list[Token]],
+    target_tokens: list[list[Token]],
+    targets: list[list[int]],
+    batch: Batch,
+    blocks: tuple[int, int],
+    heads: list[int],
+    eos_ids: Sequence[int],
+) -> TranslationView:
+    """The three attentions of the blocks shown, and the alignment of their
+    cross-attention averaged over ``heads`` (ended at ``eos_ids``)."""
+    encoder_block, decoder_block = blocks
+    matrix, alignment = alignment_of(
+        run.cross_attention,
+        heads,
+        heads,
+        targets,
+        [len(row) for row in batch.rows],
+        eos_ids,
+    )
+    return TranslationView(
+        source_tokens=source_tokens,
+        target_tokens=target_tokens,
+        encoder_block=encoder_block,
+        decoder_block=decoder_block,
+        heads=heads,
+        encoder_attention=run.encoder_attention,
+        decoder_attention=run.decoder_attention,
+        cross_attention=run.cross_attention,
+        averaged_heads=heads,
+        alignment_matrix=matrix,
+        alignment=alignment,
+    )
+
+
+def _weights_trace(
+    heads: list[int],
+    device: str,
+    batch: Batch,
+    queries: list[list[Token]],
+    weights: list,
+    block: int,
+    context: list[list[Token]] | None = None,
+    top: Iterable = (),
+    sums: object = None,
+) -> Trace:
+    """One attention's weights (every row, every head) as a Trace: what the tables,
+    heatmaps and statistics read."""
+    return Trace(
+        tokens=queries,
+        stages=[],
+        attention=weights,
+        attention_heads=heads,
+        attention_rows=list(range(len(queries[0]))),
+        top_keys=list(top),
+        device=device,
+        tokenizer=batch.name,
+        vocab_size=batch.vocab_size,
+        impl="math",
+        context_tokens=context,
+        layer=block,
+        sums=sums,
+    )
+
+
+def _translation_traces(
+    run: TranslationRun,
+    batch: Batch,
+    heads: list[int],
+    source_tokens: list[list[Token]],
+    target_tokens: list[list[Token]],
+    blocks: tuple[int, int],
+) -> tuple[Trace, dict[str, list[Trace]], dict[str, list], dict[str, object]]:
+    """The cross-attention's Trace, every block's (--layer all) of each kind with their
+    statistics, and the statistics of the three attentions of the blocks shown."""
+    encoder_block, decoder_block = blocks
+    trace_of = functools.partial(_weights_trace, heads, run.device, batch)
+    weights, top, sums = run.cross_window
+    cross_trace = trace_of(target_tokens, weights, decoder_block, source_tokens, top, sums)
+    block_traces: dict[str, list[Trace]] = {}
+    for kind, windows in run.block_windows.items():
+        queries = source_tokens if kind == "encoder" else target_tokens
+        context = source_tokens if kind == "cross" else None
+        block_traces[kind] = [
+            trace_of(queries, weights, block, context, top, sums)
+            for block, (weights, top, sums) in sorted(windows.items())
+        ]
+    block_stats = {
+        kind: [head_stats(trace) for trace in traces] for kind, traces in block_traces.items()
+    }
+    # the statistics of the three attentions of the blocks shown, over the whole target
+    shown_stats = {
+        "encoder": head_stats(trace_of(source_tokens, run.encoder_attention, encoder_block)),
+        "decoder": head_stats(trace_of(target_tokens, run.decoder_attention, decoder_block)),
+        "cross": head_stats(cross_trace),
+    }
+    return cross_trace, block_traces, block_stats, shown_stats
+
+
+def _final_memory(
+    model: ModelDescription, layer: LayerConfig, batch: Batch, fed: int, blocks: tuple[int, int]
+) -> tuple[Plan, Seq2SeqDtypeRow]:
+    """The decoder block's plan and the run's memory, planned again for the ``fed`` target
+    positions the run made (an early end makes it shorter)."""
+    encoder_block, decoder_block = blocks
+    rows, source_len = len(batch.rows), batch.seq_len
+    final_decoder_plan = seq2seq_plans_of(
+        model, layer, source_len, fed, rows, batch.padded, encoder_block, decoder_block
+    )[1]
+    memory = _seq2seq_memory(model, layer, source_len, fed, rows, batch.padded)
+    return final_decoder_plan, memory
 
 
 def _seq2seq_memory(
