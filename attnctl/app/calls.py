@@ -6,7 +6,7 @@ signatures stays in this file. torch-importing modules are imported inside the f
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attnctl.memory.estimate import (
@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # they import torch (the replay: only --train needs it)
 
 
 if TYPE_CHECKING:  # generation's report types: imported by the calls that make them
-    from attnctl.report.generation import GenerationRun, TranslationRun
+    from attnctl.report.generation import GenerationRun, GenerationStep, TranslationRun
+    from attnctl.trace import KeptStages
 
 
 def load_model(directory: str) -> ModelDescription:
@@ -190,9 +191,9 @@ def generate_tokens(
 
     from attnctl.nn.generate import greedy
     from attnctl.nn.layer import Recorder, resolve_device
-    from attnctl.nn.runner import kept_stages_of, shown_weights, tune_allocator
+    from attnctl.nn.runner import kept_stages_of, tune_allocator
     from attnctl.nn.weights import model_weights
-    from attnctl.report.generation import TOP_KEYS_KEPT, GenerationRun, GenerationStep
+    from attnctl.report.generation import GenerationRun
 
     device = resolve_device(layer.device)
     tune_allocator()
@@ -212,21 +213,71 @@ def generate_tokens(
         mean = shown[:, picked].mean(dim=1)  # (B, T, T)
         queries = prompt_len - 1 + torch.arange(len(decoded.steps))  # (S,) rows that chose
         rows = mean[:, queries]  # (B, S, T)
-        top = rows.topk(min(TOP_KEYS_KEPT, rows.shape[-1]), dim=-1)  # (B, S, K)
-        top_weights, top_keys = top.values.tolist(), top.indices.tolist()
-        total = shown.shape[2]
-        attention = {
-            block: shown_weights(
-                decoded.attention[(block, "attention")], list(range(total)), [total] * len(ids)
-            )
-            for block in blocks
-        }
+        _top, top_weights, top_keys = _strongest_keys(rows)  # (B, S, K), held
+        attention = _shown_blocks(decoded.attention, blocks, "attention", shown.shape[2], len(ids))
+    eos = (run.generation.eos_ids if run.generation else ()) or ()
     windows = [block.attention.window for block in run.blocks]
-    finished = [False] * len(prompt_ids)
+    steps = _generation_steps(
+        decoded.steps, len(prompt_ids), eos, windows, cache_block, top_keys, top_weights
+    )
+    return GenerationRun(
+        generated=decoded.generated,
+        steps=steps,
+        attention=attention,
+        final_cache_shapes=decoded.final_cache,
+        final_measured_bytes=decoded.final_cache_bytes,
+        device=str(device),
+        kept_stages=[
+            kept_stages_of(record, f"prefill.block.{n}.", f"block {n}'s stages in the prefill")
+            for n, record in (records or {}).items()
+        ],
+    )
+
+
+def _shown_blocks(
+    attention: dict[tuple[int, str], Any], blocks: list[int], name: str, total: int, texts: int
+) -> dict[int, tuple[list, list, object]]:
+    """The weights (B, h, T, T) of ``name`` in each of ``blocks`` as a Trace holds them,
+    every one of the ``total`` rows (``runner.shown_weights``)."""
+    from attnctl.nn.runner import shown_weights
+
+    return {
+        block: shown_weights(attention[(block, name)], list(range(total)), [total] * texts)
+        for block in blocks
+    }
+
+
+def _top_keys_at(
+    top_keys: list[list[list[int]]], top_weights: list[list[list[float]]], number: int
+) -> list[list[tuple[int, float]]]:
+    """Step ``number``'s strongest keys in each text, with their weights (none of 0)."""
+    return [
+        [
+            (key, weight)
+            for key, weight in zip(keys[number], values[number], strict=True)
+            if weight > 0
+        ]
+        for keys, values in zip(top_keys, top_weights, strict=True)
+    ]
+
+
+def _generation_steps(
+    decoded_steps: list[Any],
+    texts: int,
+    eos: Sequence[int],
+    windows: list[int | None],
+    cache_block: int,
+    top_keys: list[list[list[int]]],
+    top_weights: list[list[list[float]]],
+) -> list[GenerationStep]:
+    """What each step chose and its cache held: the texts are decoded by the use case,
+    the estimated bytes filled in by it; ``dropped``: positions out of a block's window."""
+    from attnctl.report.generation import GenerationStep
+
+    finished = [False] * texts
     steps = []
-    for number, step in enumerate(decoded.steps):
+    for number, step in enumerate(decoded_steps):
         position = step.query_position + 1
-        eos = (run.generation.eos_ids if run.generation else ()) or ()
         finished = [done or token in eos for done, token in zip(finished, step.tokens, strict=True)]
         kept = [shape.get("attention", (0, 0, 0))[2] for shape in step.cache]
         steps.append(
@@ -240,29 +291,11 @@ def generate_tokens(
                 estimated_bytes=0,
                 measured_bytes=step.cache_bytes,
                 dropped=[position - n if w else 0 for n, w in zip(kept, windows, strict=True)],
-                top_keys=[
-                    [
-                        (key, weight)
-                        for key, weight in zip(keys[number], values[number], strict=True)
-                        if weight > 0
-                    ]
-                    for keys, values in zip(top_keys, top_weights, strict=True)
-                ],
+                top_keys=_top_keys_at(top_keys, top_weights, number),
                 keys=kept[cache_block],
             )
         )
-    return GenerationRun(
-        generated=decoded.generated,
-        steps=steps,
-        attention=attention,
-        final_cache_shapes=decoded.final_cache,
-        final_measured_bytes=decoded.final_cache_bytes,
-        device=str(device),
-        kept_stages=[
-            kept_stages_of(record, f"prefill.block.{n}.", f"block {n}'s stages in the prefill")
-            for n, record in (records or {}).items()
-        ],
-    )
+    return steps
 
 
 def seq2seq_plans_of(
@@ -303,111 +336,53 @@ def translate_tokens(
     keys: its cross-attention row (the source tokens) averaged over ``heads``.
     ``every_block``: also every block's weights of each kind, as Traces hold them.
     ``keep_stages`` (``run --save``): a CPU copy of every encoder block's stages, and of
-    every decoder block's in one more pass of the decoder over the whole target at once
-    (teacher-forced: the tokens it chose; its weights are the steps', to float error)."""
+    every decoder block's in one more pass of the decoder (:func:`_teacher_forced_pass`)."""
     import torch
 
-    from attnctl.nn.generate import decoder_weights, encode, greedy
-    from attnctl.nn.layer import Recorder, resolve_device
-    from attnctl.nn.model import forward
-    from attnctl.nn.runner import kept_stages_of, shown_weights, tune_allocator
+    from attnctl.nn.generate import decoder_weights, greedy
+    from attnctl.nn.layer import resolve_device
+    from attnctl.nn.runner import tune_allocator
     from attnctl.nn.weights import model_weights
-    from attnctl.report.generation import TOP_KEYS_KEPT, GenerationStep, TranslationRun
+    from attnctl.report.generation import TranslationRun
 
     device = resolve_device(layer.device)
     tune_allocator()
     run = model.with_run(layer)
     decoder = run.decoder
     rules = decoder.generation
-    encoder_records = {n: Recorder(keep=True) for n in range(run.layers)} if keep_stages else {}
-    decoder_records = {n: Recorder(keep=True) for n in range(decoder.layers)} if keep_stages else {}
+    encoder_records, decoder_records = _translation_records(run, keep_stages)
     with device_errors_of(layer.device), torch.inference_mode():
         weights = model_weights(run, layer, device, blocks=None, head=True)
-        ids = torch.tensor(source_ids, device=device)  # (B, Ls)
-        lengths = torch.tensor(source_lengths, device=device)
-        padding = torch.arange(ids.shape[1], device=device) < lengths[:, None]  # (B, Ls)
         encoder_shown = list(range(run.layers)) if every_block else [encoder_block]
         decoder_shown = list(range(decoder.layers)) if every_block else [decoder_block]
-        # None where no source is padded: the same weights, and no mask among the stages
-        key_padding = None if bool(padding.all()) else padding
-        encoded = encode(
-            run, weights.named, ids, key_padding, shown=encoder_shown, heads=heads,
-            records=encoder_records or None,
+        # the source (B, Ls), its lengths (held), padding mask and the encoder's pass over it
+        ids, _lengths, padding, key_padding, encoded = _encode_source(
+            run, weights.named, source_ids, source_lengths, device, encoder_shown, heads,
+            encoder_records,
         )  # fmt: skip
         start = torch.full((len(source_ids), 1), rules.start_id, device=device)  # (B, 1)
         decoded = greedy(
-            decoder,
-            decoder_weights(weights.named),
-            start,
-            new_tokens,
-            shown=decoder_shown,
-            heads=heads,
-            encoder_output=encoded.output,
-            encoder_padding=padding,
-        )
+            decoder, decoder_weights(weights.named), start, new_tokens, shown=decoder_shown,
+            heads=heads, encoder_output=encoded.output, encoder_padding=padding,
+        )  # fmt: skip
         if keep_stages:  # the target as the steps fed it: the start token, then each chosen
             target = torch.tensor([[rules.start_id, *row] for row in decoded.generated])
-            forward(
-                decoder,
-                decoder_weights(weights.named),
-                target.to(device),  # (B, Lt)
-                last=decoder.layers - 1,
-                records=decoder_records,
-                context=encoded.output,
-                context_padding=key_padding,
-            )
+            _teacher_forced_pass(decoder, weights.named, target, device, encoded.output,
+                                 key_padding, decoder_records)  # fmt: skip
         del weights
         cross = decoded.attention[(decoder_block, "cross_attention")]  # (B, h, Lt, Ls)
         rows = cross[:, :, : len(decoded.steps)].mean(dim=1)  # (B, S, Ls): rows that chose
-        top = rows.topk(min(TOP_KEYS_KEPT, rows.shape[-1]), dim=-1)  # (B, S, K)
-        top_weights, top_keys = top.values.tolist(), top.indices.tolist()
+        _top, top_weights, top_keys = _strongest_keys(rows)  # (B, S, K), held
         encoder_attention = encoded.attention[(encoder_block, "attention")].tolist()
         decoder_attention = decoded.attention[(decoder_block, "attention")].tolist()
         cross_attention = cross.tolist()
-        target_len = cross.shape[2]
-        cross_window = shown_weights(cross, list(range(target_len)), [target_len] * len(ids))
-        block_windows: dict[str, dict[int, tuple[list, list, object]]] = {}
-        if every_block:
-            source_len, targets = ids.shape[1], [target_len] * len(ids)
-            block_windows["encoder"] = {
-                n: shown_weights(encoded.attention[(n, "attention")], list(range(source_len)),
-                                 source_lengths)
-                for n in encoder_shown
-            }  # fmt: skip
-            for kind, name in (("decoder", "attention"), ("cross", "cross_attention")):
-                block_windows[kind] = {
-                    n: shown_weights(decoded.attention[(n, name)], list(range(target_len)), targets)
-                    for n in decoder_shown
-                }
-    finished = [False] * len(source_ids)
-    steps = []
-    for number, step in enumerate(decoded.steps):
-        finished = [
-            done or token in rules.eos_ids
-            for done, token in zip(finished, step.tokens, strict=True)
-        ]
-        steps.append(
-            GenerationStep(
-                step=number,
-                tokens=step.tokens,
-                texts=[],
-                position=step.query_position + 1,
-                finished=finished,
-                cache_shapes=step.cache,
-                estimated_bytes=0,
-                measured_bytes=step.cache_bytes,
-                dropped=[0] * decoder.layers,
-                top_keys=[
-                    [
-                        (key, weight)
-                        for key, weight in zip(keys[number], values[number], strict=True)
-                        if weight > 0
-                    ]
-                    for keys, values in zip(top_keys, top_weights, strict=True)
-                ],
-                keys=step.query_position + 1,
-            )
-        )
+        cross_window, block_windows = _translation_windows(
+            cross, encoded.attention, decoded.attention, (encoder_shown, decoder_shown),
+            source_lengths, ids.shape[1], every_block,
+        )  # fmt: skip
+    steps = _translation_steps(
+        decoded.steps, len(source_ids), rules.eos_ids, decoder.layers, top_keys, top_weights
+    )
     return TranslationRun(
         generated=decoded.generated,
         steps=steps,
@@ -419,16 +394,166 @@ def translate_tokens(
         final_cache_shapes=decoded.final_cache,
         final_measured_bytes=decoded.final_cache_bytes,
         device=str(device),
-        kept_stages=[
-            kept_stages_of(record, f"encoder.block.{n}.", f"encoder block {n}'s stages")
-            for n, record in encoder_records.items()
-        ]
-        + [
-            kept_stages_of(
-                record,
-                f"decoder.block.{n}.",
-                f"decoder block {n}'s stages, over the whole target at once (teacher-forced)",
-            )
-            for n, record in decoder_records.items()
-        ],
+        kept_stages=_translation_kept_stages(encoder_records, decoder_records),
     )
+
+
+def _translation_records(run: ModelDescription, keep_stages: bool) -> tuple[dict, dict]:
+    """run --save: a keeping Recorder for every encoder block and every decoder block."""
+    from attnctl.nn.layer import Recorder
+
+    encoder_records = {n: Recorder(keep=True) for n in range(run.layers)} if keep_stages else {}
+    decoder_layers = run.decoder.layers
+    decoder_records = {n: Recorder(keep=True) for n in range(decoder_layers)} if keep_stages else {}
+    return encoder_records, decoder_records
+
+
+def _strongest_keys(rows: Any) -> tuple[Any, list, list]:
+    """Each of the (B, S, Lk) rows' strongest keys: the top-k (B, S, K), which the caller
+    holds as before, and its weights and keys as lists."""
+    from attnctl.report.generation import TOP_KEYS_KEPT
+
+    top = rows.topk(min(TOP_KEYS_KEPT, rows.shape[-1]), dim=-1)  # (B, S, K)
+    top_weights, top_keys = top.values.tolist(), top.indices.tolist()
+    return top, top_weights, top_keys
+
+
+def _encode_source(
+    run: ModelDescription,
+    named: dict[str, Any],
+    source_ids: list[list[int]],
+    source_lengths: list[int],
+    device: Any,
+    shown: list[int],
+    heads: list[int],
+    records: dict[int, Any],
+) -> tuple[Any, Any, Any, Any, Any]:
+    """The right-padded source on the device (B, Ls), its lengths (B,), its padding mask
+    (B, Ls) (True = a real token; None as the key padding where no source is padded), and
+    the encoder's pass keeping ``heads``' weights of the ``shown`` blocks. The caller holds
+    every tensor until its run ends."""
+    import torch
+
+    from attnctl.nn.generate import encode
+
+    ids = torch.tensor(source_ids, device=device)  # (B, Ls)
+    lengths = torch.tensor(source_lengths, device=device)
+    padding = torch.arange(ids.shape[1], device=device) < lengths[:, None]  # (B, Ls)
+    # None where no source is padded: the same weights, and no mask among the stages
+    key_padding = None if bool(padding.all()) else padding
+    encoded = encode(
+        run, named, ids, key_padding, shown=shown, heads=heads, records=records or None,
+    )  # fmt: skip
+    return ids, lengths, padding, key_padding, encoded
+
+
+def _teacher_forced_pass(
+    decoder: ModelDescription,
+    named: dict[str, Any],
+    target: Any,
+    device: Any,
+    context: Any,
+    context_padding: Any,
+    records: dict[int, Any],
+) -> None:
+    """One more pass of the decoder over the whole target (B, Lt) at once, recording every
+    block's stages: teacher-forced (the tokens the steps chose; its weights are the steps',
+    to float error)."""
+    from attnctl.nn.generate import decoder_weights
+    from attnctl.nn.model import forward
+
+    forward(
+        decoder,
+        decoder_weights(named),
+        target.to(device),  # (B, Lt)
+        last=decoder.layers - 1,
+        records=records,
+        context=context,
+        context_padding=context_padding,
+    )
+
+
+def _translation_windows(
+    cross: Any,
+    encoder_attention: dict[tuple[int, str], Any],
+    decoder_attention: dict[tuple[int, str], Any],
+    shown: tuple[list[int], list[int]],
+    source_lengths: list[int],
+    source_len: int,
+    every_block: bool,
+) -> tuple[tuple[list, list, object], dict[str, dict[int, tuple[list, list, object]]]]:
+    """The weights as Traces hold them (``runner.shown_weights``): the cross-attention
+    (B, h, Lt, Ls) of the decoder block shown, and with ``every_block`` every block's of
+    each kind (encoder, decoder, cross) of the ``shown`` encoder and decoder blocks."""
+    from attnctl.nn.runner import shown_weights
+
+    encoder_shown, decoder_shown = shown
+    target_len = cross.shape[2]
+    cross_window = shown_weights(cross, list(range(target_len)), [target_len] * len(source_lengths))
+    block_windows: dict[str, dict[int, tuple[list, list, object]]] = {}
+    if every_block:
+        block_windows["encoder"] = {
+            n: shown_weights(encoder_attention[(n, "attention")], list(range(source_len)),
+                             source_lengths)
+            for n in encoder_shown
+        }  # fmt: skip
+        for kind, name in (("decoder", "attention"), ("cross", "cross_attention")):
+            block_windows[kind] = _shown_blocks(
+                decoder_attention, decoder_shown, name, target_len, len(source_lengths)
+            )
+    return cross_window, block_windows
+
+
+def _translation_steps(
+    decoded_steps: list[Any],
+    texts: int,
+    eos_ids: Sequence[int],
+    layers: int,
+    top_keys: list[list[list[int]]],
+    top_weights: list[list[list[float]]],
+) -> list[GenerationStep]:
+    """What each step chose and its cache held, each row's strongest source tokens; the
+    texts and the estimated bytes are the use case's to fill in."""
+    from attnctl.report.generation import GenerationStep
+
+    finished = [False] * texts
+    steps = []
+    for number, step in enumerate(decoded_steps):
+        finished = [
+            done or token in eos_ids for done, token in zip(finished, step.tokens, strict=True)
+        ]
+        steps.append(
+            GenerationStep(
+                step=number,
+                tokens=step.tokens,
+                texts=[],
+                position=step.query_position + 1,
+                finished=finished,
+                cache_shapes=step.cache,
+                estimated_bytes=0,
+                measured_bytes=step.cache_bytes,
+                dropped=[0] * layers,
+                top_keys=_top_keys_at(top_keys, top_weights, number),
+                keys=step.query_position + 1,
+            )
+        )
+    return steps
+
+
+def _translation_kept_stages(
+    encoder_records: dict[int, Any], decoder_records: dict[int, Any]
+) -> list[KeptStages]:
+    """run --save: what every encoder block's and decoder block's Recorder kept."""
+    from attnctl.nn.runner import kept_stages_of
+
+    return [
+        kept_stages_of(record, f"encoder.block.{n}.", f"encoder block {n}'s stages")
+        for n, record in encoder_records.items()
+    ] + [
+        kept_stages_of(
+            record,
+            f"decoder.block.{n}.",
+            f"decoder block {n}'s stages, over the whole target at once (teacher-forced)",
+        )
+        for n, record in decoder_records.items()
+    ]
