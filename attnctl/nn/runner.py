@@ -15,7 +15,7 @@ from attnctl.errors import RUNTIME, AttnctlError
 from attnctl.model.config import LayerConfig, resolve_impl
 from attnctl.model.describe import ModelDescription, seeded_model
 from attnctl.text.tokenize import Batch, encode_batch
-from attnctl.trace import KeptStages, RowSums, Trace
+from attnctl.trace import KeptStages, RowSums, Token, Trace
 
 TOP_KEYS = 64  # strongest keys kept per query row, for tables too narrow for every key
 
@@ -61,8 +61,6 @@ def run(
     """
     import torch
 
-    from attnctl.nn.layer import Recorder
-    from attnctl.nn.model import forward
     from attnctl.nn.weights import model_weights
 
     layers = [0] if layers is None else layers
@@ -74,42 +72,113 @@ def run(
     )
     padded_rows = batch.padded_rows()
     if model is not None:
-        largest = max(t.id for row in padded_rows for t in row)
-        if largest >= model.vocab_size:
-            raise AttnctlError(
-                f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
-                "is this tokenizer the model's own?"
-            )
+        _check_vocabulary(padded_rows, model)
     last = max(layers)
     weights = model_weights(description, config, device, blocks=last + 1)
-    token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
+    token_ids, context_rows, context_ids = _input_ids(padded_rows, context, device)
     keys = batch if context is None else context
+    padding = padding_mask(keys, device) if needs_padding_mask(keys, config) else None
+    record, records = _recorders(layers, keep_stages)
+    queries = [len(row) for row in batch.rows]
+    with device_errors(device), torch.inference_mode():
+        windows = _forward_windows(
+            description, weights.named, token_ids, layers, records, padding, context_ids,
+            heads, rows, queries,
+        )  # fmt: skip
+    return _traces(
+        batch, config, model, layers, heads, rows, device, padded_rows, context_rows, record,
+        records, windows, keep_stages,
+    )  # fmt: skip
+
+
+def _check_vocabulary(padded_rows: list[list[Token]], model: ModelDescription) -> None:
+    """Every token id must have a row in the model's embedding."""
+    largest = max(t.id for row in padded_rows for t in row)
+    if largest >= model.vocab_size:
+        raise AttnctlError(
+            f"token id {largest} is outside the model's vocabulary of {model.vocab_size}: "
+            "is this tokenizer the model's own?"
+        )
+
+
+def _input_ids(
+    padded_rows: list[list[Token]], context: Batch | None, device: Any
+) -> tuple[Any, list[list[Token]] | None, Any]:
+    """The token ids on the device (B, L), and the context's rows and ids (B, Lc) (None
+    without a context); the caller holds the tensors until its run ends."""
+    import torch
+
+    token_ids = torch.tensor([[t.id for t in row] for row in padded_rows], device=device)  # (B, L)
     context_rows = None if context is None else context.padded_rows()
     context_ids = None
     if context_rows is not None:
         context_ids = torch.tensor(
             [[t.id for t in row] for row in context_rows], device=device
         )  # (B, Lc)
-    padding = padding_mask(keys, device) if needs_padding_mask(keys, config) else None
+    return token_ids, context_rows, context_ids
+
+
+def _recorders(layers: list[int], keep_stages: bool) -> tuple[Any, dict[int, Any]]:
+    """The Recorder whose stages are shown (--layer N), and the Recorder of each block
+    that records: that one, or (--layer all --save) each block's own, kept."""
+    from attnctl.nn.layer import Recorder
+
     record = Recorder(keep=keep_stages)  # --layer N: the block's stages, shown and kept
     records = {layers[0]: record} if len(layers) == 1 else {}
     if keep_stages and len(layers) > 1:  # --layer all --save: each block's own, kept
         records = {n: Recorder(keep=True) for n in layers}
-    queries = [len(row) for row in batch.rows]
-    with device_errors(device), torch.inference_mode():
-        result = forward(
-            description,
-            weights.named,
-            token_ids,
-            last=last,
-            records=records,
-            padding=padding,
-            context_ids=context_ids,
-            shown=layers,
-            window=(heads, rows),
-        )
-        windows = {n: shown_weights(result.windows[n], rows, queries) for n in layers}
-        del result
+    return record, records
+
+
+def _forward_windows(
+    description: ModelDescription,
+    named: dict[str, Any],
+    token_ids: Any,
+    layers: list[int],
+    records: dict[int, Any],
+    padding: Any,
+    context_ids: Any,
+    heads: list[int],
+    rows: list[int],
+    queries: list[int],
+) -> dict[int, tuple[list, list, RowSums]]:
+    """The forward pass up to the last of ``layers``, and each one's weights of ``heads``
+    x ``rows`` as a Trace holds them (:func:`shown_weights`); the pass's result is freed
+    when they are read."""
+    from attnctl.nn.model import forward
+
+    result = forward(
+        description,
+        named,
+        token_ids,
+        last=max(layers),
+        records=records,
+        padding=padding,
+        context_ids=context_ids,
+        shown=layers,
+        window=(heads, rows),
+    )
+    windows = {n: shown_weights(result.windows[n], rows, queries) for n in layers}
+    del result
+    return windows
+
+
+def _traces(
+    batch: Batch,
+    config: LayerConfig,
+    model: ModelDescription | None,
+    layers: list[int],
+    heads: list[int],
+    rows: list[int],
+    device: Any,
+    padded_rows: list[list[Token]],
+    context_rows: list[list[Token]] | None,
+    record: Any,
+    records: dict[int, Any],
+    windows: dict[int, tuple[list, list, RowSums]],
+    keep_stages: bool,
+) -> list[Trace]:
+    """A Trace for each of ``layers``: the tokens, the stages shown, the weights read."""
     return [
         Trace(
             tokens=padded_rows,
