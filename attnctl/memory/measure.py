@@ -11,6 +11,7 @@ allocates and frees inside itself are invisible there. On CUDA the allocator's o
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -442,53 +443,22 @@ def measure_step(
     :func:`adam_step` of ``parameters`` (one device's). ``held``: the tensors
     ``parameter_bytes`` counts, never counted again (None: ``parameters``; ZeRO 3's rank
     holds its shard, its whole parameters counted while they are gathered)."""
-    from attnctl.nn import no_record
-
     stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
     phases: list[int] = []
     windows: list[int] = []  # CPU: the peak between one parameter's gradient and the next
+    # the step, given the forward and what ends each phase
+    step = functools.partial(
+        _training_step, parameters=parameters, mixed=mixed, after_backward=after_backward,
+        optimizer_step=optimizer_step,
+    )  # fmt: skip
     try:
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            base = torch.cuda.memory_allocated(device) - sum(
-                t.untyped_storage().nbytes() for t in given
-            )
-            torch.cuda.reset_peak_memory_stats(device)
-
-            def phase_ends() -> None:
-                torch.cuda.synchronize(device)
-                phases.append(torch.cuda.max_memory_allocated(device) - base)
-                torch.cuda.reset_peak_memory_stats(device)
-
-            _training_step(lambda: run(no_record), parameters, mixed, phase_ends, after_backward,
-                           optimizer_step)  # fmt: skip
-            method = "max_memory_allocated"
+            method = _measure_step_cuda(run, step, given, device, phases)
         else:
-            tracker = LiveStorages()
-            for parameter in parameters if held is None else held:
-                tracker.exclude(parameter)
-            for tensor in given:
-                tracker.add(tensor)
-
-            def phase_ends() -> None:
-                phases.append(tracker.peak)
-                tracker._forget_freed()
-                tracker.peak = 0
-                tracker.take_window_peak()  # the backward's first window starts here
-
-            def gradient_arrived(parameter: torch.Tensor) -> None:
-                windows.append(tracker.take_window_peak())
-
-            def record(name: str, tensor: torch.Tensor, dims: str) -> None:
-                stage_windows.append(tracker.take_window_peak())
-
-            hooks = [p.register_post_accumulate_grad_hook(gradient_arrived) for p in parameters]
-            with tracker:
-                _training_step(lambda: run(record), parameters, mixed, phase_ends,
-                               after_backward, optimizer_step)  # fmt: skip
-            for hook in hooks:
-                hook.remove()
-            method = "live tensor storages"
+            held = parameters if held is None else held
+            method = _measure_step_cpu(
+                run, step, parameters, given, held, (phases, windows, stage_windows)
+            )
     except torch.OutOfMemoryError as error:
         raise AttnctlError(
             f"out of memory on {device} while measuring", exit_code=RUNTIME
@@ -503,6 +473,69 @@ def measure_step(
         tuple(windows),
         tuple(stage_windows),
     )
+
+
+def _measure_step_cuda(
+    run: Callable[[Callable], Any],
+    step: Callable[..., None],
+    given: list[torch.Tensor],
+    device: torch.device,
+    phases: list[int],
+) -> str:
+    """measure_step on CUDA: each phase's peak of the allocator, above what was allocated
+    before it other than the ``given`` inputs; the method's name back."""
+    from attnctl.nn import no_record
+
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device) - sum(t.untyped_storage().nbytes() for t in given)
+    torch.cuda.reset_peak_memory_stats(device)
+
+    def phase_ends() -> None:
+        torch.cuda.synchronize(device)
+        phases.append(torch.cuda.max_memory_allocated(device) - base)
+        torch.cuda.reset_peak_memory_stats(device)
+
+    step(lambda: run(no_record), phase_ends=phase_ends)
+    return "max_memory_allocated"
+
+
+def _measure_step_cpu(
+    run: Callable[[Callable], Any],
+    step: Callable[..., None],
+    parameters: list[torch.Tensor],
+    given: list[torch.Tensor],
+    held: list[torch.Tensor],
+    peaks: tuple[list[int], list[int], list[int]],
+) -> str:
+    """measure_step on the CPU: the live storages after every op, but ``held`` (counted
+    as the parameters' bytes), the ``given`` inputs counted from the start; each phase's
+    peak, each gradient's window and each recorded stage's go to ``peaks``' three lists
+    (phases, windows, stage windows); the method's name back."""
+    phases, windows, stage_windows = peaks
+    tracker = LiveStorages()
+    for parameter in held:
+        tracker.exclude(parameter)
+    for tensor in given:
+        tracker.add(tensor)
+
+    def phase_ends() -> None:
+        phases.append(tracker.peak)
+        tracker._forget_freed()
+        tracker.peak = 0
+        tracker.take_window_peak()  # the backward's first window starts here
+
+    def gradient_arrived(parameter: torch.Tensor) -> None:
+        windows.append(tracker.take_window_peak())
+
+    def record(name: str, tensor: torch.Tensor, dims: str) -> None:
+        stage_windows.append(tracker.take_window_peak())
+
+    hooks = [p.register_post_accumulate_grad_hook(gradient_arrived) for p in parameters]
+    with tracker:
+        step(lambda: run(record), phase_ends=phase_ends)
+    for hook in hooks:
+        hook.remove()
+    return "live tensor storages"
 
 
 def _training_step(
