@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnctl.memory.estimate import format_bytes
+from attnctl.memory.estimate import MemoryEstimate, format_bytes
 from attnctl.model.config import DTYPE_BYTES, DTYPES
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
 from attnctl.render.text import config_line, model_lines, shape_text, sizes_line
@@ -16,6 +16,7 @@ from attnctl.report.commands import (
     LengthReport,
     MemoryCommandReport,
     Seq2SeqDtypeRow,
+    Seq2SeqMeasured,
     Seq2SeqMemoryReport,
     Seq2SeqShapes,
 )
@@ -86,8 +87,35 @@ def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
     """``memory`` of an encoder–decoder: weights, each block's peak, both caches, per dtype."""
     encoder, decoder, row = report.encoder_plan, report.decoder_plan, report.row
     config = encoder.config
-    element = DTYPE_BYTES[config.dtype]
     measured = report.measured
+    parts: list[RenderableType] = [
+        header(
+            "attnctl memory",
+            [
+                *model_lines(encoder),
+                ("layer", config_line(config, encoder)),
+                ("dtype", config.dtype),
+                *seq2seq_dims_lines(encoder, decoder),
+            ],
+        ),
+        Text(""),
+        _seq2seq_grid(report),
+    ]
+    if measured is not None:
+        parts += [Text(""), _seq2seq_measured(row, measured)]
+    for plan, estimate, title, stage_peaks in (
+        (encoder, row.encoder, "encoder block", measured.encoder if measured else None),
+        (decoder, row.decoder, "decoder block", measured.decoder if measured else None),
+    ):
+        parts += [Text(""), _seq2seq_stage_table(plan, estimate, title, stage_peaks)]
+    parts += [Text(""), _seq2seq_variants(report, config.impl)]
+    return Group(*parts)
+
+
+def _seq2seq_grid(report: Seq2SeqMemoryReport) -> Table:
+    """The weights, each block's peak, both caches and the peak, with how each is made."""
+    encoder, row = report.encoder_plan, report.row
+    element = DTYPE_BYTES[encoder.config.dtype]
     b = encoder.batch
     grid = size_grid()
     grid.add_row(
@@ -122,53 +150,51 @@ def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
         format_bytes(row.peak_bytes),
         "weights + the larger of the encoder's peak and the decoder's with both caches",
     )
-    parts: list[RenderableType] = [
-        header(
-            "attnctl memory",
-            [
-                *model_lines(encoder),
-                ("layer", config_line(config, encoder)),
-                ("dtype", config.dtype),
-                *seq2seq_dims_lines(encoder, decoder),
-            ],
-        ),
-        Text(""),
-        grid,
-    ]
-    if measured is not None:
-        compared = size_grid(f"measured on {measured.encoder.device} by {measured.encoder.method}")
-        for name, estimated, got in (
-            ("weights", row.parameter_bytes, measured.encoder.parameter_bytes),
-            ("encoder activations", row.encoder.peak_activation_bytes,
-             measured.encoder.peak_activation_bytes),
-            ("decoder activations", row.decoder.peak_activation_bytes,
-             measured.decoder.peak_activation_bytes),
-            ("KV cache", row.kv_cache_bytes, measured.kv_cache_bytes),
-            ("cross K/V", row.cross_kv_cache_bytes, measured.cross_kv_cache_bytes),
-        ):  # fmt: skip
-            compared.add_row(
-                name, format_bytes(got), f"estimate {_percent(estimated, got)} vs measured"
-            )
-        parts += [Text(""), compared]
-    for plan, estimate, title, stage_peaks in (
-        (encoder, row.encoder, "encoder block", measured.encoder if measured else None),
-        (decoder, row.decoder, "decoder block", measured.decoder if measured else None),
-    ):
-        table = titled_table(f"{title} {plan.layer_index} activations   {sizes_line(plan)}")
-        headings = ["#", "stage", "shape", "bytes", "alive during"]
-        headings += ["measured", "diff"] if stage_peaks is not None else []
-        for name in headings:
-            table.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
-        table.add_column("", no_wrap=True)
-        for i, stage in enumerate(plan.stages):
-            size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
-            alive = estimate.live_bytes[i]
-            cells = [str(i), stage.name, shape_text(stage.shape), size, format_bytes(alive)]
-            if stage_peaks is not None:
-                got = stage_peaks.stage_peak_bytes[i]
-                cells += [format_bytes(got), _percent(alive, got)]
-            table.add_row(*cells, "◀ peak" if stage.name == estimate.peak_stage else "")
-        parts += [Text(""), table]
+    return grid
+
+
+def _seq2seq_measured(row: Seq2SeqDtypeRow, measured: Seq2SeqMeasured) -> Table:
+    """--measure: each part as measured, and the estimate's difference from it."""
+    compared = size_grid(f"measured on {measured.encoder.device} by {measured.encoder.method}")
+    for name, estimated, got in (
+        ("weights", row.parameter_bytes, measured.encoder.parameter_bytes),
+        ("encoder activations", row.encoder.peak_activation_bytes,
+         measured.encoder.peak_activation_bytes),
+        ("decoder activations", row.decoder.peak_activation_bytes,
+         measured.decoder.peak_activation_bytes),
+        ("KV cache", row.kv_cache_bytes, measured.kv_cache_bytes),
+        ("cross K/V", row.cross_kv_cache_bytes, measured.cross_kv_cache_bytes),
+    ):  # fmt: skip
+        compared.add_row(
+            name, format_bytes(got), f"estimate {_percent(estimated, got)} vs measured"
+        )
+    return compared
+
+
+def _seq2seq_stage_table(
+    plan: Plan, estimate: MemoryEstimate, title: str, stage_peaks: Measured | None
+) -> Table:
+    """One block's activations, stage by stage (with --measure: each stage's measured peak)."""
+    table = titled_table(f"{title} {plan.layer_index} activations   {sizes_line(plan)}")
+    headings = ["#", "stage", "shape", "bytes", "alive during"]
+    headings += ["measured", "diff"] if stage_peaks is not None else []
+    for name in headings:
+        table.add_column(name, justify="left" if name == "stage" else "right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for i, stage in enumerate(plan.stages):
+        size = f"view of {stage.view_of}" if stage.view_of else format_bytes(stage.bytes)
+        alive = estimate.live_bytes[i]
+        cells = [str(i), stage.name, shape_text(stage.shape), size, format_bytes(alive)]
+        if stage_peaks is not None:
+            got = stage_peaks.stage_peak_bytes[i]
+            cells += [format_bytes(got), _percent(alive, got)]
+        table.add_row(*cells, "◀ peak" if stage.name == estimate.peak_stage else "")
+    return table
+
+
+def _seq2seq_variants(report: Seq2SeqMemoryReport, configured: str) -> Table:
+    """Weights, peaks and caches by dtype (the ``configured`` implementation's figures, or
+    the first's where it has none), and the peak by implementation."""
     variants = titled_table("by dtype and implementation")
     impls = list(next(iter(report.variants.values())))
     columns = ["dtype", "weights", "encoder", "decoder", "KV cache", "cross K/V"]
@@ -177,7 +203,7 @@ def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
         variants.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
     for dtype in DTYPES:
         rows: dict[str, Seq2SeqDtypeRow] = report.variants[dtype]
-        shown = rows.get(config.impl) or next(iter(rows.values()))
+        shown = rows.get(configured) or next(iter(rows.values()))
         variants.add_row(
             dtype,
             format_bytes(shown.parameter_bytes),
@@ -187,8 +213,7 @@ def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
             format_bytes(shown.cross_kv_cache_bytes),
             *(format_bytes(rows[impl].peak_bytes) for impl in impls),
         )
-    parts += [Text(""), variants]
-    return Group(*parts)
+    return variants
 
 
 def memory_view(command: MemoryCommandReport, width: int) -> Group:
@@ -220,11 +245,25 @@ def memory_view(command: MemoryCommandReport, width: int) -> Group:
 
 
 def _one_length(report: LengthReport) -> list[RenderableType]:
+    """One length in detail: its parameters, its activations stage by stage, the summary,
+    the training step (--train) and the figures by dtype and implementation."""
     plan, estimate, measured = report.plan, report.estimate, report.measured
     # a forward measurement has a peak per stage; a training step's is compared below
     per_stage = measured if measured is not None and report.training is None else None
-    config, sizes = plan.config, plan.sizes
-    element = DTYPE_BYTES[config.dtype]
+    params = _parameters_table(plan, estimate)
+    stages = _stages_table(plan, estimate, per_stage)
+    summary = _summary_grid(report)
+    variants = _length_variants(report.variants)
+    training = report.training
+    parts: list[RenderableType] = [params, stages, summary]
+    if training is not None:
+        parts += [Text(""), _training_grid(training, measured)]
+    return [*parts, Text(""), variants]
+
+
+def _parameters_table(plan: Plan, estimate: MemoryEstimate) -> Table:
+    """Each parameter's shape, count and bytes, and their total."""
+    element = DTYPE_BYTES[plan.config.dtype]
     params = titled_table("parameters")
     for name, justify in (("name", "left"), ("shape", "left"), ("count", "right")):
         params.add_column(name, justify=justify, no_wrap=True)
@@ -235,7 +274,12 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
     if estimate.layers > 1:
         params.add_row(f"× {estimate.layers} layers", "embedding shared", "", "")
     params.add_row("total", "", f"{estimate.parameters:,}", format_bytes(estimate.parameter_bytes))
+    return params
 
+
+def _stages_table(plan: Plan, estimate: MemoryEstimate, per_stage: Measured | None) -> Table:
+    """The activations stage by stage: shapes and bytes, or (a forward pass measured) the
+    estimate beside each stage's measured peak."""
     when = " (one layer at a time)" if estimate.layers > 1 else ""
     if plan.model is not None:
         when = " (the embeddings, then one block at a time: each block's are alike)"
@@ -257,7 +301,14 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
             row = [str(i), stage.name, alive, format_bytes(got)]
             row.append(_percent(estimate.live_bytes[i], got))
         stages.add_row(*row, "◀ peak" if stage.name == estimate.peak_stage else "")
+    return stages
 
+
+def _summary_grid(report: LengthReport) -> Table:
+    """The attention matrix, the activations, the peak and the KV cache, with how each is
+    figured, and what was measured beside them."""
+    plan, estimate = report.plan, report.estimate
+    sizes, element = plan.sizes, DTYPE_BYTES[plan.config.dtype]
     summary = size_grid()
     b, h, length = sizes["B"], sizes["H"], sizes["L"]
     keys, key_dim = (sizes["Lc"], "Lc") if "Lc" in sizes else (length, "L")
@@ -276,6 +327,18 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
         format_bytes(estimate.peak_bytes),
         f"parameters + activations alive at once (at {estimate.peak_stage})",
     )
+    _kv_cache_rows(summary, report)
+    if report.generated_kv_cache is not None:
+        _generated_cache_rows(summary, report)
+    _measured_rows(summary, report)
+    return summary
+
+
+def _kv_cache_rows(summary: Table, report: LengthReport) -> None:
+    """The KV cache of N tokens: one row where every block is alike, else one for each
+    kind of block (sliding blocks keep min(N, W) positions)."""
+    sizes, element = report.plan.sizes, DTYPE_BYTES[report.plan.config.dtype]
+    b, h = sizes["B"], sizes["H"]
     kv_name = "Hkv" if sizes["Hkv"] != h else "H"
     n = report.kv_cache_tokens
     if len(report.kv_cache) == 1 and not report.kv_cache[0].window:  # every block alike
@@ -303,28 +366,38 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
                 f"2·{b}·{group.tokens}·{group.kv_heads}·{group.head_dim}·{element} "
                 f"bytes·{group.layers}",
             )
-    if report.generated_kv_cache is not None:
-        tokens = plan.seq_len + (report.generate or 0)
-        kinds = " · ".join(
-            f"{g.layers} blocks "
-            + (f"window {g.window}: {g.tokens} positions" if g.window else f"{g.tokens} positions")
-            for g in report.generated_kv_cache
-        )
+
+
+def _generated_cache_rows(summary: Table, report: LengthReport) -> None:
+    """memory --generate N: the cache after N more tokens, by kind of block, and (with
+    --measure) as really generating them kept it."""
+    plan = report.plan
+    tokens = plan.seq_len + (report.generate or 0)
+    kinds = " · ".join(
+        f"{g.layers} blocks "
+        + (f"window {g.window}: {g.tokens} positions" if g.window else f"{g.tokens} positions")
+        for g in report.generated_kv_cache
+    )
+    summary.add_row(
+        f"KV cache after {report.generate} more",
+        format_bytes(report.generated_kv_cache_bytes or 0),
+        f"the prompt's {plan.seq_len} + {report.generate} generated = {tokens} tokens: {kinds}",
+    )
+    if report.measured_generated_kv_cache_bytes is not None:
+        got = report.measured_generated_kv_cache_bytes
         summary.add_row(
-            f"KV cache after {report.generate} more",
-            format_bytes(report.generated_kv_cache_bytes or 0),
-            f"the prompt's {plan.seq_len} + {report.generate} generated = {tokens} tokens: {kinds}",
+            "  measured",
+            format_bytes(got),
+            f"the K and V every block kept after generating {report.generate} tokens; "
+            f"estimate {_percent(report.generated_kv_cache_bytes or 0, got)} vs measured",
         )
-        if report.measured_generated_kv_cache_bytes is not None:
-            got = report.measured_generated_kv_cache_bytes
-            summary.add_row(
-                "  measured",
-                format_bytes(got),
-                f"the K and V every block kept after generating {report.generate} tokens; "
-                f"estimate {_percent(report.generated_kv_cache_bytes or 0, got)} vs measured",
-            )
-    training = report.training
-    if measured is not None and training is None:
+
+
+def _measured_rows(summary: Table, report: LengthReport) -> None:
+    """--measure: a forward pass's measured peak (a training step's is in its own grid)
+    and the K and V a real run kept, each beside the estimate."""
+    measured, estimate = report.measured, report.estimate
+    if measured is not None and report.training is None:
         summary.add_row(
             "measured peak",
             format_bytes(measured.peak_bytes),
@@ -339,11 +412,13 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
             f"{_percent(report.kv_cache_bytes, report.measured_kv_cache_bytes)} vs measured",
         )
 
+
+def _length_variants(table: dict[str, dict[str, MemoryEstimate]]) -> Table:
+    """Parameters, the attention matrix and the peak (math, sdpa) by dtype."""
     variants = titled_table("by dtype and implementation")
     columns = ("dtype", "parameters", "attention matrix", "peak (math)", "peak (sdpa)")
     for name in columns:
         variants.add_column(name, justify="left" if name == "dtype" else "right", no_wrap=True)
-    table = report.variants
     for dtype in DTYPES:
         on_math, sdpa = table[dtype]["math"], table[dtype].get("sdpa")
         variants.add_row(
@@ -353,10 +428,7 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
             format_bytes(on_math.peak_bytes),
             format_bytes(sdpa.peak_bytes) if sdpa else "n/a",
         )
-    parts: list[RenderableType] = [params, stages, summary]
-    if training is not None:
-        parts += [Text(""), _training_grid(training, measured)]
-    return [*parts, Text(""), variants]
+    return variants
 
 
 def _training_grid(training: TrainingEstimate, measured: Measured | None) -> Table:
