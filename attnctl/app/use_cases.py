@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from attnctl.app.calls import (
@@ -37,7 +38,13 @@ from attnctl.app.requests import (
     ShapesRequest,
 )
 from attnctl.errors import AttnctlError
-from attnctl.memory.estimate import allowed_impls, fit, longest_input, parse_size
+from attnctl.memory.estimate import (
+    MemoryEstimate,
+    allowed_impls,
+    fit,
+    longest_input,
+    parse_size,
+)
 from attnctl.model.config import LARGEST_SIZE, LayerConfig, build_config, resolve_impl
 from attnctl.model.describe import ModelDescription
 from attnctl.model.device import resolve as resolved_device
@@ -53,7 +60,7 @@ from attnctl.report.commands import (
     run_report,
 )
 from attnctl.stages.plan import Plan
-from attnctl.text.tokenize import encode_batch, missing_tokenizer, vocab_size
+from attnctl.text.tokenize import Batch, encode_batch, missing_tokenizer, vocab_size
 from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads, choose_rows
 
 if TYPE_CHECKING:  # run's other reports: their use case is imported when it runs
@@ -110,9 +117,64 @@ def run_use_case(
         from attnctl.app.generation import generation_use_case
 
         return generation_use_case(request, layer, model, hooks)
+    return _layer_run(request, layer, model, layout, hooks)
+
+
+def _layer_run(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription | None,
+    layout: Layout,
+    hooks: Hooks,
+) -> RunReport:
+    """``run`` of the seeded layer or a model's blocks: read the texts, choose blocks,
+    heads and rows, plan, pre-flight, run (over ``layout``'s processes when it splits)."""
     if not 0 <= request.digits <= 8:
         raise AttnctlError(f"--digits must be between 0 and 8, got {request.digits}")
     blocks = choose_blocks(request.block, model)
+    texts, contexts, batch, cross = _run_batches(request, layer, model)
+    seq_len = batch.seq_len
+    heads = choose_heads(request.heads, layer.heads)  # a range until the run is afforded
+    every_block = blocks is not None and len(blocks) > 1  # --layer all: a summary of each
+    if not request.heads and not request.every_weight and not every_block:
+        heads = heads[:DEFAULT_HEADS_SHOWN]  # compute only the tables printed
+    query_rows = choose_rows(request.rows, seq_len)
+    layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
+
+    context_len = cross.seq_len if cross else None
+    vocab = batch.vocab_size if model is None else model.vocab_size
+    shown_block = blocks[0] if blocks and len(blocks) == 1 else 0
+    block_plan = functools.partial(
+        plan_for, layer, seq_len, len(texts), vocab, model=model,
+        padded=padding_mask_needed(cross or batch, layer), context_len=context_len,
+    )  # fmt: skip
+    plan = block_plan(layer_index=shown_block)
+    memory = estimate_of(plan)
+    # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
+    per_block = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
+    shown_bytes = per_block * (len(blocks) if blocks else 1)
+    need = _run_need(request, layer, model, plan, memory, blocks, shown_bytes, block_plan)
+    if layout.is_split:
+        return split_run(request, layout, layer, model, batch, heads, query_rows, plan,
+                         memory, shown_block, texts, hooks, shown_bytes)  # fmt: skip
+    preflight(plan, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
+    what = "the layer" if model is None else model.name
+    keep_stages = request.save is not None
+    with hooks.progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
+        traces = run_traces(batch, layer, heads, query_rows, cross, model, blocks, keep_stages)
+    hidden = None
+    if not request.heads and not every_block and layer.heads > len(heads):
+        hidden = (len(heads), layer.heads - 1)
+    return run_report(
+        texts, contexts, plan, memory, traces, heads, request.digits, every_block, hidden
+    )
+
+
+def _run_batches(
+    request: RunRequest, layer: LayerConfig, model: ModelDescription | None
+) -> tuple[list[str], list[str], Batch, Batch | None]:
+    """The texts and the contexts (cross-attention's keys), tokenized in one vocabulary:
+    the texts' batch, and the contexts' (None without any)."""
     texts = read_texts(request.texts, request.file)
     contexts = read_contexts(request.contexts, request.context_file, len(texts))
     if model is not None and contexts:
@@ -125,31 +187,22 @@ def run_use_case(
     both = encode_batch(texts + contexts, layer.tokenizer)  # one vocabulary for both
     batch, context_batch = both.split(len(texts))
     cross = context_batch if contexts else None
-    seq_len = batch.seq_len
-    heads = choose_heads(request.heads, layer.heads)  # a range until the run is afforded
-    every_block = blocks is not None and len(blocks) > 1  # --layer all: a summary of each
-    if not request.heads and not request.every_weight and not every_block:
-        heads = heads[:DEFAULT_HEADS_SHOWN]  # compute only the tables printed
-    query_rows = choose_rows(request.rows, seq_len)
-    layer = resolve_impl(layer, shows_every_weight=len(query_rows) == seq_len)
+    return texts, contexts, batch, cross
 
-    context_len = cross.seq_len if cross else None
-    vocab = batch.vocab_size if model is None else model.vocab_size
-    shown_block = blocks[0] if blocks and len(blocks) == 1 else 0
-    plan = plan_for(
-        layer,
-        seq_len,
-        len(texts),
-        vocab,
-        padded=padding_mask_needed(cross or batch, layer),
-        context_len=context_len,
-        model=model,
-        layer_index=shown_block,
-    )
-    memory = estimate_of(plan)
-    # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
-    per_block = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
-    shown_bytes = per_block * (len(blocks) if blocks else 1)
+
+def _run_need(
+    request: RunRequest,
+    layer: LayerConfig,
+    model: ModelDescription | None,
+    plan: Plan,
+    memory: MemoryEstimate,
+    blocks: list[int] | None,
+    shown_bytes: int,
+    block_plan: Callable[..., Plan],
+) -> int:
+    """The bytes the pre-flight asks for: the weights loaded, the peak, the weights shown,
+    and with --save a copy of every stage recorded (``block_plan``: a block's plan)."""
+    every_block = blocks is not None and len(blocks) > 1
     weights = memory.parameter_bytes  # a model: only the blocks up to the one shown load
     if model is not None:
         weights = model_weight_bytes(model, max(blocks) + 1, layer.dtype)
@@ -157,26 +210,10 @@ def run_use_case(
     keep_stages = request.save is not None
     if keep_stages:  # --save: a copy of every recorded stage (views too) stays alive
         if every_block:  # each block's stages (the inputs and embeddings once)
-            block_plan = functools.partial(
-                plan_for, layer, seq_len, len(texts), vocab, model=model,
-                padded=padding_mask_needed(cross or batch, layer), context_len=context_len,
-            )  # fmt: skip
             need += kept_stage_bytes([block_plan(layer_index=n) for n in blocks])
         else:
             need += kept_stage_bytes([plan])
-    if layout.is_split:
-        return split_run(request, layout, layer, model, batch, heads, query_rows, plan,
-                         memory, shown_block, texts, hooks, shown_bytes)  # fmt: skip
-    preflight(plan, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
-    what = "the layer" if model is None else model.name
-    with hooks.progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
-        traces = run_traces(batch, layer, heads, query_rows, cross, model, blocks, keep_stages)
-    hidden = None
-    if not request.heads and not every_block and layer.heads > len(heads):
-        hidden = (len(heads), layer.heads - 1)
-    return run_report(
-        texts, contexts, plan, memory, traces, heads, request.digits, every_block, hidden
-    )
+    return need
 
 
 def refuse_split(
@@ -285,8 +322,34 @@ def memory_use_case(
     generate = request.generate
     if generate is not None:
         check_generate(request, layer, model)
-    seq_len, layers, kv_cache = request.seq_len, request.layers, request.kv_cache
-    batch, context_len, train = request.batch, request.context_len, request.train
+    lengths = parse_lengths(_lengths_asked(request, layer, model))
+    stack, kv_layers = _memory_stack(request, model)
+    _check_memory_options(request, layer)
+    peak_of = functools.partial(_peak_of, request.train, request.layers, stack)
+    reports = [
+        _length_memory(request, layer, model, length, (stack, kv_layers), peak_of, hooks)
+        for length in lengths
+    ]
+    budget_bytes = _budget_bytes(request, layer)
+    fits = None
+    if budget_bytes is not None:
+        fits = {}
+        for impl in allowed_impls(layer):  # not sdpa with dropout or alibi
+            variant = dataclasses.replace(layer, impl=impl)
+            sizer = functools.partial(
+                sized_plan, variant, context_len=request.context_len, model=model
+            )
+            longest = longest_input(layer, model)  # learned positions end the search
+            fits[impl] = fit(sizer, lengths[0], request.batch, budget_bytes, peak_of, longest)
+    return memory_command_report(reports, fits, budget_bytes)
+
+
+def _lengths_asked(
+    request: MemoryRequest, layer: LayerConfig, model: ModelDescription | None
+) -> str:
+    """--seq-len as given, or 2048, or all a model's (or layer's) learned positions, less
+    the tokens --generate adds."""
+    seq_len, generate = request.seq_len, request.generate
     if seq_len is None:  # 2048, or all a model's (or layer's) learned positions
         longest = longest_input(layer, model)
         if longest is not None and generate:  # leaving room for the tokens generated
@@ -297,7 +360,13 @@ def memory_use_case(
                 )
             longest -= generate
         seq_len = str(min(2048, longest or 2048))
-    lengths = parse_lengths(seq_len)
+    return seq_len
+
+
+def _memory_stack(request: MemoryRequest, model: ModelDescription | None) -> tuple[int, int]:
+    """The blocks the weights count and those whose K and V the cache counts: --layers
+    of this layer, or a model's (its plan holds every weight; K and V per block)."""
+    layers, context_len = request.layers, request.context_len
     stack, kv_layers = layers, layers  # --layers: weights and K/V of a stack of this layer
     if model is not None:
         clash = {"--layers": layers != 1, "--context-len": context_len}
@@ -305,6 +374,12 @@ def memory_use_case(
             if given:
                 raise AttnctlError(f"{option} does not apply to --model (a whole model's memory)")
         stack, kv_layers = 1, model.layers  # the plan holds every weight; K and V per block
+    return stack, kv_layers
+
+
+def _check_memory_options(request: MemoryRequest, layer: LayerConfig) -> None:
+    """--kv-cache, --layers, --budget with --fit, and dropout without --train: refused."""
+    layers, kv_cache = request.layers, request.kv_cache
     if kv_cache is not None and kv_cache < 0:
         raise AttnctlError(f"--kv-cache must be a number of tokens >= 0, got {kv_cache}")
     for option, value in (("--layers", layers), ("--kv-cache", kv_cache)):
@@ -312,36 +387,57 @@ def memory_use_case(
             raise AttnctlError(f"{option} must be below 2^63 (torch's largest size), got {value}")
     if request.budget is not None and request.fit_device:
         raise AttnctlError("give --budget SIZE or --fit, not both")
-    if layer.dropout and not train:
+    if layer.dropout and not request.train:
         raise AttnctlError("dropout acts only in training; add --train")
 
-    def peak_of(plan: Plan) -> int:
-        if train:
-            return training_estimate_of(plan, layers).peak_bytes
-        return estimate_of(plan, stack).peak_bytes
 
-    reports: list[LengthReport] = []
-    for length in lengths:
-        plan = sized_plan(layer, length, batch, context_len, model)
-        result = estimate_of(plan, stack)
-        tokens = kv_cache if kv_cache is not None else context_len or length  # K/V's length
-        training = training_estimate_of(plan, layers) if train else None
-        measured = None
-        if request.measure:
-            need, blocks = peak_of(plan), (model.layers if model else layers)  # the whole stack
-            if not train:  # one pass through block 0, then one through every block keeping
-                key_len = plan.sizes.get("Lc", plan.seq_len)  # K and V (the measured cache)
-                need += sum(g.bytes for g in kv_cache_of(plan, key_len, kv_layers))
-                blocks = 1 + (model.layers if model else 1)
-            preflight(plan, need, request.force, hooks, blocks=blocks, passes=3 if train else 1)
-            what = "a training step" if train else "a forward pass"
-            with hooks.progress(f"measuring {what} over {length} tokens"):
-                measured = measure_peak(plan, model, train, layers)
-        kv_groups = kv_cache_of(plan, tokens, kv_layers)
-        report = length_report(plan, result, tokens, kv_groups, measured, training)
-        if generate is not None:
-            report = generated_cache(report, generate, request, hooks)
-        reports.append(report)
+def _peak_of(train: bool, layers: int, stack: int, plan: Plan) -> int:
+    """The plan's peak: a training step's of ``layers`` blocks, or a forward pass's of a
+    stack of ``stack``."""
+    if train:
+        return training_estimate_of(plan, layers).peak_bytes
+    return estimate_of(plan, stack).peak_bytes
+
+
+def _length_memory(
+    request: MemoryRequest,
+    layer: LayerConfig,
+    model: ModelDescription | None,
+    length: int,
+    stacks: tuple[int, int],
+    peak_of: Callable[[Plan], int],
+    hooks: Hooks,
+) -> LengthReport:
+    """One length: its estimate, the KV cache, a training step's (--train), what was
+    measured (--measure, after the pre-flight) and the cache after --generate N."""
+    stack, kv_layers = stacks
+    layers, kv_cache, train = request.layers, request.kv_cache, request.train
+    context_len = request.context_len
+    plan = sized_plan(layer, length, request.batch, context_len, model)
+    result = estimate_of(plan, stack)
+    tokens = kv_cache if kv_cache is not None else context_len or length  # K/V's length
+    training = training_estimate_of(plan, layers) if train else None
+    measured = None
+    if request.measure:
+        need, blocks = peak_of(plan), (model.layers if model else layers)  # the whole stack
+        if not train:  # one pass through block 0, then one through every block keeping
+            key_len = plan.sizes.get("Lc", plan.seq_len)  # K and V (the measured cache)
+            need += sum(g.bytes for g in kv_cache_of(plan, key_len, kv_layers))
+            blocks = 1 + (model.layers if model else 1)
+        preflight(plan, need, request.force, hooks, blocks=blocks, passes=3 if train else 1)
+        what = "a training step" if train else "a forward pass"
+        with hooks.progress(f"measuring {what} over {length} tokens"):
+            measured = measure_peak(plan, model, train, layers)
+    kv_groups = kv_cache_of(plan, tokens, kv_layers)
+    report = length_report(plan, result, tokens, kv_groups, measured, training)
+    if request.generate is not None:
+        report = generated_cache(report, request.generate, request, hooks)
+    return report
+
+
+def _budget_bytes(request: MemoryRequest, layer: LayerConfig) -> int | None:
+    """The budget what fits is sought in: --budget SIZE, or (--fit) the device's free
+    memory; None without either."""
     budget_bytes = None
     if request.fit_device:
         from attnctl.memory.resources import device_free_bytes
@@ -349,15 +445,7 @@ def memory_use_case(
         budget_bytes = device_free_bytes(layer.device)
     if request.budget is not None:
         budget_bytes = parse_size(request.budget)
-    fits = None
-    if budget_bytes is not None:
-        fits = {}
-        for impl in allowed_impls(layer):  # not sdpa with dropout or alibi
-            variant = dataclasses.replace(layer, impl=impl)
-            sizer = functools.partial(sized_plan, variant, context_len=context_len, model=model)
-            longest = longest_input(layer, model)  # learned positions end the search
-            fits[impl] = fit(sizer, lengths[0], batch, budget_bytes, peak_of, longest)
-    return memory_command_report(reports, fits, budget_bytes)
+    return budget_bytes
 
 
 def check_generate(request: MemoryRequest, layer: LayerConfig, model: ModelDescription | None):
