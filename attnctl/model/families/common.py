@@ -297,6 +297,36 @@ def _generation(source: Source, start_default: int | None, vocab: int | None) ->
     """How greedy decoding starts, stops and pads: generation_config.json's keys where
     the folder has one, else config.json's (as transformers reads them); keys that would
     change the tokens and that attnctl does not apply are refused by name."""
+    values, fields = _generation_values(source, start_default)
+    for key, neutral in REFUSED_GENERATION.items():
+        if key in values and values[key] not in (neutral, None, [], 0):
+            raise fields.error(key, "changes greedy decoding and attnctl does not apply it")
+    keys = _GenerationKeys(values, fields, vocab)
+    eos_list = keys.eos_ids()
+    banned = keys.banned_ids()
+    penalty = keys.repetition_penalty()
+    return Generation(
+        repetition_penalty=penalty,
+        no_repeat_ngram=keys.count("no_repeat_ngram_size"),
+        min_length=keys.count("min_length"),
+        min_new_tokens=keys.count("min_new_tokens"),
+        suppressed_ids=keys.token_list("suppress_tokens"),
+        begin_suppressed_ids=keys.token_list("begin_suppress_tokens"),
+        eos_ids=tuple(eos_list),
+        pad_id=keys.token("pad_token_id"),
+        start_id=keys.token("decoder_start_token_id")
+        if values.get("decoder_start_token_id") is not None
+        else keys.token("bos_token_id"),
+        banned_ids=tuple(banned),
+        forced_bos_id=keys.token("forced_bos_token_id"),
+        forced_eos_id=keys.token("forced_eos_token_id"),
+    )
+
+
+def _generation_values(source: Source, start_default: int | None) -> tuple[dict[str, Any], Fields]:
+    """The generation keys and where they come from: generation_config.json where the
+    folder has one (with config.json's decoder_start_token_id where it has none), else
+    config.json; ``start_default`` where neither names a decoder start token."""
     path = source.path / GENERATION_FILE
     values: dict[str, Any] = source.config  # transformers reads one or the other
     fields = source.fields
@@ -310,86 +340,95 @@ def _generation(source: Source, start_default: int | None, vocab: int | None) ->
             values = {**values, "decoder_start_token_id": start}
     if start_default is not None and values.get("decoder_start_token_id") is None:
         values = {**values, "decoder_start_token_id": start_default}
-    for key, neutral in REFUSED_GENERATION.items():
-        if key in values and values[key] not in (neutral, None, [], 0):
-            raise fields.error(key, "changes greedy decoding and attnctl does not apply it")
+    return values, fields
 
-    def in_vocabulary(key: str, ids: list[int]) -> None:
+
+@dataclass(frozen=True)
+class _GenerationKeys:
+    """The generation keys, each read checked by type (an error names the key in
+    ``fields``' file) and its token ids against the vocabulary (None: unknown)."""
+
+    values: dict[str, Any]
+    fields: Fields
+    vocab: int | None
+
+    def in_vocabulary(self, key: str, ids: list[int]) -> None:
+        """Every id of ``key`` below the vocabulary's size (where it is known)."""
+        vocab = self.vocab
         outside = [i for i in ids if vocab is not None and i >= vocab]
         if outside:
-            raise fields.error(key, f"names token {outside[0]}, outside the vocabulary of {vocab}")
+            raise self.fields.error(
+                key, f"names token {outside[0]}, outside the vocabulary of {vocab}"
+            )
 
-    def token(key: str) -> int | None:
-        value = values.get(key)
+    def token(self, key: str) -> int | None:
+        """One token id; None where the key is absent or null."""
+        value = self.values.get(key)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise fields.error(key, "must be a token id (an integer at least 0)")
-        in_vocabulary(key, [value])
+            raise self.fields.error(key, "must be a token id (an integer at least 0)")
+        self.in_vocabulary(key, [value])
         return value
 
-    eos = values.get("eos_token_id")
-    eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
-    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_list):
-        raise fields.error("eos_token_id", "must be a token id or a list of them")
-    in_vocabulary("eos_token_id", eos_list)
-    banned: list[int] = []
-    bad_words = values.get("bad_words_ids")
-    if bad_words is not None:
-        if not isinstance(bad_words, list) or not all(
-            isinstance(w, list)
-            and len(w) == 1
-            and isinstance(w[0], int)
-            and not isinstance(w[0], bool)
-            and w[0] >= 0
-            for w in bad_words
-        ):
-            raise fields.error(
-                "bad_words_ids", "attnctl bans single tokens only: a list of [id] lists"
-            )
-        banned = [w[0] for w in bad_words]
-        in_vocabulary("bad_words_ids", banned)
-
-    def count(key: str) -> int:
-        value = values.get(key)
+    def count(self, key: str) -> int:
+        """An integer at least 0; 0 where the key is absent or null."""
+        value = self.values.get(key)
         if value is None:
             return 0
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise fields.error(key, "must be an integer at least 0")
+            raise self.fields.error(key, "must be an integer at least 0")
         return value
 
-    def token_list(key: str) -> tuple[int, ...]:
-        value = values.get(key)
+    def token_list(self, key: str) -> tuple[int, ...]:
+        """A list of token ids; () where the key is absent or null."""
+        value = self.values.get(key)
         if value is None:
             return ()
         if not isinstance(value, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
         ):
-            raise fields.error(key, "must be a list of token ids")
-        in_vocabulary(key, value)
+            raise self.fields.error(key, "must be a list of token ids")
+        self.in_vocabulary(key, value)
         return tuple(value)
 
-    penalty = values.get("repetition_penalty")
-    if penalty is None:
-        penalty = 1.0
-    if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not penalty > 0:
-        raise fields.error("repetition_penalty", "must be a number above 0")
-    return Generation(
-        repetition_penalty=float(penalty),
-        no_repeat_ngram=count("no_repeat_ngram_size"),
-        min_length=count("min_length"),
-        min_new_tokens=count("min_new_tokens"),
-        suppressed_ids=token_list("suppress_tokens"),
-        begin_suppressed_ids=token_list("begin_suppress_tokens"),
-        eos_ids=tuple(eos_list),
-        pad_id=token("pad_token_id"),
-        start_id=token("decoder_start_token_id")
-        if values.get("decoder_start_token_id") is not None
-        else token("bos_token_id"),
-        banned_ids=tuple(banned),
-        forced_bos_id=token("forced_bos_token_id"),
-        forced_eos_id=token("forced_eos_token_id"),
-    )
+    def eos_ids(self) -> list[int]:
+        """eos_token_id: one token id or a list of them."""
+        eos = self.values.get("eos_token_id")
+        eos_list = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in eos_list):
+            raise self.fields.error("eos_token_id", "must be a token id or a list of them")
+        self.in_vocabulary("eos_token_id", eos_list)
+        return eos_list
+
+    def banned_ids(self) -> list[int]:
+        """bad_words_ids: single tokens only, as a list of [id] lists."""
+        banned: list[int] = []
+        bad_words = self.values.get("bad_words_ids")
+        if bad_words is not None:
+            if not isinstance(bad_words, list) or not all(
+                isinstance(w, list)
+                and len(w) == 1
+                and isinstance(w[0], int)
+                and not isinstance(w[0], bool)
+                and w[0] >= 0
+                for w in bad_words
+            ):
+                raise self.fields.error(
+                    "bad_words_ids", "attnctl bans single tokens only: a list of [id] lists"
+                )
+            banned = [w[0] for w in bad_words]
+            self.in_vocabulary("bad_words_ids", banned)
+        return banned
+
+    def repetition_penalty(self) -> float:
+        """repetition_penalty: a number above 0; 1.0 (none) where absent or null."""
+        penalty = self.values.get("repetition_penalty")
+        if penalty is None:
+            penalty = 1.0
+        if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not penalty > 0:
+            raise self.fields.error("repetition_penalty", "must be a number above 0")
+        return float(penalty)
 
 
 def attention_config(source: Source, dtype: str, **values: Any) -> LayerConfig:
