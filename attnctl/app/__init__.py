@@ -7,7 +7,8 @@ data that ``render`` draws; nothing here prints or exits. torch is imported only
 - ``requests``: the requests, :class:`Hooks` (spinners and warnings), ``check``'s report
 - ``use_cases``: ``run_use_case``, ``shapes_use_case``, ``memory_use_case``,
   ``check_use_case`` and ``resolve_layer``
-- ``generation``: ``run --generate`` (decoder-only) and ``run`` on an encoder–decoder
+- ``generation``: ``run --generate`` (decoder-only); ``translation``: ``run`` on an
+  encoder–decoder
 - ``inputs``: texts and contexts from arguments, files and stdin; --layer; --seq-len lists
 - ``calls``: every call into the computation, one function each
 """

@@ -105,7 +105,7 @@ def run_use_case(
     if layout.is_split:  # what a split does not run yet, refused before anything starts
         refuse_split(request, layout, layer, model)
     if model is not None and model.is_encoder_decoder:  # it always generates
-        from attnctl.app.generation import translation_use_case
+        from attnctl.app.translation import translation_use_case
 
         return translation_use_case(request, layer, model, hooks)
     if request.encoder_block is not None:
