@@ -288,9 +288,7 @@ def _generation_report(
     """The report of a run: each step's texts and estimated cache, a Trace per block."""
     all_heads, heads_shown = heads
     pieces = decode_pieces(run.generated, layer.tokenizer, prompt_ids)
-    generated_tokens = [
-        generated_tokens(ids, row) for ids, row in zip(run.generated, pieces, strict=True)
-    ]
+    generated_tokens = [tokens_of(ids, row) for ids, row in zip(run.generated, pieces, strict=True)]
     steps = [
         dataclasses.replace(
             step,
@@ -359,7 +357,7 @@ def _generation_traces(
     ]
 
 
-def generated_tokens(ids: list[int], pieces: list[str]) -> list[Token]:
+def tokens_of(ids: list[int], pieces: list[str]) -> list[Token]:
     """The generated tokens with their text and its span in the generated text."""
     tokens, start = [], 0
     for token_id, piece in zip(ids, pieces, strict=True):

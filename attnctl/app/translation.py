@@ -20,11 +20,11 @@ from attnctl.app.generation import (
     PYTHON_FLOAT_BYTES,
     check_digits,
     check_new_tokens,
-    generated_tokens,
     heads_not_shown,
     in_vocabulary,
     own_tokenizer_present,
     shown_heads,
+    tokens_of,
 )
 from attnctl.app.inputs import read_texts
 from attnctl.app.requests import Hooks, RunRequest
@@ -255,7 +255,7 @@ def _translation_report(
     all_heads, heads_shown = heads
     targets = [[rules.start_id, *row] for row in run.generated]
     pieces = decode_pieces(targets, layer.tokenizer)
-    target_tokens = [generated_tokens(ids, row) for ids, row in zip(targets, pieces, strict=True)]
+    target_tokens = [tokens_of(ids, row) for ids, row in zip(targets, pieces, strict=True)]
     steps = _translation_steps(run, pieces, cache_bytes)
     source_tokens = _source_tokens(batch, pad)
     view = _translation_view(
