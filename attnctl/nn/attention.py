@@ -74,6 +74,59 @@ def _scaled(table: torch.Tensor, scaling: float) -> torch.Tensor:
     return table if scaling == 1 else table.mul_(scaling)
 
 
+@dataclass(frozen=True)
+class _Dims:
+    """A sublayer's lengths, and the dims its stages are recorded with."""
+
+    batch: int
+    seq_len: int  # the queries': the whole sequence's under sequence parallelism
+    key_len: int
+    key_len_dim: str  # the keys' length: "L", or "Lc" in cross-attention
+    hidden: str  # "B L D", or a sequence-parallel rank's
+    q_width: str  # H·d_k: "D", or "D_q" when head_dim is not D / H
+    grouped: bool  # grouped-query (GQA) or multi-query attention: Hkv < H
+    kv_dims: str  # K and V before the split: "B Lk D_kv", ...
+    kv_split: str  # K and V heads: "B Hkv Lk d_k", ...
+
+
+def _dims(
+    config: LayerConfig,
+    x: torch.Tensor,
+    group: TensorGroup | None,
+    cross: bool,
+    context: torch.Tensor | None,
+    past: KVCache | None,
+) -> _Dims:
+    """The sizes of x (B, L, D) and of the keys: ``past``'s when its K and V are reused,
+    the context's in cross-attention, else the sequence's own."""
+    batch, seq_len = x.shape[:2]
+    hidden = "B L D"
+    if group is not None:  # under sequence parallelism x holds L / T of the tokens
+        seq_len, hidden = group.full_length(seq_len), group.hidden
+    key_len = past.length if past is not None else context.shape[1] if cross else seq_len
+    key_len_dim = "Lc" if cross else "L"
+    q_width = "D" if config.q_width == config.d_model else "D_q"  # D_q: head_dim is not D / H
+    grouped = config.kv_heads != config.heads
+    kv_width = "D_kv" if grouped else q_width
+    kv_dims = f"B {key_len_dim} {kv_width}"
+    kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
+    return _Dims(batch, seq_len, key_len, key_len_dim, hidden, q_width, grouped, kv_dims, kv_split)
+
+
+@dataclass
+class _Live:
+    """The tensors a sublayer holds between its steps. A step done with one sets it to None,
+    which frees it right there (as ``del`` would in one long function)."""
+
+    x: torch.Tensor | None  # (B, L, D): read again by the residual
+    context: torch.Tensor | None  # (B, Lc, D): cross-attention's keys and values come from it
+    h: torch.Tensor | None = None  # what W_q, W_k, W_v read: x, or Norm(x), gathered
+    shard: torch.Tensor | None = None  # what they keep for a training step under SP
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+
 def attention(
     sublayer: Attention,
     weights: dict[str, torch.Tensor],
@@ -119,214 +172,389 @@ def attention(
     ring = ring_attention.current()  # context parallel: this rank holds L / C of the tokens
     if ring is not None and (cross or past is not None or padding is not None):
         raise AttnctlError("ring attention (--cp) runs self-attention over unpadded sequences")
-    heads, d_k, d_model = config.heads, config.d_k, config.d_model
-    key_len_dim = "Lc" if cross else "L"
-    batch, seq_len = x.shape[:2]
-    hidden = "B L D"
-    if group is not None:  # under sequence parallelism x holds L / T of the tokens
-        seq_len, hidden = group.full_length(seq_len), group.hidden
-    key_len = past.length if reused else context.shape[1] if cross else seq_len
-    has_norm = sublayer.residual  # x is read again at the end
-    norm_weight, norm_bias = weights.get("norm.weight"), weights.get("norm.bias")
+    dims = _dims(config, x, group, cross, context, past if reused else None)
+    live = _Live(x, context)  # the steps take them: each freed when they are done with it
+    del x, context
 
     # 1. project (from Norm(x) in a pre-norm sublayer), then split D into heads: views
-    h = x
-    if config.norm == "pre":
-        h = norm(config, x, norm_weight, norm_bias)  # (B, L, D)
-        record("norm", h, hidden)
-    shard = kept_shard(group, h)  # what W_q, W_k, W_v keep for a training step under SP
-    h = gather_sequence(group, h, record)  # sequence parallel: (B, L, D) from every rank
-    x_freed = False
-    if group is not None and group.sequence_parallel and not has_norm:
-        del x  # no residual: the gathered sequence is all that is read from here
-        x_freed = True
-    q = column_projection(group, h, shard, weights["W_q.weight"], weights.get("W_q.bias"))
-    # (B, L, H·d_k)
-    q_width = "D" if config.q_width == d_model else "D_q"  # D_q: head_dim is not D / H
-    record("q", q, f"B L {q_width}")
-    if config.qk_norm == "all":  # OLMo 2: over every head at once, before the split
-        q = norm(config, q, weights["q_norm.weight"], weights.get("q_norm.bias"))  # (B, L, H·d_k)
-        record("q_norm", q, f"B L {q_width}")
-    kv_heads, grouped = config.kv_heads, config.kv_heads != heads
-    kv_width = "D_kv" if grouped else q_width
-    kv_dims = f"B {key_len_dim} {kv_width}"
-    kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
+    _project_queries(sublayer, weights, live, record, group, dims)
     if reused:  # a decoding step: cross-attention's K and V heads are the first step's
-        del h
-        q = q.view(batch, seq_len, heads, d_k)  # (B, L, H, d_k)
-        if config.qk_norm == "head":
-            q = norm(config, q, weights["q_norm.weight"], weights.get("q_norm.bias"))
-        q = q.transpose(1, 2)  # (B, H, L, d_k)
-        k, v = past.keys, past.values  # (B, Hkv, Lk, d_k)
-        return _attend(
-            sublayer, weights, x, q, k, v, padding, record, keep_weights, window, offset,
-            position_bias, past, key_start=0,
+        return _attend_kept_cross(
+            sublayer, weights, live, padding, record, keep_weights, window, offset,
+            position_bias, past, dims,
         )  # fmt: skip
-    if cross:  # keys and values from the context (an encoder's output, in a decoder)
-        h = context
-        del context
-        if not has_norm:
-            del x  # no residual, and K and V come from the context: x is done
-    k = column_projection(group, h, shard, weights["W_k.weight"], weights.get("W_k.bias"))
-    # (B, Lk, Hkv·d_k)
-    record("k", k, kv_dims)
-    if config.qk_norm == "all":
-        k = norm(
-            config, k, weights["k_norm.weight"], weights.get("k_norm.bias")
-        )  # (B, Lk, Hkv·d_k)
-        record("k_norm", k, kv_dims)
-    v = column_projection(group, h, shard, weights["W_v.weight"], weights.get("W_v.bias"))
-    del h, shard  # (B, Lk, Hkv·d_k) above
-    if not has_norm and not cross and not x_freed:
-        del x  # no residual: x is not needed again
-    record("v", v, kv_dims)
-    q = q.view(batch, seq_len, heads, d_k)  # (B, L, H, d_k)
-    if config.qk_norm == "head":  # Qwen3, Gemma 3: each head over its d_k, before RoPE
-        q = norm(config, q, weights["q_norm.weight"], weights.get("q_norm.bias"))
-        record("q_norm", q, "B L H d_k")
-    q = q.transpose(1, 2)  # (B, H, L, d_k)
-    record("q_heads", q, "B H L d_k")
-    k = k.view(batch, key_len, kv_heads, d_k)  # (B, Lk, Hkv, d_k)
-    if config.qk_norm == "head":
-        k = norm(config, k, weights["k_norm.weight"], weights.get("k_norm.bias"))
-        record("k_norm", k, f"B {key_len_dim} {'Hkv' if grouped else 'H'} d_k")
-    k = k.transpose(1, 2)  # (B, Hkv, Lk, d_k)
-    record("k_heads", k, kv_split)
-    v = v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
-    record("v_heads", v, kv_split)
+    _project_keys_values(sublayer, weights, live, record, group, dims, cross)
+    _query_heads(config, weights, live, record, dims)
+    _key_value_heads(config, weights, live, record, dims)
     if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
-        # the new tokens' positions only (a decoding step; a context-parallel rank's chunk),
-        # at the frequencies of the whole sequence
-        length = ring.length if ring is not None else offset + seq_len
-        angles = positions.rotary_angles(
-            length, d_k, q.device, config, start=offset, stop=offset + seq_len
-        )  # (L, d_k), float32
-        record("rope_angles", angles, "L d_k")
-        scaling = attention_scaling(config.rope)  # yarn, longrope: cos and sin times it
-        cos = _scaled(angles.cos(), scaling).to(q.dtype)  # (L, d_k)
-        record("rope_cos", cos, "L d_k")
-        sin = _scaled(angles.sin(), scaling).to(q.dtype)  # (L, d_k)
-        del angles
-        record("rope_sin", sin, "L d_k")
-        q = positions.rotate(q, cos, sin)  # (B, H, L, d_k)
-        record("q_rotated", q, "B H L d_k")
-        k = positions.rotate(k, cos, sin)  # (B, Hkv, L, d_k)
-        del cos, sin
-        record("k_rotated", k, kv_split)
+        length = ring.length if ring is not None else offset + dims.seq_len
+        _rope_rotation(config, live, record, dims, length, offset)
     if cache is not None:  # what a decoder keeps of this block, as it uses them
-        kept = sublayer.window or key_len
-        for kept_heads in (k, v):
+        kept = sublayer.window or dims.key_len
+        for kept_heads in (live.k, live.v):
             tail = kept_heads[:, :, -kept:]  # (B, Hkv, min(Lk, W), d_k)
             cache.append(tail.clone(memory_format=torch.contiguous_format))
     if past is not None:  # a decoding step: attend over what was kept and the new K, V
-        key_start = past.start
-        if not cross and past.keys is not None:
-            k = torch.cat((past.keys, k), dim=2)  # (B, Hkv, T, d_k)
-            v = torch.cat((past.values, v), dim=2)  # (B, Hkv, T, d_k)
-        _keep(past, sublayer.window, k, v)
-        return _attend(
-            sublayer, weights, x, q, k, v, padding, record, keep_weights, window, offset,
-            position_bias, past, key_start, (key_len_dim, q_width),
+        return _decode_step(
+            sublayer, weights, live, padding, record, keep_weights, window, offset,
+            position_bias, past, dims, cross,
         )  # fmt: skip
-    if grouped and config.impl == "math" and ring is None:  # each K/V head serves `groups`
-        k = k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
-        record("k_repeated", k, f"B H {key_len_dim} d_k")
-        v = v.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
-        record("v_repeated", v, f"B H {key_len_dim} d_k")
+    return _attend_sequence(
+        sublayer, weights, live, padding, record, keep_weights, window, training,
+        position_bias, ring, dims, group,
+    )  # fmt: skip
+
+
+def _project_queries(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    record: Record,
+    group: TensorGroup | None,
+    dims: _Dims,
+) -> None:
+    """Step 1's start: ``live.h`` = x, or Norm(x) in a pre-norm sublayer (gathered under
+    sequence parallelism), and ``live.q`` = h · W_q (B, L, H·d_k)."""
+    config = sublayer.config
+    norm_weight, norm_bias = weights.get("norm.weight"), weights.get("norm.bias")
+    live.h = live.x
+    if config.norm == "pre":
+        live.h = norm(config, live.x, norm_weight, norm_bias)  # (B, L, D)
+        record("norm", live.h, dims.hidden)
+    live.shard = kept_shard(group, live.h)  # what W_q, W_k, W_v keep for a training step
+    live.h = gather_sequence(group, live.h, record)  # sequence parallel: (B, L, D) from all
+    if group is not None and group.sequence_parallel and not sublayer.residual:
+        live.x = None  # no residual: the gathered sequence is all that is read from here
+    live.q = column_projection(
+        group, live.h, live.shard, weights["W_q.weight"], weights.get("W_q.bias")
+    )  # (B, L, H·d_k)
+    record("q", live.q, f"B L {dims.q_width}")
+    if config.qk_norm == "all":  # OLMo 2: over every head at once, before the split
+        q_norm_weight, q_norm_bias = weights["q_norm.weight"], weights.get("q_norm.bias")
+        live.q = norm(config, live.q, q_norm_weight, q_norm_bias)  # (B, L, H·d_k)
+        record("q_norm", live.q, f"B L {dims.q_width}")
+
+
+def _project_keys_values(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    record: Record,
+    group: TensorGroup | None,
+    dims: _Dims,
+    cross: bool,
+) -> None:
+    """``live.k``, ``live.v`` = h · W_k, h · W_v (B, Lk, Hkv·d_k), h being the context in
+    cross-attention; h, and x without a residual, are freed here."""
+    config = sublayer.config
+    if cross:  # keys and values from the context (an encoder's output, in a decoder)
+        live.h = live.context
+        live.context = None
+        if not sublayer.residual:
+            live.x = None  # no residual, and K and V come from the context: x is done
+    live.k = column_projection(
+        group, live.h, live.shard, weights["W_k.weight"], weights.get("W_k.bias")
+    )  # (B, Lk, Hkv·d_k)
+    record("k", live.k, dims.kv_dims)
+    if config.qk_norm == "all":
+        k_norm_weight, k_norm_bias = weights["k_norm.weight"], weights.get("k_norm.bias")
+        live.k = norm(config, live.k, k_norm_weight, k_norm_bias)  # (B, Lk, Hkv·d_k)
+        record("k_norm", live.k, dims.kv_dims)
+    live.v = column_projection(
+        group, live.h, live.shard, weights["W_v.weight"], weights.get("W_v.bias")
+    )  # (B, Lk, Hkv·d_k)
+    live.h = live.shard = None
+    if not sublayer.residual:
+        live.x = None  # no residual: x is not needed again
+    record("v", live.v, dims.kv_dims)
+
+
+def _query_heads(
+    config: LayerConfig,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    record: Record,
+    dims: _Dims,
+) -> None:
+    """``live.q`` (B, L, H·d_k) as heads (B, H, L, d_k): a view, each head normed first
+    where the model does that."""
+    live.q = live.q.view(dims.batch, dims.seq_len, config.heads, config.d_k)  # (B, L, H, d_k)
+    if config.qk_norm == "head":  # Qwen3, Gemma 3: each head over its d_k, before RoPE
+        live.q = norm(config, live.q, weights["q_norm.weight"], weights.get("q_norm.bias"))
+        record("q_norm", live.q, "B L H d_k")
+    live.q = live.q.transpose(1, 2)  # (B, H, L, d_k)
+    record("q_heads", live.q, "B H L d_k")
+
+
+def _key_value_heads(
+    config: LayerConfig,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    record: Record,
+    dims: _Dims,
+) -> None:
+    """``live.k``, ``live.v`` (B, Lk, Hkv·d_k) as heads (B, Hkv, Lk, d_k): views, each K
+    head normed first where the model does that."""
+    batch, key_len, kv_heads, d_k = dims.batch, dims.key_len, config.kv_heads, config.d_k
+    live.k = live.k.view(batch, key_len, kv_heads, d_k)  # (B, Lk, Hkv, d_k)
+    if config.qk_norm == "head":
+        live.k = norm(config, live.k, weights["k_norm.weight"], weights.get("k_norm.bias"))
+        record("k_norm", live.k, f"B {dims.key_len_dim} {'Hkv' if dims.grouped else 'H'} d_k")
+    live.k = live.k.transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    record("k_heads", live.k, dims.kv_split)
+    live.v = live.v.view(batch, key_len, kv_heads, d_k).transpose(1, 2)  # (B, Hkv, Lk, d_k)
+    record("v_heads", live.v, dims.kv_split)
+
+
+def _rope_rotation(
+    config: LayerConfig, live: _Live, record: Record, dims: _Dims, length: int, offset: int
+) -> None:
+    """RoPE: ``live.q`` and ``live.k`` heads rotated by their positions, those of the new
+    tokens only (a decoding step; a context-parallel rank's chunk), at the frequencies of
+    the whole sequence of ``length``."""
+    seq_len, d_k = dims.seq_len, config.d_k
+    angles = positions.rotary_angles(
+        length, d_k, live.q.device, config, start=offset, stop=offset + seq_len
+    )  # (L, d_k), float32
+    record("rope_angles", angles, "L d_k")
+    scaling = attention_scaling(config.rope)  # yarn, longrope: cos and sin times it
+    cos = _scaled(angles.cos(), scaling).to(live.q.dtype)  # (L, d_k)
+    record("rope_cos", cos, "L d_k")
+    sin = _scaled(angles.sin(), scaling).to(live.q.dtype)  # (L, d_k)
+    del angles
+    record("rope_sin", sin, "L d_k")
+    live.q = positions.rotate(live.q, cos, sin)  # (B, H, L, d_k)
+    record("q_rotated", live.q, "B H L d_k")
+    live.k = positions.rotate(live.k, cos, sin)  # (B, Hkv, L, d_k)
+    del cos, sin
+    record("k_rotated", live.k, dims.kv_split)
+
+
+def _attend_kept_cross(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    padding: torch.Tensor | None,
+    record: Record,
+    keep_weights: bool,
+    window: tuple[list[int], list[int]] | None,
+    offset: int,
+    position_bias: list[torch.Tensor] | None,
+    past: KVCache,
+    dims: _Dims,
+) -> AttentionResult:
+    """A decoding step of cross-attention: the new queries over the K and V heads the first
+    step made (B, Hkv, Lk, d_k), kept in ``past``."""
+    live.h = None
+    _query_heads(sublayer.config, weights, live, no_record, dims)  # (B, H, L, d_k)
+    return _attend(
+        sublayer, weights, live.x, live.q, past.keys, past.values, padding, record,
+        keep_weights, window, offset, position_bias, past, key_start=0,
+    )  # fmt: skip
+
+
+def _decode_step(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    padding: torch.Tensor | None,
+    record: Record,
+    keep_weights: bool,
+    window: tuple[list[int], list[int]] | None,
+    offset: int,
+    position_bias: list[torch.Tensor] | None,
+    past: KVCache,
+    dims: _Dims,
+    cross: bool,
+) -> AttentionResult:
+    """A decoding step: the new tokens' K and V heads join those ``past`` kept (a sliding
+    window's last positions), are kept for the next step, and the new queries attend."""
+    key_start = past.start
+    if not cross and past.keys is not None:
+        live.k = torch.cat((past.keys, live.k), dim=2)  # (B, Hkv, T, d_k)
+        live.v = torch.cat((past.values, live.v), dim=2)  # (B, Hkv, T, d_k)
+    _keep(past, sublayer.window, live.k, live.v)
+    return _attend(
+        sublayer, weights, live.x, live.q, live.k, live.v, padding, record, keep_weights,
+        window, offset, position_bias, past, key_start, (dims.key_len_dim, dims.q_width),
+    )  # fmt: skip
+
+
+def _attend_sequence(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    padding: torch.Tensor | None,
+    record: Record,
+    keep_weights: bool,
+    window: tuple[list[int], list[int]] | None,
+    training: bool,
+    position_bias: list[torch.Tensor] | None,
+    ring: ring_attention.Ring | None,
+    dims: _Dims,
+    group: TensorGroup | None,
+) -> AttentionResult:
+    """Steps 2 to 4 over a whole sequence: the Q, K, V heads in ``live`` attend (on the math
+    path, SDPA's, or a context-parallel ring's), then W_o and the residual."""
+    config = sublayer.config
+    if dims.grouped and config.impl == "math" and ring is None:  # each K/V head serves `groups`
+        live.k = live.k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+        record("k_repeated", live.k, f"B H {dims.key_len_dim} d_k")
+        live.v = live.v.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
+        record("v_repeated", live.v, f"B H {dims.key_len_dim} d_k")
 
     # 2. scaled dot-product attention, per head
-    causal = config.mask == "causal"
     kept = shown = None
     if ring is not None:  # ring attention over every rank's K, V chunk (nn/ring_attention.py)
-        held = [q, k, v]
-        q = k = v = None  # the ring takes them: each freed when it is done with it
+        held = [live.q, live.k, live.v]
+        live.q = live.k = live.v = None  # the ring takes them: each freed when it is done
         attended = ring_attention.attend(config, held, ring, record)  # (B, H, L, d_k)
     elif config.impl == "math":
-        scores = scale_scores(config, torch.matmul(q, k.transpose(-2, -1)))  # (B, H, L, Lk)
-        del q, k
-        if config.softcap:  # Gemma 2: cap·tanh(scores/cap), before any mask or bias
-            record("scores", scores, f"B H L {key_len_dim}")
-            scores = soft_cap(scores, config.softcap)  # in place
-            if padding is not None:  # padded keys: -inf before the softmax
-                scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
-            record("softcap", scores, f"B H L {key_len_dim}")
-        else:
-            if padding is not None:  # padded keys: -inf before the softmax
-                scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
-            record("scores", scores, f"B H L {key_len_dim}")
-        if config.pos == "relative":  # T5: a learned bias by bucketed distance
-            scores += _relative_bias(sublayer, weights, position_bias, seq_len, key_len, 0, 0)
-            record("position_bias", position_bias[0], f"H L {key_len_dim}")
-        if config.pos == "alibi":  # distance penalties, one slope per head
-            bias = positions.alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
-            scores += bias  # (B, H, L, L), in place
-            record("alibi", bias, "H L L")  # after use: the add belongs to this stage
-            del bias
-        if causal:
-            # (L, L), True = may attend; with a sliding window only the last `window` keys
-            allowed = positions.visible_keys(seq_len, config.window, scores.device)
-            record("mask", allowed, "L L")
-            scores.masked_fill_(allowed.logical_not(), float("-inf"))
-            del allowed
-        probabilities = torch.softmax(scores, dim=-1)  # (B, H, L, Lk)
-        del scores
-        record("weights", probabilities, f"B H L {key_len_dim}")
-        if window is not None:  # the weights shown: a slice of these
-            window_heads, window_rows = window
-            shown = probabilities[:, window_heads][:, :, window_rows]  # (B, h, r, Lk)
-        if training and config.dropout > 0:  # training only: zero some weights
-            dropped = F.dropout(probabilities, config.dropout)  # (B, H, L, Lk)
-            record("dropout", dropped, f"B H L {key_len_dim}")
-            attended = torch.matmul(dropped, v)  # (B, H, L, d_k)
-            del dropped
-        else:
-            attended = torch.matmul(probabilities, v)  # (B, H, L, d_k)
-        if keep_weights:
-            kept = probabilities
-        del probabilities
+        attended, kept, shown = _math_attention(
+            sublayer, weights, live, padding, record, keep_weights, window, training,
+            position_bias, dims,
+        )  # fmt: skip
     else:
-        if config.softcap:  # validate refuses it: never computed without the cap
-            raise AttnctlError("softcap needs the math path: SDPA cannot soft-cap the scores")
-        gqa = {"enable_gqa": True} if grouped else {}  # the kernel groups K/V natively
-        # bool attn_mask: True = may attend; a float one is added to the scores
-        attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
-        is_causal = causal
-        if config.pos == "alibi":  # the bias as a float mask, -inf where a key is blocked
-            attn_mask = _alibi_attn_mask(
-                heads, seq_len, causal, attn_mask, q, record, config.window
-            )
-            is_causal = False  # in the float mask already (SDPA takes one or the other)
-        elif config.window:  # sliding window: the (L, L) mask itself, True = may attend
-            allowed = positions.visible_keys(seq_len, config.window, q.device)
-            record("mask", allowed, "L L")
-            attn_mask = allowed if attn_mask is None else allowed & attn_mask  # (B, 1, L, L)
-            del allowed
-            is_causal = False  # in the mask already
-        # scale None: the kernel's own 1/√d_k
-        attended = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            is_causal=is_causal,
-            scale=config.query_scale or None,
-            **gqa,
-        )
-        del attn_mask
-        # attended: (B, H, L, d_k)
-        if window is not None:  # the weights shown, while Q and K are at hand
-            shown = window_weights(config, q, k, *window, padding)
-        del q, k
-    del v
+        attended, shown = _sdpa_attention(config, live, padding, record, window, dims)
+    live.v = None
     record("weighted_values", attended, "B H L d_k")
     held = [attended]  # the helper takes them: each is freed when it is done with it
     del attended
     residual = []
-    if has_norm:  # (without a residual x was freed already)
-        residual.append(x)
-        del x
-    output, attention_output = _output(sublayer, weights, held, residual, record, q_width, group)
+    if sublayer.residual:  # (without a residual x was freed already)
+        residual.append(live.x)
+        live.x = None
+    output, attention_output = _output(
+        sublayer, weights, held, residual, record, dims.q_width, group
+    )
     return AttentionResult(output, attention_output, kept, shown)
+
+
+def _scores(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    padding: torch.Tensor | None,
+    record: Record,
+    position_bias: list[torch.Tensor] | None,
+    dims: _Dims,
+) -> torch.Tensor:
+    """The math path's scores (B, H, L, Lk) from ``live.q`` and ``live.k`` (both freed
+    here): scaled, soft-capped, biased, blocked keys at -inf, ready for the softmax."""
+    config = sublayer.config
+    heads, seq_len, key_len_dim = config.heads, dims.seq_len, dims.key_len_dim
+    scores = scale_scores(config, torch.matmul(live.q, live.k.transpose(-2, -1)))  # (B, H, L, Lk)
+    live.q = live.k = None
+    if config.softcap:  # Gemma 2: cap·tanh(scores/cap), before any mask or bias
+        record("scores", scores, f"B H L {key_len_dim}")
+        scores = soft_cap(scores, config.softcap)  # in place
+        if padding is not None:  # padded keys: -inf before the softmax
+            scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+        record("softcap", scores, f"B H L {key_len_dim}")
+    else:
+        if padding is not None:  # padded keys: -inf before the softmax
+            scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
+        record("scores", scores, f"B H L {key_len_dim}")
+    if config.pos == "relative":  # T5: a learned bias by bucketed distance
+        scores += _relative_bias(sublayer, weights, position_bias, seq_len, dims.key_len, 0, 0)
+        record("position_bias", position_bias[0], f"H L {key_len_dim}")
+    if config.pos == "alibi":  # distance penalties, one slope per head
+        bias = positions.alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
+        scores += bias  # (B, H, L, L), in place
+        record("alibi", bias, "H L L")  # after use: the add belongs to this stage
+        del bias
+    if config.mask == "causal":
+        # (L, L), True = may attend; with a sliding window only the last `window` keys
+        allowed = positions.visible_keys(seq_len, config.window, scores.device)
+        record("mask", allowed, "L L")
+        scores.masked_fill_(allowed.logical_not(), float("-inf"))
+        del allowed
+    return scores
+
+
+def _math_attention(
+    sublayer: Attention,
+    weights: dict[str, torch.Tensor],
+    live: _Live,
+    padding: torch.Tensor | None,
+    record: Record,
+    keep_weights: bool,
+    window: tuple[list[int], list[int]] | None,
+    training: bool,
+    position_bias: list[torch.Tensor] | None,
+    dims: _Dims,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The textbook path: softmax(scores) · V. Returns the attended values (B, H, L, d_k),
+    the weights (B, H, L, Lk) when kept, and the weights shown (B, h, r, Lk) when asked."""
+    config = sublayer.config
+    scores = _scores(sublayer, weights, live, padding, record, position_bias, dims)
+    probabilities = torch.softmax(scores, dim=-1)  # (B, H, L, Lk)
+    del scores
+    record("weights", probabilities, f"B H L {dims.key_len_dim}")
+    kept = shown = None
+    if window is not None:  # the weights shown: a slice of these
+        window_heads, window_rows = window
+        shown = probabilities[:, window_heads][:, :, window_rows]  # (B, h, r, Lk)
+    if training and config.dropout > 0:  # training only: zero some weights
+        dropped = F.dropout(probabilities, config.dropout)  # (B, H, L, Lk)
+        record("dropout", dropped, f"B H L {dims.key_len_dim}")
+        attended = torch.matmul(dropped, live.v)  # (B, H, L, d_k)
+        del dropped
+    else:
+        attended = torch.matmul(probabilities, live.v)  # (B, H, L, d_k)
+    if keep_weights:
+        kept = probabilities
+    del probabilities
+    return attended, kept, shown
+
+
+def _sdpa_attention(
+    config: LayerConfig,
+    live: _Live,
+    padding: torch.Tensor | None,
+    record: Record,
+    window: tuple[list[int], list[int]] | None,
+    dims: _Dims,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused kernel's path: ``F.scaled_dot_product_attention`` on ``live``'s Q, K, V
+    heads (Q and K freed here). Returns the attended values (B, H, L, d_k) and the
+    weights shown (B, h, r, Lk) when asked, computed while Q and K are at hand."""
+    if config.softcap:  # validate refuses it: never computed without the cap
+        raise AttnctlError("softcap needs the math path: SDPA cannot soft-cap the scores")
+    q, seq_len, causal = live.q, dims.seq_len, config.mask == "causal"
+    gqa = {"enable_gqa": True} if dims.grouped else {}  # the kernel groups K/V natively
+    # bool attn_mask: True = may attend; a float one is added to the scores
+    attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
+    is_causal = causal
+    if config.pos == "alibi":  # the bias as a float mask, -inf where a key is blocked
+        attn_mask = _alibi_attn_mask(
+            config.heads, seq_len, causal, attn_mask, q, record, config.window
+        )
+        is_causal = False  # in the float mask already (SDPA takes one or the other)
+    elif config.window:  # sliding window: the (L, L) mask itself, True = may attend
+        allowed = positions.visible_keys(seq_len, config.window, q.device)
+        record("mask", allowed, "L L")
+        attn_mask = allowed if attn_mask is None else allowed & attn_mask  # (B, 1, L, L)
+        del allowed
+        is_causal = False  # in the mask already
+    # scale None: the kernel's own 1/√d_k
+    attended = F.scaled_dot_product_attention(
+        q,
+        live.k,
+        live.v,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        scale=config.query_scale or None,
+        **gqa,
+    )
+    del attn_mask
+    # attended: (B, H, L, d_k)
+    shown = None
+    if window is not None:  # the weights shown, while Q and K are at hand
+        shown = window_weights(config, q, live.k, *window, padding)
+    del q
+    live.q = live.k = None
+    return attended, shown
 
 
 def _output(
