@@ -28,79 +28,17 @@ def plan_attention(
     kv_width = f"B {key_len} {'D_kv' if grouped else q_width}"
     kv_heads = f"B {'Hkv' if grouped else 'H'} {key_len} d_k"
     kv_split = "Hkv" if grouped else "H"
-    norm_name = NORM_NAMES[config.norm_type]
-    bias = " + b" if config.bias else ""
-    split = "transpose(1, 2): no copy"
     scale = f"· {config.query_scale:g}" if config.query_scale else "/ √d_k"
     if config.query_scale == 1:  # T5: no scaling (folded into W_q in training)
         scale = "(unscaled)"
 
-    h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
-    if config.norm == "pre":
-        h = plan.add(
-            "norm", plan.hidden, (x,), what=f"{norm_name} over D, before attention (pre-norm)"
-        )
-    h = gather_sequence(plan, h)  # sequence parallel: the whole sequence, from every rank
+    h, q = _project_queries(plan, config, x, q_width)  # h: x, or Norm(x) in a pre-norm sublayer
     source = context if cross else h  # what K and V are projected from
-    q = plan.add("q", f"B L {q_width}", (h,), what="x · W_q" + bias)
-    across = f"{norm_name} over every head at once, before the split"
-    if config.qk_norm == "all":  # OLMo 2
-        q = plan.add("q_norm", f"B L {q_width}", (q,), what=f"{across}: H·d_k")
-    source_name = "encoder output" if context == "encoder_output" else "x"
-    k = plan.add("k", kv_width, (source,), what=f"{source_name} · W_k" + bias)
-    if config.qk_norm == "all":
-        k = plan.add("k_norm", kv_width, (k,), what=f"{across}: {kv_split}·d_k")
-    plan.add("v", kv_width, (source,), what=f"{source_name} · W_v" + bias)
-    each = f"{norm_name} of each head over d_k, on the view (B, L, heads, d_k)"
-    if config.qk_norm == "head":  # Qwen3, Gemma 3
-        q = plan.add("q_norm", "B L H d_k", (q,), what=each)
-    q = plan.add("q_heads", "B H L d_k", (q,), view_of=q, what=f"view (B, L, H, d_k), {split}")
-    if config.qk_norm == "head":
-        k = plan.add("k_norm", f"B {key_len} {kv_split} d_k", (k,), what=each)
-    k = plan.add(
-        "k_heads", kv_heads, (k,), view_of=k, what=f"view (B, L, {kv_split}, d_k), {split}"
-    )
-    v = plan.add(
-        "v_heads", kv_heads, ("v",), view_of="v", what=f"view (B, L, {kv_split}, d_k), {split}"
-    )
+    k = _project_keys_values(plan, config, source, context, kv_width, kv_split)
+    q = _query_heads(plan, config, q)
+    k, v = _key_value_heads(plan, config, k, key_len, kv_heads, kv_split)
     if config.pos == "rope":
-        seq_len = sizes["L"]
-        half = config.d_k // 2
-        plan.add(
-            "rope_angles",
-            "L d_k",
-            dtype="float32",
-            what=f"RoPE angles pos·θ_i, θ_i = {config.rope_theta:g}^(-2i/d_k)"
-            + ("" if config.rope_type == "default" else f", {config.rope_type} scaling"),
-            scratch=4 * (half + seq_len + seq_len * half),  # frequencies, positions, outer
-        )
-        # cos() and sin() in float32, then .to() the dtype
-        cast = seq_len * config.d_k * 4 if config.dtype != "float32" else 0
-        scaling = attention_scaling(config.rope)  # yarn, longrope: in place, in float32
-        times = "" if scaling == 1 else f" × {scaling:.6g} (attention scaling)"
-        plan.add(
-            "rope_cos", "L d_k", ("rope_angles",), what="cos of the angles" + times, scratch=cast
-        )
-        plan.add(
-            "rope_sin", "L d_k", ("rope_angles",), what="sin of the angles" + times, scratch=cast
-        )
-        turn = "x·cos + rotate_half(x)·sin: RoPE turns each pair of dims"
-        k_dims = f"B {kv_split} L d_k"
-        # scratch: rotate_half(x) and its product with sin
-        q = plan.add(
-            "q_rotated",
-            "B H L d_k",
-            (q, "rope_cos", "rope_sin"),
-            what=turn,
-            scratch=2 * plan.nbytes("B H L d_k"),
-        )
-        k = plan.add(
-            "k_rotated",
-            k_dims,
-            (k, "rope_cos", "rope_sin"),
-            what=turn,
-            scratch=2 * plan.nbytes(k_dims),
-        )
+        q, k = _rope_rotation(plan, config, q, k, kv_split)
     ring = plan.context_parallel > 1  # context parallel: ring attention over the chunks
     if grouped and config.impl == "math" and not ring:  # each K/V head serves H/Hkv heads
         repeat = f"repeat_interleave({config.groups}, dim=1): one copy per query head"
@@ -110,87 +48,249 @@ def plan_attention(
     if ring:
         attended = plan_ring_attention(plan, config, q, k, v, scale)
     elif config.impl == "math":
-        scores = plan.add(
-            "scores",
-            f"B H L {key_len}",
-            (q, k),
-            # the negated padding mask (B·L bools) is made after q and k are freed, so it
-            # never raises this stage's peak
-            what=f"Q · Kᵀ {scale}, one L×{key_len} per head"
-            + ("; padded keys set to -inf" if padding and not config.softcap else "")
-            + (
-                "; + block 0's relative position bias"
-                if config.pos == "relative" and not sublayer.computes_bias
-                else "; + the relative position bias"
-                if config.pos == "relative"
-                else ""
-            ),
+        attended = _math_attention(plan, sublayer, q, k, v, key_len, padding, scale)
+    else:
+        attended = _sdpa_attention(plan, config, q, k, v)
+    return _output(plan, sublayer, x, attended, q_width)
+
+
+def _project_queries(
+    plan: PlanBuilder, config: LayerConfig, x: str, q_width: str
+) -> tuple[str, str]:
+    """Step 1's start: h = x, or Norm(x) in a pre-norm sublayer (gathered under sequence
+    parallelism), and Q = h · W_q. Returns (h, the last Q stage)."""
+    norm_name = NORM_NAMES[config.norm_type]
+    bias = " + b" if config.bias else ""
+    h = x  # what the projections read: x, or Norm(x) in a pre-norm sublayer
+    if config.norm == "pre":
+        h = plan.add(
+            "norm", plan.hidden, (x,), what=f"{norm_name} over D, before attention (pre-norm)"
         )
-        if config.softcap:
-            cap = f"{config.softcap:g}"
-            scores = plan.add(
-                "softcap",
-                f"B H L {key_len}",
-                (scores,),
-                view_of=scores,
-                what=f"{cap}·tanh(scores/{cap}) in place, before masks"
-                + ("; padded keys set to -inf" if padding else ""),
-                # the negated padding mask, made while the scores alone are alive
-                scratch=plan.nbytes(f"B {key_len}", "bool") if padding else 0,
-            )
-        if config.pos == "relative":  # T5: a learned bias per head by bucketed distance
-            plan_relative_bias(plan, sublayer, scores, key_len)
-        if config.pos == "alibi":
-            heads, length = config.heads, sizes["L"]
-            # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
-            # and the float32 bias itself before .to() when the dtype is narrower
-            narrow = 4 * heads * length * length if config.dtype != "float32" else 0
-            plan.add(
-                "alibi",
-                "H L L",
-                what="ALiBi bias -m_h·|i - j| added to the scores in place",
-                scratch=8 * heads + 4 * length + 4 * length * length + narrow,
-            )
-        if config.mask == "causal":
+    h = gather_sequence(plan, h)  # sequence parallel: the whole sequence, from every rank
+    q = plan.add("q", f"B L {q_width}", (h,), what="x · W_q" + bias)
+    if config.qk_norm == "all":  # OLMo 2
+        q = plan.add("q_norm", f"B L {q_width}", (q,), what=f"{_across(config)}: H·d_k")
+    return h, q
+
+
+def _project_keys_values(
+    plan: PlanBuilder,
+    config: LayerConfig,
+    source: str,
+    context: str | None,
+    kv_width: str,
+    kv_split: str,
+) -> str:
+    """K = source · W_k and V = source · W_v, the source being the context in
+    cross-attention. Returns the last K stage (V's is "v")."""
+    bias = " + b" if config.bias else ""
+    source_name = "encoder output" if context == "encoder_output" else "x"
+    k = plan.add("k", kv_width, (source,), what=f"{source_name} · W_k" + bias)
+    if config.qk_norm == "all":
+        k = plan.add("k_norm", kv_width, (k,), what=f"{_across(config)}: {kv_split}·d_k")
+    plan.add("v", kv_width, (source,), what=f"{source_name} · W_v" + bias)
+    return k
+
+
+def _across(config: LayerConfig) -> str:
+    """The q/k norm of OLMo 2 in words: over every head at once."""
+    return f"{NORM_NAMES[config.norm_type]} over every head at once, before the split"
+
+
+def _each_head(config: LayerConfig) -> str:
+    """The q/k norm of Qwen3 and Gemma 3 in words: each head over its d_k."""
+    return f"{NORM_NAMES[config.norm_type]} of each head over d_k, on the view (B, L, heads, d_k)"
+
+
+def _query_heads(plan: PlanBuilder, config: LayerConfig, q: str) -> str:
+    """Q as heads (B, H, L, d_k): a view, each head normed first where the model does
+    that. Returns the Q heads' stage."""
+    if config.qk_norm == "head":  # Qwen3, Gemma 3
+        q = plan.add("q_norm", "B L H d_k", (q,), what=_each_head(config))
+    split = "transpose(1, 2): no copy"
+    return plan.add("q_heads", "B H L d_k", (q,), view_of=q, what=f"view (B, L, H, d_k), {split}")
+
+
+def _key_value_heads(
+    plan: PlanBuilder, config: LayerConfig, k: str, key_len: str, kv_heads: str, kv_split: str
+) -> tuple[str, str]:
+    """K and V as heads (B, Hkv, Lk, d_k): views, each K head normed first where the model
+    does that. Returns the K and V heads' stages."""
+    if config.qk_norm == "head":
+        k = plan.add("k_norm", f"B {key_len} {kv_split} d_k", (k,), what=_each_head(config))
+    split = "transpose(1, 2): no copy"
+    k = plan.add(
+        "k_heads", kv_heads, (k,), view_of=k, what=f"view (B, L, {kv_split}, d_k), {split}"
+    )
+    v = plan.add(
+        "v_heads", kv_heads, ("v",), view_of="v", what=f"view (B, L, {kv_split}, d_k), {split}"
+    )
+    return k, v
+
+
+def _rope_rotation(
+    plan: PlanBuilder, config: LayerConfig, q: str, k: str, kv_split: str
+) -> tuple[str, str]:
+    """RoPE: the angles, their cos and sin, then Q and K heads rotated by their positions.
+    Returns the rotated Q and K stages."""
+    seq_len = plan.sizes["L"]
+    half = config.d_k // 2
+    plan.add(
+        "rope_angles",
+        "L d_k",
+        dtype="float32",
+        what=f"RoPE angles pos·θ_i, θ_i = {config.rope_theta:g}^(-2i/d_k)"
+        + ("" if config.rope_type == "default" else f", {config.rope_type} scaling"),
+        scratch=4 * (half + seq_len + seq_len * half),  # frequencies, positions, outer
+    )
+    # cos() and sin() in float32, then .to() the dtype
+    cast = seq_len * config.d_k * 4 if config.dtype != "float32" else 0
+    scaling = attention_scaling(config.rope)  # yarn, longrope: in place, in float32
+    times = "" if scaling == 1 else f" × {scaling:.6g} (attention scaling)"
+    plan.add("rope_cos", "L d_k", ("rope_angles",), what="cos of the angles" + times, scratch=cast)
+    plan.add("rope_sin", "L d_k", ("rope_angles",), what="sin of the angles" + times, scratch=cast)
+    turn = "x·cos + rotate_half(x)·sin: RoPE turns each pair of dims"
+    k_dims = f"B {kv_split} L d_k"
+    # scratch: rotate_half(x) and its product with sin
+    q = plan.add(
+        "q_rotated",
+        "B H L d_k",
+        (q, "rope_cos", "rope_sin"),
+        what=turn,
+        scratch=2 * plan.nbytes("B H L d_k"),
+    )
+    k = plan.add(
+        "k_rotated",
+        k_dims,
+        (k, "rope_cos", "rope_sin"),
+        what=turn,
+        scratch=2 * plan.nbytes(k_dims),
+    )
+    return q, k
+
+
+def _scores(
+    plan: PlanBuilder,
+    sublayer: Attention,
+    q: str,
+    k: str,
+    key_len: str,
+    padding: bool,
+    scale: str,
+) -> str:
+    """The math path's scores: Q · Kᵀ scaled, soft-capped, biased, blocked keys at -inf.
+    Returns the last stage that writes them."""
+    config = sublayer.config
+    scores = plan.add(
+        "scores",
+        f"B H L {key_len}",
+        (q, k),
+        # the negated padding mask (B·L bools) is made after q and k are freed, so it
+        # never raises this stage's peak
+        what=f"Q · Kᵀ {scale}, one L×{key_len} per head"
+        + ("; padded keys set to -inf" if padding and not config.softcap else "")
+        + (
+            "; + block 0's relative position bias"
+            if config.pos == "relative" and not sublayer.computes_bias
+            else "; + the relative position bias"
+            if config.pos == "relative"
+            else ""
+        ),
+    )
+    if config.softcap:
+        cap = f"{config.softcap:g}"
+        scores = plan.add(
+            "softcap",
+            f"B H L {key_len}",
+            (scores,),
+            view_of=scores,
+            what=f"{cap}·tanh(scores/{cap}) in place, before masks"
+            + ("; padded keys set to -inf" if padding else ""),
+            # the negated padding mask, made while the scores alone are alive
+            scratch=plan.nbytes(f"B {key_len}", "bool") if padding else 0,
+        )
+    if config.pos == "relative":  # T5: a learned bias per head by bucketed distance
+        plan_relative_bias(plan, sublayer, scores, key_len)
+    if config.pos == "alibi":
+        heads, length = config.heads, plan.sizes["L"]
+        # float32 scratch: exponents and slopes (H each), positions (L), |i - j| (L·L),
+        # and the float32 bias itself before .to() when the dtype is narrower
+        narrow = 4 * heads * length * length if config.dtype != "float32" else 0
+        plan.add(
+            "alibi",
+            "H L L",
+            what="ALiBi bias -m_h·|i - j| added to the scores in place",
+            scratch=8 * heads + 4 * length + 4 * length * length + narrow,
+        )
+    if config.mask == "causal":
+        plan.add(
+            "mask",
+            "L L",
+            (scores,),
+            dtype="bool",
+            what=f"{_causal(config)}; {MASK_CONVENTION}; blocked scores set to -inf in place",
+        )
+    return scores
+
+
+def _math_attention(
+    plan: PlanBuilder,
+    sublayer: Attention,
+    q: str,
+    k: str,
+    v: str,
+    key_len: str,
+    padding: bool,
+    scale: str,
+) -> str:
+    """The textbook path: the scores, their softmax (dropped out in training), times V.
+    Returns the attended values' stage."""
+    config = sublayer.config
+    scores = _scores(plan, sublayer, q, k, key_len, padding, scale)
+    weights = plan.add(
+        "weights", f"B H L {key_len}", (scores,), what="softmax over keys: rows sum to 1"
+    )
+    if config.dropout > 0:  # training only: the plan of a --train configuration
+        weights = plan.add(
+            "dropout",
+            f"B H L {key_len}",
+            (weights,),
+            what=f"dropout p={config.dropout} on the weights (training only), seeded",
+        )
+    return plan.add("weighted_values", "B H L d_k", (weights, v), what="weights · V")
+
+
+def _sdpa_attention(plan: PlanBuilder, config: LayerConfig, q: str, k: str, v: str) -> str:
+    """The fused kernel's path: no weights stored (a bool mask for a sliding window).
+    Returns the attended values' stage."""
+    reads = (q, k, v)
+    if config.window:  # the kernel's is_causal has no window: a bool attn_mask
+        reads += (
             plan.add(
                 "mask",
                 "L L",
-                (scores,),
                 dtype="bool",
-                what=f"{_causal(config)}; {MASK_CONVENTION}; blocked scores set to -inf in place",
-            )
-        weights = plan.add(
-            "weights", f"B H L {key_len}", (scores,), what="softmax over keys: rows sum to 1"
+                what=f"{_causal(config)}; {MASK_CONVENTION}; SDPA's attn_mask",
+            ),
         )
-        if config.dropout > 0:  # training only: the plan of a --train configuration
-            weights = plan.add(
-                "dropout",
-                f"B H L {key_len}",
-                (weights,),
-                what=f"dropout p={config.dropout} on the weights (training only), seeded",
-            )
-        attended = plan.add("weighted_values", "B H L d_k", (weights, v), what="weights · V")
-    else:
-        reads = (q, k, v)
-        if config.window:  # the kernel's is_causal has no window: a bool attn_mask
-            reads += (
-                plan.add(
-                    "mask",
-                    "L L",
-                    dtype="bool",
-                    what=f"{_causal(config)}; {MASK_CONVENTION}; SDPA's attn_mask",
-                ),
-            )
-        attended = plan.add(
-            "weighted_values",
-            "B H L d_k",
-            reads,
-            what="F.scaled_dot_product_attention"
-            + (" (is_causal)" if config.mask == "causal" and not config.window else "")
-            + (" (attn_mask)" if config.window else "")
-            + (f" (scale {config.query_scale:g})" if config.query_scale else "")
-            + ": weights never stored",
-        )
+    return plan.add(
+        "weighted_values",
+        "B H L d_k",
+        reads,
+        what="F.scaled_dot_product_attention"
+        + (" (is_causal)" if config.mask == "causal" and not config.window else "")
+        + (" (attn_mask)" if config.window else "")
+        + (f" (scale {config.query_scale:g})" if config.query_scale else "")
+        + ": weights never stored",
+    )
+
+
+def _output(plan: PlanBuilder, sublayer: Attention, x: str, attended: str, q_width: str) -> str:
+    """Steps 3 and 4: heads side by side, W_o (summed over the ranks under tensor
+    parallelism), then the residual and the norms. Returns the last stage's name."""
+    config = sublayer.config
+    sizes = plan.sizes
+    norm_name = NORM_NAMES[config.norm_type]
     # transpose(1, 2).contiguous() copies only when the memory order really changes: not
     # when H == 1 or L == 1 (size-1 dims don't count), and not after the fused kernels,
     # which write (B, L, H, d_k) order already. The run's trace confirms each case.
