@@ -18,6 +18,7 @@ from attnctl.model.config import DTYPE_BYTES, LARGEST_SIZE, LayerConfig, resolve
 from attnctl.model.describe import (
     CROSS_ATTENTION,
     Attention,
+    Block,
     ModelDescription,
     Parameter,
     seeded_model,
@@ -139,6 +140,56 @@ def build_plan(
     ``context_parallel``, ``context_rank``: ``seq_len`` is the chunk of rank
     ``context_rank`` of that many (L/C), whose attention is ring attention.
     """
+    description, decoder = _described(config, vocab_size, context_len, model, layer_index)
+    block = description.blocks[layer_index]
+    attention = block.attention
+    config = attention.config
+    cross = attention.kind == "cross_attention"
+    context_len = _context_length(seq_len, batch, context_len, cross, decoder)
+    plan = _builder(
+        config, block, seq_len, batch, vocab_size, device, context_len, cross or decoder,
+        tensor_parallel, sequence_parallel, context_parallel, context_rank,
+    )  # fmt: skip
+    padding = _plan_inputs(plan, config, cross, decoder, padded)
+    x = plan_embeddings(plan, description.embeddings, seq_len)
+    context = plan_context_embeddings(plan, description.embeddings, context_len) if cross else None
+    if layer_index > 0:
+        x = plan.add(
+            "hidden", plan.hidden, what=f"block {layer_index - 1}'s output: this block's input"
+        )
+    held = _plan_sublayers(plan, block, x, context, decoder, padded, padding)
+    held, given = _held_until(plan, block, held)
+    parameters = layer_parameters(config, vocab_size) if model is None else model_parameters(model)
+    return Plan(
+        config=config,
+        batch=batch,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        sizes=plan.sizes,
+        stages=plan.stages,
+        parameters=parameters,
+        held_until=held,
+        model=model if model is None else description,
+        layer_index=layer_index,
+        description=description,
+        given=given,
+        tensor_parallel=tensor_parallel,
+        sequence_parallel=sequence_parallel,
+        context_parallel=context_parallel,
+        context_rank=context_rank,
+    )
+
+
+def _described(
+    config: LayerConfig,
+    vocab_size: int,
+    context_len: int | None,
+    model: ModelDescription | None,
+    layer_index: int,
+) -> tuple[ModelDescription, bool]:
+    """The description walked (the checkpoint's with the run's settings, or the seeded
+    layer's, cross-attention when a context length is given), and whether its block
+    ``layer_index`` is an encoder–decoder's decoder block."""
     description = model.with_run(resolve_impl(validate(config))) if model is not None else None
     # an encoder–decoder's decoder block: cross-attention over the encoder output (B, Lc, D)
     decoder = description is not None and any(
@@ -151,10 +202,14 @@ def build_plan(
     config = resolve_impl(validate(config))
     if description is None:
         description = seeded_model(config, vocab_size)
-    block = description.blocks[layer_index]
-    attention = block.attention
-    config = attention.config
-    cross = attention.kind == "cross_attention"
+    return description, decoder
+
+
+def _context_length(
+    seq_len: int, batch: int, context_len: int | None, cross: bool, decoder: bool
+) -> int | None:
+    """The context's length (a cross-attention preset's is the text's own), after checking
+    it and the other lengths."""
     if decoder and context_len is None:
         raise AttnctlError("a decoder block needs the source's length (context_len)")
     if cross:
@@ -168,6 +223,25 @@ def build_plan(
         raise AttnctlError(f"seq-len must be a positive integer, got {seq_len}")
     if batch <= 0:
         raise AttnctlError(f"batch must be a positive integer, got {batch}")
+    return context_len
+
+
+def _builder(
+    config: LayerConfig,
+    block: Block,
+    seq_len: int,
+    batch: int,
+    vocab_size: int,
+    device: str,
+    context_len: int | None,
+    with_context: bool,
+    tensor_parallel: int,
+    sequence_parallel: bool,
+    context_parallel: int,
+    context_rank: int,
+) -> PlanBuilder:
+    """An empty plan of the block: the number of each named dim (Lc when ``with_context``:
+    cross-attention or a decoder block), and the split it is one rank of."""
     sizes = {
         "B": batch,
         "L": seq_len,
@@ -180,7 +254,7 @@ def build_plan(
         "d_k": config.d_k,
         "V": vocab_size,
     }
-    if cross or decoder:
+    if with_context:
         sizes["Lc"] = context_len
     feed_forward = next((s for s in block.sublayers if not isinstance(s, Attention)), None)
     if feed_forward is not None:
@@ -189,7 +263,7 @@ def build_plan(
         sizes["L/T"] = seq_len // tensor_parallel  # between the sublayers
     if context_parallel > 1:
         sizes["L/C"] = seq_len  # this rank's chunk, in the ring attention's stages
-    plan = PlanBuilder(
+    return PlanBuilder(
         sizes,
         config.dtype,
         device,
@@ -199,6 +273,12 @@ def build_plan(
         context_rank=context_rank,
     )
 
+
+def _plan_inputs(
+    plan: PlanBuilder, config: LayerConfig, cross: bool, decoder: bool, padded: bool
+) -> bool:
+    """The inputs made before the model runs: token ids, the context's or the encoder's
+    output, the padding mask. Returns whether the keys are masked for padding."""
     plan.add("token_ids", "B L", dtype="int64", what="token ids from the tokenizer")
     if cross:
         plan.add(
@@ -216,12 +296,20 @@ def build_plan(
         plan.add(
             "padding_mask", f"B {key_len}", dtype="bool", what=f"key padding; {MASK_CONVENTION}"
         )
-    x = plan_embeddings(plan, description.embeddings, seq_len)
-    context = plan_context_embeddings(plan, description.embeddings, context_len) if cross else None
-    if layer_index > 0:
-        x = plan.add(
-            "hidden", plan.hidden, what=f"block {layer_index - 1}'s output: this block's input"
-        )
+    return padding
+
+
+def _plan_sublayers(
+    plan: PlanBuilder,
+    block: Block,
+    x: str,
+    context: str | None,
+    decoder: bool,
+    padded: bool,
+    padding: bool,
+) -> dict[str, str]:
+    """The block's sublayers in order, reading ``x``. Returns what the caller holds past
+    its last reader: each attention's W_o output (name -> until which stage)."""
     held: dict[str, str] = {}
     for sublayer in block.sublayers:
         if isinstance(sublayer, Attention) and sublayer.kind == CROSS_ATTENTION and decoder:
@@ -234,6 +322,14 @@ def build_plan(
             held[reduced_name(plan, "output_projection")] = x  # W_o's, summed over ranks
         else:
             x = plan_feed_forward(plan, sublayer, x)
+    return held
+
+
+def _held_until(
+    plan: PlanBuilder, block: Block, held: dict[str, str]
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """What is held past its last reader, and until which stage; and the inputs (with T5's
+    relative bias after block 0) given before the first stage."""
     # The caller makes the inputs before the model runs and holds them throughout. An
     # attention sublayer returns its output and its W_o output: both live until it returns.
     # T5's relative bias, made in block 0, lives until the last block is done.
@@ -249,25 +345,7 @@ def build_plan(
     if relative and relative[0].computes_bias:
         held["position_bias"] = end
     held = {name: until for name, until in held.items() if name in names}
-    parameters = layer_parameters(config, vocab_size) if model is None else model_parameters(model)
-    return Plan(
-        config=config,
-        batch=batch,
-        seq_len=seq_len,
-        vocab_size=vocab_size,
-        sizes=sizes,
-        stages=plan.stages,
-        parameters=parameters,
-        held_until=held,
-        model=model if model is None else description,
-        layer_index=layer_index,
-        description=description,
-        given=tuple(name for name in given if name in names),
-        tensor_parallel=tensor_parallel,
-        sequence_parallel=sequence_parallel,
-        context_parallel=context_parallel,
-        context_rank=context_rank,
-    )
+    return held, tuple(name for name in given if name in names)
 
 
 def build_seq2seq_plans(
