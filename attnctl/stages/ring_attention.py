@@ -57,18 +57,38 @@ def plan_ring_attention(
 ) -> str:
     """The ring's stages from Q heads ``q`` (B, H, L/C, d_k) and this rank's K, V heads
     ``k``, ``v`` (B, Hkv, L/C, d_k); returns ``weighted_values`` (B, H, L/C, d_k)."""
-    sizes = plan.sizes
     ranks, rank = plan.context_parallel, plan.context_rank
     grouped = config.kv_heads != config.heads
-    kv_heads = "Hkv" if grouped else "H"
-    chunk = f"B {kv_heads} L/C d_k"
+    chunk = f"B {'Hkv' if grouped else 'H'} L/C d_k"
     causal = config.mask == "causal"
-    narrow = plan.dtype != "float32"
-    after, before = (rank + 1) % ranks, (rank - 1) % ranks
+    current_k, current_v = _chunks_to_send(plan, k, v, "Hkv" if grouped else "H", chunk)
+    state: dict[str, str] = {}  # the running max and sum, the accumulator: their last stages
+    for step in range(last_step(ranks, rank, causal) + 1):  # each scores a chunk
+        name = f"ring{step}."
+        source = (rank - step) % ranks  # whose K and V this step holds
+        receiving = receives(ranks, rank, step, causal)
+        arriving = (source - 1) % ranks  # whose chunk the next step holds
+        if receiving:
+            receive_k, receive_v = _receive_buffers(plan, name, chunk, arriving)
+        masked = causal and step == 0  # the rank's own chunk: the causal mask within it
+        _step(plan, config, name, q, (current_k, current_v), state, source, scale, masked)
+        # the sends and receives waited on
+        if sends(ranks, rank, step, causal):  # alive until sent, then freed
+            _sent(plan, name, chunk, (current_k, current_v), source)
+        if receiving:
+            current_k, current_v = _received(plan, name, chunk, (receive_k, receive_v), arriving)
+    return _divided(plan, state)
+
+
+def _chunks_to_send(
+    plan: PlanBuilder, k: str, v: str, kv_heads: str, chunk: str
+) -> tuple[str, str]:
+    """This rank's K and V chunks as what is sent, one block of memory each. Returns their
+    stages."""
     # what is sent must be one block of memory: the split heads (rotated or not) keep the
     # (B, L/C, Hkv, d_k) order of the projection, (B, Hkv, L/C, d_k) only with one head or
     # one token
-    in_order = sizes[kv_heads] == 1 or sizes["L/C"] == 1
+    in_order = plan.sizes[kv_heads] == 1 or plan.sizes["L/C"] == 1
     copied = "contiguous(): a copy, to be sent"
     held = "already one block: no copy"
     current_k = plan.add(
@@ -79,126 +99,199 @@ def plan_ring_attention(
         "ring_v", chunk, (v,), view_of=None if not in_order else v,
         what=f"this rank's V chunk; {held if in_order else copied}",
     )  # fmt: skip
-    row_max = row_sum = output = None
-    for step in range(last_step(ranks, rank, causal) + 1):  # each scores a chunk
-        name = f"ring{step}."
-        source = (rank - step) % ranks  # whose K and V this step holds
-        receiving = receives(ranks, rank, step, causal)
-        arriving = (source - 1) % ranks  # whose chunk the next step holds
-        if receiving:
-            receive_k = plan.add(
-                name + "recv_k", chunk,
-                what=f"receive buffer: rank {arriving}'s K chunk, from rank {before} (irecv); "
-                "with the one held, two K chunks alive",
-            )  # fmt: skip
-            receive_v = plan.add(
-                name + "recv_v",
-                chunk,
-                what=f"receive buffer: rank {arriving}'s V chunk; two V chunks alive",
-            )
-        keys, values = current_k, current_v
-        if grouped:
-            keys = plan.add(
-                name + "k_repeated", "B H L/C d_k", (keys,),
-                what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
-            )  # fmt: skip
-        start = source * sizes["L/C"]
+    return current_k, current_v
+
+
+def _receive_buffers(plan: PlanBuilder, name: str, chunk: str, arriving: int) -> tuple[str, str]:
+    """The buffers a step receives the next step's K and V chunks into (rank ``arriving``'s,
+    from the rank before). Returns their stages."""
+    before = (plan.context_rank - 1) % plan.context_parallel
+    receive_k = plan.add(
+        name + "recv_k", chunk,
+        what=f"receive buffer: rank {arriving}'s K chunk, from rank {before} (irecv); "
+        "with the one held, two K chunks alive",
+    )  # fmt: skip
+    receive_v = plan.add(
+        name + "recv_v",
+        chunk,
+        what=f"receive buffer: rank {arriving}'s V chunk; two V chunks alive",
+    )
+    return receive_k, receive_v
+
+
+def _step(
+    plan: PlanBuilder,
+    config: LayerConfig,
+    name: str,
+    q: str,
+    chunks: tuple[str, str],
+    state: dict[str, str],
+    source: int,
+    scale: str,
+    masked: bool,
+) -> None:
+    """One ring step's online softmax: the queries' scores against rank ``source``'s K, V
+    ``chunks``, folded into ``state`` (the last stages of ``max``, ``sum``: (B, H, L/C),
+    and ``output``: (B, H, L/C, d_k), all float32). ``masked``: the diagonal chunk."""
+    keys, values = chunks
+    narrow = plan.dtype != "float32"
+    grouped = config.kv_heads != config.heads
+    scores = _chunk_scores(plan, config, name, q, keys, source, scale, masked)
+    correction = _running_max(plan, name, scores, state)
+    probabilities = plan.add(
+        name + "probabilities", "B H L/C L/C", (scores, state["max"]), view_of=scores,
+        dtype="float32", what="exp(scores - running max), in place",
+    )  # fmt: skip
+    _running_sum(plan, name, probabilities, correction, state)
+    weights = probabilities
+    if narrow:
+        weights = plan.add(
+            name + "weights", "B H L/C L/C", (probabilities,),
+            what=f"the unnormalised weights in {plan.dtype}",
+        )  # fmt: skip
+    if grouped:
+        values = plan.add(
+            name + "v_repeated", "B H L/C d_k", (values,),
+            what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
+        )  # fmt: skip
+    partial = plan.add(name + "partial", "B H L/C d_k", (weights, values), what="weights · V")
+    if "output" not in state:
+        state["output"] = plan.add(
+            name + "output", "B H L/C d_k", (partial,), dtype="float32",
+            view_of=None if narrow else partial,
+            what="the accumulator" + (", in float32" if narrow else ""),
+        )  # fmt: skip
+    else:
+        state["output"] = plan.add(
+            name + "output", "B H L/C d_k", (state["output"], correction, partial),
+            view_of=state["output"], dtype="float32",
+            what="accumulator · correction + this chunk's, in place",
+        )  # fmt: skip
+
+
+def _chunk_scores(
+    plan: PlanBuilder,
+    config: LayerConfig,
+    name: str,
+    q: str,
+    keys: str,
+    source: int,
+    scale: str,
+    masked: bool,
+) -> str:
+    """The queries' scores against rank ``source``'s keys (the diagonal chunk ``masked``),
+    in float32 for the online softmax. Returns the last stage that writes them."""
+    if config.kv_heads != config.heads:
+        keys = plan.add(
+            name + "k_repeated", "B H L/C d_k", (keys,),
+            what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
+        )  # fmt: skip
+    start = source * plan.sizes["L/C"]
+    scores = plan.add(
+        name + "scores", "B H L/C L/C", (q, keys),
+        what=f"Q · Kᵀ {scale} against rank {source}'s keys (positions {start}…)",
+    )  # fmt: skip
+    if masked:
+        plan.add(
+            name + "mask", "L/C L/C", (scores,), dtype="bool",
+            what="causal within the rank's own chunk, blocked scores set to -inf in "
+            "place; later chunks skipped",
+            scratch=plan.nbytes("L/C L/C", "bool"),  # its negation, for masked_fill_
+        )  # fmt: skip
+    if plan.dtype != "float32":
         scores = plan.add(
-            name + "scores", "B H L/C L/C", (q, keys),
-            what=f"Q · Kᵀ {scale} against rank {source}'s keys (positions {start}…)",
+            name + "scores_float32", "B H L/C L/C", (scores,), dtype="float32",
+            what="the scores in float32, for the online softmax",
         )  # fmt: skip
-        if causal and step == 0:
-            plan.add(
-                name + "mask", "L/C L/C", (scores,), dtype="bool",
-                what="causal within the rank's own chunk, blocked scores set to -inf in "
-                "place; later chunks skipped",
-                scratch=plan.nbytes("L/C L/C", "bool"),  # its negation, for masked_fill_
-            )  # fmt: skip
-        if narrow:
-            scores = plan.add(
-                name + "scores_float32", "B H L/C L/C", (scores,), dtype="float32",
-                what="the scores in float32, for the online softmax",
-            )  # fmt: skip
-        block_max = plan.add(
-            name + "block_max", "B H L/C", (scores,), dtype="float32",
-            what="each query row's largest score in this chunk",
+    return scores
+
+
+def _running_max(plan: PlanBuilder, name: str, scores: str, state: dict[str, str]) -> str | None:
+    """This chunk's largest score per query row, folded into the running max
+    (``state["max"]``). Returns the correction exp(old max - new max), None at the first
+    step."""
+    block_max = plan.add(
+        name + "block_max", "B H L/C", (scores,), dtype="float32",
+        what="each query row's largest score in this chunk",
+    )  # fmt: skip
+    if "max" not in state:
+        state["max"] = block_max
+        return None
+    row_max = state["max"]
+    new_max = plan.add(
+        name + "max", "B H L/C", (row_max, block_max), dtype="float32",
+        what="the running max: max(old, this chunk's)",
+    )  # fmt: skip
+    correction = plan.add(
+        name + "correction", "B H L/C", (row_max, new_max), view_of=row_max,
+        dtype="float32", what="exp(old max - new max), in place on the old max",
+    )  # fmt: skip
+    state["max"] = new_max
+    return correction
+
+
+def _running_sum(
+    plan: PlanBuilder,
+    name: str,
+    probabilities: str,
+    correction: str | None,
+    state: dict[str, str],
+) -> None:
+    """This chunk's sum of exp per query row, folded into the running sum
+    (``state["sum"]``), the old one times the ``correction``."""
+    if "sum" not in state:
+        state["sum"] = plan.add(
+            name + "sum", "B H L/C", (probabilities,), dtype="float32",
+            what="the running sum of exp over the keys so far",
         )  # fmt: skip
-        correction = None
-        if row_max is None:
-            row_max = block_max
-        else:
-            new_max = plan.add(
-                name + "max", "B H L/C", (row_max, block_max), dtype="float32",
-                what="the running max: max(old, this chunk's)",
-            )  # fmt: skip
-            correction = plan.add(
-                name + "correction", "B H L/C", (row_max, new_max), view_of=row_max,
-                dtype="float32", what="exp(old max - new max), in place on the old max",
-            )  # fmt: skip
-            row_max = new_max
-        probabilities = plan.add(
-            name + "probabilities", "B H L/C L/C", (scores, row_max), view_of=scores,
-            dtype="float32", what="exp(scores - running max), in place",
-        )  # fmt: skip
-        if row_sum is None:
-            row_sum = plan.add(
-                name + "sum", "B H L/C", (probabilities,), dtype="float32",
-                what="the running sum of exp over the keys so far",
-            )  # fmt: skip
-        else:
-            block_sum = plan.add(
-                name + "block_sum", "B H L/C", (probabilities,), dtype="float32",
-                what="this chunk's sum of exp",
-            )  # fmt: skip
-            row_sum = plan.add(
-                name + "sum", "B H L/C", (row_sum, correction, block_sum), view_of=row_sum,
-                dtype="float32", what="sum · correction + this chunk's, in place",
-            )  # fmt: skip
-        weights = probabilities
-        if narrow:
-            weights = plan.add(
-                name + "weights", "B H L/C L/C", (probabilities,),
-                what=f"the unnormalised weights in {plan.dtype}",
-            )  # fmt: skip
-        if grouped:
-            values = plan.add(
-                name + "v_repeated", "B H L/C d_k", (values,),
-                what=f"repeat_interleave({config.groups}, dim=1): one copy per query head",
-            )  # fmt: skip
-        partial = plan.add(name + "partial", "B H L/C d_k", (weights, values), what="weights · V")
-        if output is None:
-            output = plan.add(
-                name + "output", "B H L/C d_k", (partial,), dtype="float32",
-                view_of=None if narrow else partial,
-                what="the accumulator" + (", in float32" if narrow else ""),
-            )  # fmt: skip
-        else:
-            output = plan.add(
-                name + "output", "B H L/C d_k", (output, correction, partial),
-                view_of=output, dtype="float32",
-                what="accumulator · correction + this chunk's, in place",
-            )  # fmt: skip
-        # the sends and receives waited on
-        if sends(ranks, rank, step, causal):  # alive until sent, then freed
-            plan.add(
-                name + "sent_k", chunk, (current_k,), view_of=current_k,
-                what=f"rank {source}'s K chunk, sent to rank {after} (isend) meanwhile",
-            )  # fmt: skip
-            plan.add(
-                name + "sent_v", chunk, (current_v,), view_of=current_v,
-                what=f"rank {source}'s V chunk, sent to rank {after}",
-            )  # fmt: skip
-        if receiving:
-            current_k = plan.add(
-                name + "received_k", chunk, (receive_k,), view_of=receive_k,
-                what=f"rank {arriving}'s K chunk, arrived",
-            )  # fmt: skip
-            current_v = plan.add(
-                name + "received_v", chunk, (receive_v,), view_of=receive_v,
-                what=f"rank {arriving}'s V chunk, arrived",
-            )  # fmt: skip
+        return
+    block_sum = plan.add(
+        name + "block_sum", "B H L/C", (probabilities,), dtype="float32",
+        what="this chunk's sum of exp",
+    )  # fmt: skip
+    state["sum"] = plan.add(
+        name + "sum", "B H L/C", (state["sum"], correction, block_sum), view_of=state["sum"],
+        dtype="float32", what="sum · correction + this chunk's, in place",
+    )  # fmt: skip
+
+
+def _sent(plan: PlanBuilder, name: str, chunk: str, chunks: tuple[str, str], source: int) -> None:
+    """Rank ``source``'s K and V ``chunks``, sent on to the next rank: alive until sent."""
+    after = (plan.context_rank + 1) % plan.context_parallel
+    current_k, current_v = chunks
+    plan.add(
+        name + "sent_k", chunk, (current_k,), view_of=current_k,
+        what=f"rank {source}'s K chunk, sent to rank {after} (isend) meanwhile",
+    )  # fmt: skip
+    plan.add(
+        name + "sent_v", chunk, (current_v,), view_of=current_v,
+        what=f"rank {source}'s V chunk, sent to rank {after}",
+    )  # fmt: skip
+
+
+def _received(
+    plan: PlanBuilder, name: str, chunk: str, buffers: tuple[str, str], arriving: int
+) -> tuple[str, str]:
+    """Rank ``arriving``'s K and V chunks, arrived in the receive ``buffers``: what the next
+    step holds. Returns their stages."""
+    receive_k, receive_v = buffers
+    current_k = plan.add(
+        name + "received_k", chunk, (receive_k,), view_of=receive_k,
+        what=f"rank {arriving}'s K chunk, arrived",
+    )  # fmt: skip
+    current_v = plan.add(
+        name + "received_v", chunk, (receive_v,), view_of=receive_v,
+        what=f"rank {arriving}'s V chunk, arrived",
+    )  # fmt: skip
+    return current_k, current_v
+
+
+def _divided(plan: PlanBuilder, state: dict[str, str]) -> str:
+    """The accumulator divided by the running sum: the attended values, in the dtype.
+    Returns ``weighted_values``."""
+    output, row_sum = state["output"], state["sum"]
     divided = "accumulator / running sum, in place: softmax(Q·Kᵀ)·V over all L keys"
-    if not narrow:
+    if plan.dtype == "float32":
         return plan.add(
             "weighted_values", "B H L/C d_k", (output, row_sum), view_of=output,
             dtype="float32", what=divided,
