@@ -354,6 +354,30 @@ def _gemma3_keys(config: Mapping[str, Any], source: _Source, layer_type: str) ->
 
 def _rope(source: _Source, head_dim: int, max_positions: int, convention: Convention) -> Rope:
     """Check the merged keys for their rope_type and build the Rope."""
+    kind_label, kind = _rope_kind(source, convention)
+    if not source.has("rope_theta"):
+        source.values["rope_theta"] = ("rope_theta", DEFAULT_THETA)
+    values: dict[str, Any] = {"theta": source.number("rope_theta", minimum=1.0), "rope_type": kind}
+    dim = _rotated_dims(source, head_dim, kind, convention, values)
+    if kind == "default":
+        return Rope(**values)
+    if kind in ("llama3", "yarn", "longrope"):
+        implicit = _original_positions(source, kind, max_positions, values)
+    if kind in ("linear", "dynamic", "llama3", "yarn"):
+        _required(source, kind_label, kind, "factor")
+    if kind == "yarn" and source.values["factor"][1] is None:
+        values["factor"] = implicit  # transformers: max_position_embeddings / L₀
+    elif kind == "longrope" and source.values.get("factor", ("", None))[1] is None:
+        values["factor"] = implicit
+    else:
+        values["factor"] = source.number("factor")
+    _type_values(source, kind_label, kind, dim, max_positions, values)
+    return Rope(**values)
+
+
+def _rope_kind(source: _Source, convention: Convention) -> tuple[str, str]:
+    """The RoPE type the keys name (rope_type, or the older type; Phi-3's old names of
+    longrope renamed), checked against the family's. Returns (its key's label, it)."""
     if source.has("rope_type"):
         kind_label, kind = source.values["rope_type"]
         if source.has("type") and source.values["type"][1] != kind:
@@ -378,9 +402,14 @@ def _rope(source: _Source, head_dim: int, max_positions: int, convention: Conven
         raise source.error(
             kind_label, f"is {_brief(kind)}; this family supports RoPE types " + ", ".join(allowed)
         )
-    if not source.has("rope_theta"):
-        source.values["rope_theta"] = ("rope_theta", DEFAULT_THETA)
-    values: dict[str, Any] = {"theta": source.number("rope_theta", minimum=1.0), "rope_type": kind}
+    return kind_label, kind
+
+
+def _rotated_dims(
+    source: _Source, head_dim: int, kind: str, convention: Convention, values: dict[str, Any]
+) -> int:
+    """The dims of a head RoPE turns (``partial_rotary_factor``, into ``values``, where the
+    family reads it), checked: an even number of at least 2."""
     partial = convention == "phi3" or kind != "default"  # the default RoPE reads it in Phi-3 only
     if partial and source.has("partial_rotary_factor"):
         fraction = source.number("partial_rotary_factor")
@@ -402,38 +431,47 @@ def _rope(source: _Source, head_dim: int, max_positions: int, convention: Conven
             else "head_dim",
             f"gives {dim} rotated dims of a head of {head_dim}; RoPE turns an even number >= 2",
         )
-    if kind == "default":
-        return Rope(**values)
+    return dim
 
-    def required(key: str) -> None:
-        if not source.has(key):
-            raise source.error(kind_label, f"{kind!r} needs {key}")
 
-    if kind in ("llama3", "yarn", "longrope"):
-        original = "original_max_position_embeddings"
-        if source.original is not None:
-            source.values[original] = source.original
-        elif not source.has(original):
-            source.values[original] = ("max_position_embeddings", max_positions)
-        values["original_max_positions"] = source.integer(original)
-        if kind == "longrope" and values["original_max_positions"] < 2:  # ln(L₀) divides
-            raise source.error(source.label(original), "must be at least 2 for longrope, got 1")
-        implicit = max_positions / values["original_max_positions"]
-    if kind in ("linear", "dynamic", "llama3", "yarn"):
-        required("factor")
-    if kind == "yarn" and source.values["factor"][1] is None:
-        values["factor"] = implicit  # transformers: max_position_embeddings / L₀
-    elif kind == "longrope" and source.values.get("factor", ("", None))[1] is None:
-        values["factor"] = implicit
-    else:
-        values["factor"] = source.number("factor")
+def _required(source: _Source, kind_label: str, kind: str, key: str) -> None:
+    """Refuse a RoPE type without a key it needs."""
+    if not source.has(key):
+        raise source.error(kind_label, f"{kind!r} needs {key}")
+
+
+def _original_positions(
+    source: _Source, kind: str, max_positions: int, values: dict[str, Any]
+) -> float:
+    """The length the scaling starts from (into ``values``): the rope's own, else
+    max_position_embeddings. Returns the factor it implies, max_positions / it."""
+    original = "original_max_position_embeddings"
+    if source.original is not None:
+        source.values[original] = source.original
+    elif not source.has(original):
+        source.values[original] = ("max_position_embeddings", max_positions)
+    values["original_max_positions"] = source.integer(original)
+    if kind == "longrope" and values["original_max_positions"] < 2:  # ln(L₀) divides
+        raise source.error(source.label(original), "must be at least 2 for longrope, got 1")
+    return max_positions / values["original_max_positions"]
+
+
+def _type_values(
+    source: _Source,
+    kind_label: str,
+    kind: str,
+    dim: int,
+    max_positions: int,
+    values: dict[str, Any],
+) -> None:
+    """The keys of each scaled RoPE type besides its factor, checked, into ``values``."""
     if kind == "dynamic":
         if dim == 2:
             raise source.error(kind_label, "'dynamic' needs at least 4 rotated dims (r/(r-2))")
         values["max_positions"] = max_positions
     elif kind == "llama3":
-        required("low_freq_factor")
-        required("high_freq_factor")
+        _required(source, kind_label, kind, "low_freq_factor")
+        _required(source, kind_label, kind, "high_freq_factor")
         values["low_freq_factor"] = source.number("low_freq_factor")
         values["high_freq_factor"] = source.number("high_freq_factor")
         if not values["low_freq_factor"] < values["high_freq_factor"]:
@@ -452,8 +490,7 @@ def _rope(source: _Source, head_dim: int, max_positions: int, convention: Conven
     if kind in ("yarn", "longrope"):
         values["attention_factor"] = source.optional("attention_factor")
     if kind == "longrope":
-        required("short_factor")
-        required("long_factor")
+        _required(source, kind_label, kind, "short_factor")
+        _required(source, kind_label, kind, "long_factor")
         values["short_factor"] = source.factors("short_factor", dim // 2)
         values["long_factor"] = source.factors("long_factor", dim // 2)
-    return Rope(**values)
