@@ -8,8 +8,6 @@ holds at any moment is what ``memory.py`` predicts from the plan, whose stages a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +16,7 @@ from attnctl.model.config import LayerConfig
 from attnctl.model.describe import Attention
 from attnctl.model.rope import attention_scaling
 from attnctl.nn import Record, no_record, positions, ring_attention
+from attnctl.nn.attention_state import AttentionResult, Call, Live, dims_of
 from attnctl.nn.collectives import (
     TensorGroup,
     column_projection,
@@ -26,40 +25,8 @@ from attnctl.nn.collectives import (
     output_bias,
     reduce_partial,
 )
+from attnctl.nn.kv_cache import KVCache, keep
 from attnctl.nn.scores import scale_scores, soft_cap
-
-
-@dataclass
-class AttentionResult:
-    output: torch.Tensor  # (B, L, D): after the residual (and the norm when norm == "post")
-    attention_output: torch.Tensor  # (B, L, D): W_o(concat), before any residual
-    weights: torch.Tensor | None  # (B, H, L, Lk): the math path's, when kept
-    window: torch.Tensor | None = None  # (B, h, r, Lk): the weights shown, when asked for
-    key_start: int = 0  # the position of the first key the weights cover (a sliding cache)
-
-
-@dataclass
-class KVCache:
-    """One attention sublayer's keys and values as a decoder keeps them between steps.
-
-    Self-attention appends each step's K and V heads and, with a sliding window, keeps
-    the last ``window`` positions (those before fell out: ``start`` moves on);
-    cross-attention projects the encoder output once, at the first step, and reuses it.
-    """
-
-    keys: torch.Tensor | None = None  # (B, Hkv, T, d_k), rotated as the scores used them
-    values: torch.Tensor | None = None  # (B, Hkv, T, d_k)
-    start: int = 0  # the position of keys[:, :, 0]
-
-    @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    @property
-    def bytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
 def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -72,59 +39,6 @@ def norm(config: LayerConfig, x: torch.Tensor, weight: torch.Tensor, bias: torch
 def _scaled(table: torch.Tensor, scaling: float) -> torch.Tensor:
     """A float32 cos or sin table times RoPE's attention scaling, in place (1: as it is)."""
     return table if scaling == 1 else table.mul_(scaling)
-
-
-@dataclass(frozen=True)
-class _Dims:
-    """A sublayer's lengths, and the dims its stages are recorded with."""
-
-    batch: int
-    seq_len: int  # the queries': the whole sequence's under sequence parallelism
-    key_len: int
-    key_len_dim: str  # the keys' length: "L", or "Lc" in cross-attention
-    hidden: str  # "B L D", or a sequence-parallel rank's
-    q_width: str  # H·d_k: "D", or "D_q" when head_dim is not D / H
-    grouped: bool  # grouped-query (GQA) or multi-query attention: Hkv < H
-    kv_dims: str  # K and V before the split: "B Lk D_kv", ...
-    kv_split: str  # K and V heads: "B Hkv Lk d_k", ...
-
-
-def _dims(
-    config: LayerConfig,
-    x: torch.Tensor,
-    group: TensorGroup | None,
-    cross: bool,
-    context: torch.Tensor | None,
-    past: KVCache | None,
-) -> _Dims:
-    """The sizes of x (B, L, D) and of the keys: ``past``'s when its K and V are reused,
-    the context's in cross-attention, else the sequence's own."""
-    batch, seq_len = x.shape[:2]
-    hidden = "B L D"
-    if group is not None:  # under sequence parallelism x holds L / T of the tokens
-        seq_len, hidden = group.full_length(seq_len), group.hidden
-    key_len = past.length if past is not None else context.shape[1] if cross else seq_len
-    key_len_dim = "Lc" if cross else "L"
-    q_width = "D" if config.q_width == config.d_model else "D_q"  # D_q: head_dim is not D / H
-    grouped = config.kv_heads != config.heads
-    kv_width = "D_kv" if grouped else q_width
-    kv_dims = f"B {key_len_dim} {kv_width}"
-    kv_split = f"B {'Hkv' if grouped else 'H'} {key_len_dim} d_k"
-    return _Dims(batch, seq_len, key_len, key_len_dim, hidden, q_width, grouped, kv_dims, kv_split)
-
-
-@dataclass
-class _Live:
-    """The tensors a sublayer holds between its steps. A step done with one sets it to None,
-    which frees it right there (as ``del`` would in one long function)."""
-
-    x: torch.Tensor | None  # (B, L, D): read again by the residual
-    context: torch.Tensor | None  # (B, Lc, D): cross-attention's keys and values come from it
-    h: torch.Tensor | None = None  # what W_q, W_k, W_v read: x, or Norm(x), gathered
-    shard: torch.Tensor | None = None  # what they keep for a training step under SP
-    q: torch.Tensor | None = None
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
 
 
 def attention(
@@ -172,82 +86,58 @@ def attention(
     ring = ring_attention.current()  # context parallel: this rank holds L / C of the tokens
     if ring is not None and (cross or past is not None or padding is not None):
         raise AttnctlError("ring attention (--cp) runs self-attention over unpadded sequences")
-    dims = _dims(config, x, group, cross, context, past if reused else None)
-    live = _Live(x, context)  # the steps take them: each freed when they are done with it
+    dims = dims_of(config, x, group, cross, context, past if reused else None)
+    call = Call(sublayer, weights, record, padding, keep_weights, window, training, offset,
+                 position_bias, past, group, ring, dims)  # fmt: skip
+    live = Live(x, context)  # the steps take them: each freed when they are done with it
     del x, context
 
     # 1. project (from Norm(x) in a pre-norm sublayer), then split D into heads: views
-    _project_queries(sublayer, weights, live, record, group, dims)
+    _project_queries(call, live)
     if reused:  # a decoding step: cross-attention's K and V heads are the first step's
-        return _attend_kept_cross(
-            sublayer, weights, live, padding, record, keep_weights, window, offset,
-            position_bias, past, dims,
-        )  # fmt: skip
-    _project_keys_values(sublayer, weights, live, record, group, dims, cross)
-    _query_heads(config, weights, live, record, dims)
-    _key_value_heads(config, weights, live, record, dims)
+        return _attend_kept_cross(call, live)
+    _project_keys_values(call, live)
+    _query_heads(call, live, record)
+    _key_value_heads(call, live)
     if config.pos == "rope":  # rotate Q and K by their positions; V is left alone
-        length = ring.length if ring is not None else offset + dims.seq_len
-        _rope_rotation(config, live, record, dims, length, offset)
+        _rope_rotation(call, live, ring.length if ring is not None else offset + dims.seq_len)
     if cache is not None:  # what a decoder keeps of this block, as it uses them
         kept = sublayer.window or dims.key_len
         for kept_heads in (live.k, live.v):
             tail = kept_heads[:, :, -kept:]  # (B, Hkv, min(Lk, W), d_k)
             cache.append(tail.clone(memory_format=torch.contiguous_format))
     if past is not None:  # a decoding step: attend over what was kept and the new K, V
-        return _decode_step(
-            sublayer, weights, live, padding, record, keep_weights, window, offset,
-            position_bias, past, dims, cross,
-        )  # fmt: skip
-    return _attend_sequence(
-        sublayer, weights, live, padding, record, keep_weights, window, training,
-        position_bias, ring, dims, group,
-    )  # fmt: skip
+        return _decode_step(call, live)
+    return _attend_sequence(call, live)
 
 
-def _project_queries(
-    sublayer: Attention,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    record: Record,
-    group: TensorGroup | None,
-    dims: _Dims,
-) -> None:
-    """Step 1's start: ``live.h`` = x, or Norm(x) in a pre-norm sublayer (gathered under
-    sequence parallelism), and ``live.q`` = h · W_q (B, L, H·d_k)."""
-    config = sublayer.config
+def _project_queries(call: Call, live: Live) -> None:
+    """``live.h`` = x or Norm(x) (gathered under SP), and ``live.q`` = h · W_q (B, L, H·d_k)."""
+    config, weights, record, group = call.sublayer.config, call.weights, call.record, call.group
     norm_weight, norm_bias = weights.get("norm.weight"), weights.get("norm.bias")
     live.h = live.x
     if config.norm == "pre":
         live.h = norm(config, live.x, norm_weight, norm_bias)  # (B, L, D)
-        record("norm", live.h, dims.hidden)
-    live.shard = kept_shard(group, live.h)  # what W_q, W_k, W_v keep for a training step
-    live.h = gather_sequence(group, live.h, record)  # sequence parallel: (B, L, D) from all
-    if group is not None and group.sequence_parallel and not sublayer.residual:
+        record("norm", live.h, call.dims.hidden)
+    live.shard = kept_shard(group, live.h)  # what W_q, W_k, W_v keep for a training step under SP
+    live.h = gather_sequence(group, live.h, record)  # sequence parallel: (B, L, D) from every rank
+    if group is not None and group.sequence_parallel and not call.sublayer.residual:
         live.x = None  # no residual: the gathered sequence is all that is read from here
     live.q = column_projection(
         group, live.h, live.shard, weights["W_q.weight"], weights.get("W_q.bias")
     )  # (B, L, H·d_k)
-    record("q", live.q, f"B L {dims.q_width}")
+    record("q", live.q, f"B L {call.dims.q_width}")
     if config.qk_norm == "all":  # OLMo 2: over every head at once, before the split
         q_norm_weight, q_norm_bias = weights["q_norm.weight"], weights.get("q_norm.bias")
         live.q = norm(config, live.q, q_norm_weight, q_norm_bias)  # (B, L, H·d_k)
-        record("q_norm", live.q, f"B L {dims.q_width}")
+        record("q_norm", live.q, f"B L {call.dims.q_width}")
 
 
-def _project_keys_values(
-    sublayer: Attention,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    record: Record,
-    group: TensorGroup | None,
-    dims: _Dims,
-    cross: bool,
-) -> None:
-    """``live.k``, ``live.v`` = h · W_k, h · W_v (B, Lk, Hkv·d_k), h being the context in
-    cross-attention; h, and x without a residual, are freed here."""
-    config = sublayer.config
-    if cross:  # keys and values from the context (an encoder's output, in a decoder)
+def _project_keys_values(call: Call, live: Live) -> None:
+    """``live.k``, ``live.v`` = h · W_k, h · W_v (B, Lk, Hkv·d_k), h the context in cross."""
+    sublayer, weights, record, group = call.sublayer, call.weights, call.record, call.group
+    config, kv_dims = sublayer.config, call.dims.kv_dims
+    if sublayer.kind == "cross_attention":  # keys and values from the context (an encoder's)
         live.h = live.context
         live.context = None
         if not sublayer.residual:
@@ -255,29 +145,23 @@ def _project_keys_values(
     live.k = column_projection(
         group, live.h, live.shard, weights["W_k.weight"], weights.get("W_k.bias")
     )  # (B, Lk, Hkv·d_k)
-    record("k", live.k, dims.kv_dims)
+    record("k", live.k, kv_dims)
     if config.qk_norm == "all":
         k_norm_weight, k_norm_bias = weights["k_norm.weight"], weights.get("k_norm.bias")
         live.k = norm(config, live.k, k_norm_weight, k_norm_bias)  # (B, Lk, Hkv·d_k)
-        record("k_norm", live.k, dims.kv_dims)
+        record("k_norm", live.k, kv_dims)
     live.v = column_projection(
         group, live.h, live.shard, weights["W_v.weight"], weights.get("W_v.bias")
     )  # (B, Lk, Hkv·d_k)
     live.h = live.shard = None
     if not sublayer.residual:
         live.x = None  # no residual: x is not needed again
-    record("v", live.v, dims.kv_dims)
+    record("v", live.v, kv_dims)
 
 
-def _query_heads(
-    config: LayerConfig,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    record: Record,
-    dims: _Dims,
-) -> None:
-    """``live.q`` (B, L, H·d_k) as heads (B, H, L, d_k): a view, each head normed first
-    where the model does that."""
+def _query_heads(call: Call, live: Live, record: Record) -> None:
+    """``live.q`` (B, L, H·d_k) as heads (B, H, L, d_k): a view, normed first where it is."""
+    config, weights, dims = call.sublayer.config, call.weights, call.dims
     live.q = live.q.view(dims.batch, dims.seq_len, config.heads, config.d_k)  # (B, L, H, d_k)
     if config.qk_norm == "head":  # Qwen3, Gemma 3: each head over its d_k, before RoPE
         live.q = norm(config, live.q, weights["q_norm.weight"], weights.get("q_norm.bias"))
@@ -286,15 +170,9 @@ def _query_heads(
     record("q_heads", live.q, "B H L d_k")
 
 
-def _key_value_heads(
-    config: LayerConfig,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    record: Record,
-    dims: _Dims,
-) -> None:
-    """``live.k``, ``live.v`` (B, Lk, Hkv·d_k) as heads (B, Hkv, Lk, d_k): views, each K
-    head normed first where the model does that."""
+def _key_value_heads(call: Call, live: Live) -> None:
+    """``live.k``, ``live.v`` as heads (B, Hkv, Lk, d_k): views, K normed first where it is."""
+    config, weights, record, dims = call.sublayer.config, call.weights, call.record, call.dims
     batch, key_len, kv_heads, d_k = dims.batch, dims.key_len, config.kv_heads, config.d_k
     live.k = live.k.view(batch, key_len, kv_heads, d_k)  # (B, Lk, Hkv, d_k)
     if config.qk_norm == "head":
@@ -306,13 +184,12 @@ def _key_value_heads(
     record("v_heads", live.v, dims.kv_split)
 
 
-def _rope_rotation(
-    config: LayerConfig, live: _Live, record: Record, dims: _Dims, length: int, offset: int
-) -> None:
-    """RoPE: ``live.q`` and ``live.k`` heads rotated by their positions, those of the new
-    tokens only (a decoding step; a context-parallel rank's chunk), at the frequencies of
-    the whole sequence of ``length``."""
-    seq_len, d_k = dims.seq_len, config.d_k
+def _rope_rotation(call: Call, live: Live, length: int) -> None:
+    """RoPE: Q and K heads turned by the new tokens' positions, at ``length``'s frequencies."""
+    config, record, offset = call.sublayer.config, call.record, call.offset
+    seq_len, d_k = call.dims.seq_len, config.d_k
+    # the new tokens' positions only (a decoding step; a context-parallel rank's chunk),
+    # at the frequencies of the whole sequence
     angles = positions.rotary_angles(
         length, d_k, live.q.device, config, start=offset, stop=offset + seq_len
     )  # (L, d_k), float32
@@ -327,75 +204,39 @@ def _rope_rotation(
     record("q_rotated", live.q, "B H L d_k")
     live.k = positions.rotate(live.k, cos, sin)  # (B, Hkv, L, d_k)
     del cos, sin
-    record("k_rotated", live.k, dims.kv_split)
+    record("k_rotated", live.k, call.dims.kv_split)
 
 
-def _attend_kept_cross(
-    sublayer: Attention,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    padding: torch.Tensor | None,
-    record: Record,
-    keep_weights: bool,
-    window: tuple[list[int], list[int]] | None,
-    offset: int,
-    position_bias: list[torch.Tensor] | None,
-    past: KVCache,
-    dims: _Dims,
-) -> AttentionResult:
-    """A decoding step of cross-attention: the new queries over the K and V heads the first
-    step made (B, Hkv, Lk, d_k), kept in ``past``."""
+def _attend_kept_cross(call: Call, live: Live) -> AttentionResult:
+    """A decoding step of cross-attention, over the K, V heads the first step kept in past."""
+    past = call.past
     live.h = None
-    _query_heads(sublayer.config, weights, live, no_record, dims)  # (B, H, L, d_k)
+    _query_heads(call, live, no_record)  # (B, H, L, d_k)
     return _attend(
-        sublayer, weights, live.x, live.q, past.keys, past.values, padding, record,
-        keep_weights, window, offset, position_bias, past, key_start=0,
+        call.sublayer, call.weights, live.x, live.q, past.keys, past.values, call.padding,
+        call.record, call.keep_weights, call.window, call.offset, call.position_bias, past,
+        key_start=0,
     )  # fmt: skip
 
 
-def _decode_step(
-    sublayer: Attention,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    padding: torch.Tensor | None,
-    record: Record,
-    keep_weights: bool,
-    window: tuple[list[int], list[int]] | None,
-    offset: int,
-    position_bias: list[torch.Tensor] | None,
-    past: KVCache,
-    dims: _Dims,
-    cross: bool,
-) -> AttentionResult:
-    """A decoding step: the new tokens' K and V heads join those ``past`` kept (a sliding
-    window's last positions), are kept for the next step, and the new queries attend."""
+def _decode_step(call: Call, live: Live) -> AttentionResult:
+    """A decoding step: the new K, V heads join (and are kept with) past's, then attend."""
+    past, dims = call.past, call.dims
     key_start = past.start
-    if not cross and past.keys is not None:
+    if call.sublayer.kind != "cross_attention" and past.keys is not None:
         live.k = torch.cat((past.keys, live.k), dim=2)  # (B, Hkv, T, d_k)
         live.v = torch.cat((past.values, live.v), dim=2)  # (B, Hkv, T, d_k)
-    _keep(past, sublayer.window, live.k, live.v)
+    keep(past, call.sublayer.window, live.k, live.v)
     return _attend(
-        sublayer, weights, live.x, live.q, live.k, live.v, padding, record, keep_weights,
-        window, offset, position_bias, past, key_start, (dims.key_len_dim, dims.q_width),
+        call.sublayer, call.weights, live.x, live.q, live.k, live.v, call.padding, call.record,
+        call.keep_weights, call.window, call.offset, call.position_bias, past, key_start,
+        (dims.key_len_dim, dims.q_width),
     )  # fmt: skip
 
 
-def _attend_sequence(
-    sublayer: Attention,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    padding: torch.Tensor | None,
-    record: Record,
-    keep_weights: bool,
-    window: tuple[list[int], list[int]] | None,
-    training: bool,
-    position_bias: list[torch.Tensor] | None,
-    ring: ring_attention.Ring | None,
-    dims: _Dims,
-    group: TensorGroup | None,
-) -> AttentionResult:
-    """Steps 2 to 4 over a whole sequence: the Q, K, V heads in ``live`` attend (on the math
-    path, SDPA's, or a context-parallel ring's), then W_o and the residual."""
+def _attend_sequence(call: Call, live: Live) -> AttentionResult:
+    """Steps 2 to 4 over a whole sequence: math, SDPA or a ring's attention, W_o, residual."""
+    sublayer, record, ring, dims = call.sublayer, call.record, call.ring, call.dims
     config = sublayer.config
     if dims.grouped and config.impl == "math" and ring is None:  # each K/V head serves `groups`
         live.k = live.k.repeat_interleave(config.groups, dim=1)  # (B, H, Lk, d_k)
@@ -407,15 +248,12 @@ def _attend_sequence(
     kept = shown = None
     if ring is not None:  # ring attention over every rank's K, V chunk (nn/ring_attention.py)
         held = [live.q, live.k, live.v]
-        live.q = live.k = live.v = None  # the ring takes them: each freed when it is done
+        live.q = live.k = live.v = None  # the ring takes them: each freed when it is done with it
         attended = ring_attention.attend(config, held, ring, record)  # (B, H, L, d_k)
     elif config.impl == "math":
-        attended, kept, shown = _math_attention(
-            sublayer, weights, live, padding, record, keep_weights, window, training,
-            position_bias, dims,
-        )  # fmt: skip
+        attended, kept, shown = _math_attention(call, live)
     else:
-        attended, shown = _sdpa_attention(config, live, padding, record, window, dims)
+        attended, shown = _sdpa_attention(call, live)
     live.v = None
     record("weighted_values", attended, "B H L d_k")
     held = [attended]  # the helper takes them: each is freed when it is done with it
@@ -425,24 +263,15 @@ def _attend_sequence(
         residual.append(live.x)
         live.x = None
     output, attention_output = _output(
-        sublayer, weights, held, residual, record, dims.q_width, group
+        sublayer, call.weights, held, residual, record, dims.q_width, call.group
     )
     return AttentionResult(output, attention_output, kept, shown)
 
 
-def _scores(
-    sublayer: Attention,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    padding: torch.Tensor | None,
-    record: Record,
-    position_bias: list[torch.Tensor] | None,
-    dims: _Dims,
-) -> torch.Tensor:
-    """The math path's scores (B, H, L, Lk) from ``live.q`` and ``live.k`` (both freed
-    here): scaled, soft-capped, biased, blocked keys at -inf, ready for the softmax."""
-    config = sublayer.config
-    heads, seq_len, key_len_dim = config.heads, dims.seq_len, dims.key_len_dim
+def _scores(call: Call, live: Live) -> torch.Tensor:
+    """The math path's (B, H, L, Lk) scores from Q and K (freed): scaled, capped, biased, masked."""
+    sublayer, padding, record, dims = call.sublayer, call.padding, call.record, call.dims
+    config, seq_len, key_len_dim = sublayer.config, dims.seq_len, dims.key_len_dim
     scores = scale_scores(config, torch.matmul(live.q, live.k.transpose(-2, -1)))  # (B, H, L, Lk)
     live.q = live.k = None
     if config.softcap:  # Gemma 2: cap·tanh(scores/cap), before any mask or bias
@@ -456,10 +285,11 @@ def _scores(
             scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
         record("scores", scores, f"B H L {key_len_dim}")
     if config.pos == "relative":  # T5: a learned bias by bucketed distance
-        scores += _relative_bias(sublayer, weights, position_bias, seq_len, dims.key_len, 0, 0)
+        position_bias = call.position_bias
+        scores += _relative_bias(sublayer, call.weights, position_bias, seq_len, dims.key_len, 0, 0)
         record("position_bias", position_bias[0], f"H L {key_len_dim}")
     if config.pos == "alibi":  # distance penalties, one slope per head
-        bias = positions.alibi_bias(heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
+        bias = positions.alibi_bias(config.heads, seq_len, scores.device, scores.dtype)  # (H, L, L)
         scores += bias  # (B, H, L, L), in place
         record("alibi", bias, "H L L")  # after use: the add belongs to this stage
         del bias
@@ -473,56 +303,38 @@ def _scores(
 
 
 def _math_attention(
-    sublayer: Attention,
-    weights: dict[str, torch.Tensor],
-    live: _Live,
-    padding: torch.Tensor | None,
-    record: Record,
-    keep_weights: bool,
-    window: tuple[list[int], list[int]] | None,
-    training: bool,
-    position_bias: list[torch.Tensor] | None,
-    dims: _Dims,
+    call: Call, live: Live
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The textbook path: softmax(scores) · V. Returns the attended values (B, H, L, d_k),
-    the weights (B, H, L, Lk) when kept, and the weights shown (B, h, r, Lk) when asked."""
-    config = sublayer.config
-    scores = _scores(sublayer, weights, live, padding, record, position_bias, dims)
+    """softmax(scores) · V: (attended (B, H, L, d_k), weights kept, weights shown)."""
+    config, record, key_len_dim = call.sublayer.config, call.record, call.dims.key_len_dim
+    scores = _scores(call, live)
     probabilities = torch.softmax(scores, dim=-1)  # (B, H, L, Lk)
     del scores
-    record("weights", probabilities, f"B H L {dims.key_len_dim}")
+    record("weights", probabilities, f"B H L {key_len_dim}")
     kept = shown = None
-    if window is not None:  # the weights shown: a slice of these
-        window_heads, window_rows = window
+    if call.window is not None:  # the weights shown: a slice of these
+        window_heads, window_rows = call.window
         shown = probabilities[:, window_heads][:, :, window_rows]  # (B, h, r, Lk)
-    if training and config.dropout > 0:  # training only: zero some weights
+    if call.training and config.dropout > 0:  # training only: zero some weights
         dropped = F.dropout(probabilities, config.dropout)  # (B, H, L, Lk)
-        record("dropout", dropped, f"B H L {dims.key_len_dim}")
+        record("dropout", dropped, f"B H L {key_len_dim}")
         attended = torch.matmul(dropped, live.v)  # (B, H, L, d_k)
         del dropped
     else:
         attended = torch.matmul(probabilities, live.v)  # (B, H, L, d_k)
-    if keep_weights:
+    if call.keep_weights:
         kept = probabilities
     del probabilities
     return attended, kept, shown
 
 
-def _sdpa_attention(
-    config: LayerConfig,
-    live: _Live,
-    padding: torch.Tensor | None,
-    record: Record,
-    window: tuple[list[int], list[int]] | None,
-    dims: _Dims,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The fused kernel's path: ``F.scaled_dot_product_attention`` on ``live``'s Q, K, V
-    heads (Q and K freed here). Returns the attended values (B, H, L, d_k) and the
-    weights shown (B, h, r, Lk) when asked, computed while Q and K are at hand."""
+def _sdpa_attention(call: Call, live: Live) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fused kernel on Q, K, V (Q, K freed): (attended (B, H, L, d_k), weights shown)."""
+    config, padding, record = call.sublayer.config, call.padding, call.record
     if config.softcap:  # validate refuses it: never computed without the cap
         raise AttnctlError("softcap needs the math path: SDPA cannot soft-cap the scores")
-    q, seq_len, causal = live.q, dims.seq_len, config.mask == "causal"
-    gqa = {"enable_gqa": True} if dims.grouped else {}  # the kernel groups K/V natively
+    q, seq_len, causal = live.q, call.dims.seq_len, config.mask == "causal"
+    gqa = {"enable_gqa": True} if call.dims.grouped else {}  # the kernel groups K/V natively
     # bool attn_mask: True = may attend; a float one is added to the scores
     attn_mask = None if padding is None else padding[:, None, None, :]  # (B, 1, 1, L)
     is_causal = causal
@@ -550,8 +362,8 @@ def _sdpa_attention(
     del attn_mask
     # attended: (B, H, L, d_k)
     shown = None
-    if window is not None:  # the weights shown, while Q and K are at hand
-        shown = window_weights(config, q, live.k, *window, padding)
+    if call.window is not None:  # the weights shown, while Q and K are at hand
+        shown = window_weights(config, q, live.k, *call.window, padding)
     del q
     live.q = live.k = None
     return attended, shown
@@ -666,16 +478,6 @@ def window_weights(
     if padding is not None:  # (B, L), True = a real token
         scores.masked_fill_(padding.logical_not()[:, None, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1)  # (B, h, r, L)
-
-
-def _keep(past: KVCache, window: int, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Keep K and V (B, Hkv, T, d_k) for the next step; a sliding window keeps the last
-    ``window`` positions, copied so that the ones dropped are freed."""
-    if window and k.shape[2] > window:
-        past.start += k.shape[2] - window
-        k = k[:, :, -window:].clone(memory_format=torch.contiguous_format)  # (B, Hkv, W, d_k)
-        v = v[:, :, -window:].clone(memory_format=torch.contiguous_format)
-    past.keys, past.values = k, v
 
 
 def _relative_bias(
