@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from attnctl.errors import AttnctlError
 from attnctl.model.describe import Attention, ModelDescription
 from attnctl.nn import Record, no_record
-from attnctl.nn.attention import KVCache, attention
+from attnctl.nn.attention import AttentionResult, KVCache, attention
 from attnctl.nn.collectives import TensorGroup, vocab_parallel_lookup
 from attnctl.nn.embeddings import embed, embed_context
 from attnctl.nn.feed_forward import feed_forward
@@ -31,6 +31,25 @@ class ModelOutput:
     # (block, sublayer name) -> (B, h, r, Lk) of every attention of the shown blocks, and
     # the position of the first of those Lk keys (a sliding cache drops the oldest)
     shown: dict[tuple[int, str], tuple[torch.Tensor, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every block of one :func:`forward` call reads besides its input (as there)."""
+
+    weights: dict[str, torch.Tensor]
+    records: Mapping[int, Record]
+    padding: torch.Tensor | None
+    context_padding: torch.Tensor | None
+    shown: Sequence[int]
+    window: tuple[list[int], list[int]] | None
+    keep_weights: bool
+    training: bool
+    cache: list[torch.Tensor] | None
+    caches: list[dict[str, KVCache]] | None
+    offset: int
+    group: TensorGroup | None
+    gather: Callable[[int, torch.Tensor | None], None] | None
 
 
 def sublayer_weights(weights: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -107,6 +126,35 @@ def forward(
     if records is None:
         records = {} if recorded is None else {recorded: record}
     recording = records[min(records)] if records else no_record
+    _record_inputs(recording, token_ids, context_ids, context, padding, context_padding)
+    looked_up = [embeddings]  # given, or None (looked up): taken out by the embeddings
+    del embeddings
+    hidden = _embedded(model, weights, token_ids, looked_up, recording, offset, group)
+    # (B, L, D); under SP (B, L/T, D)
+    contexts: list[torch.Tensor] = []  # held here while a later block still reads it
+    if context_ids is not None:
+        contexts.append(embed_context(model.embeddings, weights, context_ids, recording))
+    elif context is not None:
+        contexts.append(context)
+        del context
+    run = _Run(
+        weights, records, padding, context_padding, shown, window, keep_weights, training,
+        cache, caches, offset, group, gather,
+    )  # fmt: skip
+    owned = [hidden]  # the blocks take it: freed when the first sublayer is done with it
+    del hidden
+    return _blocks(model, run, owned, contexts, last)
+
+
+def _record_inputs(
+    recording: Record,
+    token_ids: torch.Tensor | None,
+    context_ids: torch.Tensor | None,
+    context: torch.Tensor | None,
+    padding: torch.Tensor | None,
+    context_padding: torch.Tensor | None,
+) -> None:
+    """The model's inputs, made before it runs, to the first recorded block's record."""
     if token_ids is not None:
         recording("token_ids", token_ids, "B L")
     if context_ids is not None:
@@ -117,6 +165,20 @@ def forward(
         recording("padding_mask", padding, "B Lc" if context_ids is not None else "B L")
     elif context_padding is not None:  # the source's real tokens, the cross-attention keys
         recording("padding_mask", context_padding, "B Lc")
+
+
+def _embedded(
+    model: ModelDescription,
+    weights: dict[str, torch.Tensor],
+    token_ids: torch.Tensor | None,
+    looked_up: list[torch.Tensor | None],
+    recording: Record,
+    offset: int,
+    group: TensorGroup | None,
+) -> torch.Tensor:
+    """The embeddings (B, L, D) of ``looked_up = [e]``, taken out: e, or when None the
+    token ids' rows of the table (under tensor parallelism summed over the ranks)."""
+    embeddings = looked_up.pop()
     name: str | None = "embeddings"
     if embeddings is None and group is not None:  # vocab parallel, summed over the ranks
         table = weights["embedding.weight"]  # this rank's ⌈V/T⌉ rows
@@ -124,17 +186,24 @@ def forward(
         name = None  # recorded with the collective's stages
     elif embeddings is None:
         embeddings = F.embedding(token_ids, weights["embedding.weight"])  # (B, L, D)
-    looked_up = [embeddings]
+    looked_up.append(embeddings)
     del embeddings
-    hidden = embed(
+    return embed(
         model.embeddings, weights, looked_up, recording, name, offset=offset, group=group
     )  # (B, L, D); under SP (B, L/T, D)
-    contexts: list[torch.Tensor] = []  # held here while a later block still reads it
-    if context_ids is not None:
-        contexts.append(embed_context(model.embeddings, weights, context_ids, recording))
-    elif context is not None:
-        contexts.append(context)
-        del context
+
+
+def _blocks(
+    model: ModelDescription,
+    run: _Run,
+    held: list[torch.Tensor],
+    contexts: list[torch.Tensor],
+    last: int,
+) -> ModelOutput:
+    """Blocks 0..last on ``held = [hidden]`` (taken out), cross-attention reading
+    ``contexts = [c]`` (taken out by the last that reads it)."""
+    hidden = held.pop()
+    gather = run.gather
     position_bias: list[torch.Tensor] = []  # T5: block 0's relative bias, read by the others
     cross_left = sum(
         s.kind == "cross_attention" for b in model.blocks[: last + 1] for s in b.sublayers
@@ -145,11 +214,11 @@ def forward(
     for n in range(last + 1):
         if gather is not None:
             gather(n, hidden)
-        block_record = records.get(n, no_record)
+        block_record = run.records.get(n, no_record)
         if n > 0:
-            block_record("hidden", hidden, "B L D" if group is None else group.hidden)
+            block_record("hidden", hidden, "B L D" if run.group is None else run.group.hidden)
         for sublayer in model.blocks[n].sublayers:
-            own = sublayer_weights(weights, sublayer_prefix(n, sublayer))
+            own = sublayer_weights(run.weights, sublayer_prefix(n, sublayer))
             owned = [hidden]  # the sublayer takes its input: freed when it is done with it
             del hidden
             result = None
@@ -159,33 +228,53 @@ def forward(
                 if cross:
                     cross_left -= 1  # the last reader takes the context: freed after it
                     keys = contexts if cross_left == 0 else list(contexts)
-                result = attention(
-                    sublayer,
-                    own,
-                    owned,
-                    context=keys,
-                    padding=context_padding if cross and context_padding is not None else padding,
-                    record=stage_prefix(sublayer, block_record),
-                    keep_weights=keep_weights,
-                    window=window if n in shown else None,
-                    training=training,
-                    cache=cache,
-                    past=None if caches is None else caches[n].setdefault(sublayer.name, KVCache()),
-                    offset=offset,
-                    position_bias=position_bias,
-                    group=group,
-                )
+                result = _attention(run, n, sublayer, own, owned, keys, block_record, position_bias)
                 if result.window is not None:
                     windows.setdefault(n, result.window)  # the block's first attention
                     shown_weights[n, sublayer.name] = (result.window, result.key_start)
                 hidden = result.output
             else:
-                hidden = feed_forward(sublayer, own, owned, block_record, group)
+                hidden = feed_forward(sublayer, own, owned, block_record, run.group)
     if gather is not None:
         gather(last + 1, hidden)
     if result is None:
         return ModelOutput(hidden, None, None, windows, shown_weights)
     return ModelOutput(hidden, result.attention_output, result.weights, windows, shown_weights)
+
+
+def _attention(
+    run: _Run,
+    n: int,
+    sublayer: Attention,
+    own: dict[str, torch.Tensor],
+    owned: list[torch.Tensor],
+    keys: list[torch.Tensor] | None,
+    block_record: Record,
+    position_bias: list[torch.Tensor],
+) -> AttentionResult:
+    """Block ``n``'s attention sublayer on ``owned = [hidden]`` (taken out), with the run's
+    padding, windows shown, caches and split."""
+    cross = sublayer.kind == "cross_attention"
+    padding = run.padding
+    if cross and run.context_padding is not None:
+        padding = run.context_padding
+    past = None if run.caches is None else run.caches[n].setdefault(sublayer.name, KVCache())
+    return attention(
+        sublayer,
+        own,
+        owned,
+        context=keys,
+        padding=padding,
+        record=stage_prefix(sublayer, block_record),
+        keep_weights=run.keep_weights,
+        window=run.window if n in run.shown else None,
+        training=run.training,
+        cache=run.cache,
+        past=past,
+        offset=run.offset,
+        position_bias=position_bias,
+        group=run.group,
+    )
 
 
 def final_norm(model: ModelDescription, weights: dict[str, torch.Tensor], hidden: torch.Tensor):
