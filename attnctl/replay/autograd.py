@@ -194,18 +194,7 @@ class Replay:
         """Run every node that ``root`` depends on, from the gradient ``seed``."""
         if root.node is None:
             return
-        nodes: list[Node] = []
-        stack, seen = [root.node], {id(root.node)}
-        while stack:
-            node = stack.pop()
-            nodes.append(node)
-            for tensor in node.inputs:
-                if tensor is None:
-                    continue
-                tensor.node.pending += 1
-                if id(tensor.node) not in seen:
-                    seen.add(id(tensor.node))
-                    stack.append(tensor.node)
+        nodes = _graph(root.node)
         arriving: dict[str, int] = {}  # parameter -> gradients still to come to it
         for node in nodes:
             for step in node.steps:
@@ -226,84 +215,136 @@ class Replay:
                 self.gather(node.unit)
             slots = [key for key in buffers if key[0] == id(node)]
             incoming = [buffers.pop(key) for key in sorted(slots)]
-            outgoing: dict[int, Tensor] = {}
-            temps: dict[str, int] = {}
-            held = True  # the incoming gradients, until the node lets them go
-            params: list[tuple[str, Tensor, bool]] = []  # for AccumulateGrad, once done
-            for step in node.steps:
-                kind = step[0]
-                if kind == "grad":
-                    outgoing[step[1]] = self.new(step[2])
-                elif kind == "pass":
-                    self.hold(incoming[0])
-                    outgoing[step[1]] = Tensor(incoming[0], grad_bytes[incoming[0]])
-                elif kind == "param":  # ("param", name, nbytes[, copied])
-                    params.append((step[1], self.new(step[2]), len(step) > 3 and step[3]))
-                elif kind == "param_in":  # the incoming gradient is the parameter's
-                    self.hold(incoming[0])
-                    grad = Tensor(incoming[0], grad_bytes[incoming[0]])
-                    params.append((step[1], grad, len(step) > 2 and step[2]))
-                elif kind == "temp":
-                    temps[step[1]] = self.new(step[2]).storage
-                elif kind == "give":  # ("give", i, key): the temporary is input i's gradient
-                    storage = temps.pop(step[2])
-                    outgoing[step[1]] = Tensor(storage, self.live[storage])
-                elif kind == "free":
-                    self.drop(temps.pop(step[1]))
-                elif kind == "drop_incoming":  # a copy of it is used from here on
-                    for storage in incoming:
-                        self.drop(storage)
-                    held = False
-            for storage in node.saved:
-                self.drop(storage)
-            if held:
+            outgoing, params = self._run_steps(node, incoming, grad_bytes)
+            self._send_gradients(node, outgoing, buffers, grad_bytes, ready)
+            for name, grad, copied in params:
+                self._accumulate(name, grad, copied, arriving, waiting)
+        self.drop(seed.storage)
+
+    def _run_steps(
+        self, node: Node, incoming: list[int], grad_bytes: dict[int, int]
+    ) -> tuple[dict[int, Tensor], list[tuple[str, Tensor, bool]]]:
+        """Run ``node``'s steps on its ``incoming`` gradients (storages), then let go of
+        what it saved and of them. Returns its gradients by input, and the parameters'
+        (name, gradient, copied) for AccumulateGrad."""
+        outgoing: dict[int, Tensor] = {}
+        temps: dict[str, int] = {}
+        held = True  # the incoming gradients, until the node lets them go
+        params: list[tuple[str, Tensor, bool]] = []  # for AccumulateGrad, once done
+        for step in node.steps:
+            kind = step[0]
+            if kind == "grad":
+                outgoing[step[1]] = self.new(step[2])
+            elif kind == "pass":
+                self.hold(incoming[0])
+                outgoing[step[1]] = Tensor(incoming[0], grad_bytes[incoming[0]])
+            elif kind == "param":  # ("param", name, nbytes[, copied])
+                params.append((step[1], self.new(step[2]), len(step) > 3 and step[3]))
+            elif kind == "param_in":  # the incoming gradient is the parameter's
+                self.hold(incoming[0])
+                grad = Tensor(incoming[0], grad_bytes[incoming[0]])
+                params.append((step[1], grad, len(step) > 2 and step[2]))
+            elif kind == "temp":
+                temps[step[1]] = self.new(step[2]).storage
+            elif kind == "give":  # ("give", i, key): the temporary is input i's gradient
+                storage = temps.pop(step[2])
+                outgoing[step[1]] = Tensor(storage, self.live[storage])
+            elif kind == "free":
+                self.drop(temps.pop(step[1]))
+            elif kind == "drop_incoming":  # a copy of it is used from here on
                 for storage in incoming:
                     self.drop(storage)
-            for index, tensor in enumerate(node.inputs):
-                if tensor is None or index not in outgoing:
-                    continue
-                grad = outgoing[index]
-                grad_bytes[grad.storage] = grad.nbytes
-                target = tensor.node
-                key = (id(target), tensor.slot)
-                if key in buffers:  # old + new, out of place
-                    total = self.new(grad.nbytes)
-                    grad_bytes[total.storage] = total.nbytes
-                    self.drop(buffers[key])
-                    self.drop(grad.storage)
-                    buffers[key] = total.storage
-                else:
-                    buffers[key] = grad.storage
-                target.pending -= 1
-                if target.pending == 0:
-                    heapq.heappush(ready, (-target.seq, target))
-            for name, grad, copied in params:
-                if name in self.param_grads:  # another one: old + new in AccumulateGrad's
-                    total = self.new(grad.nbytes)  # buffer, out of place
-                    self.drop(self.param_grads[name])
-                    self.drop(grad.storage)
-                    grad = total
-                self.param_grads[name] = grad.storage
-                arriving[name] -= 1
-                if arriving[name]:
-                    continue  # AccumulateGrad runs once every gradient has come
-                if copied:  # not in the parameter's layout: cloned into it
-                    copy = self.new(grad.nbytes)
-                    self.drop(grad.storage)
-                    self.param_grads[name] = copy.storage
-                # AccumulateGrad runs first of the ready nodes: a gradient window ends
-                self.close_window(self.gradient_windows)
-                if self.gradient_shard_bytes is not None:  # its post-accumulate hook
-                    if not self.shard_made:
-                        self.new(self.gradient_shard_bytes)  # the first one makes the shard
-                        self.shard_made = True
-                    self.read()  # its reduce runs in the next window, the gradient alive
-                    self.drop(self.param_grads.pop(name))  # and frees it
-                    unit = parameter_unit(name)
-                    waiting[unit] -= 1
-                    if waiting[unit] == 0:  # ZeRO 3: the unit's last gradient has gone
-                        self.release(unit)
-        self.drop(seed.storage)
+                held = False
+        for storage in node.saved:
+            self.drop(storage)
+        if held:
+            for storage in incoming:
+                self.drop(storage)
+        return outgoing, params
+
+    def _send_gradients(
+        self,
+        node: Node,
+        outgoing: dict[int, Tensor],
+        buffers: dict[tuple[int, int], int],
+        grad_bytes: dict[int, int],
+        ready: list[tuple[int, Node]],
+    ) -> None:
+        """``node``'s gradients to the nodes of its inputs (summed out of place with one
+        already there); a node whose gradients are all there is ready."""
+        for index, tensor in enumerate(node.inputs):
+            if tensor is None or index not in outgoing:
+                continue
+            grad = outgoing[index]
+            grad_bytes[grad.storage] = grad.nbytes
+            target = tensor.node
+            key = (id(target), tensor.slot)
+            if key in buffers:  # old + new, out of place
+                total = self.new(grad.nbytes)
+                grad_bytes[total.storage] = total.nbytes
+                self.drop(buffers[key])
+                self.drop(grad.storage)
+                buffers[key] = total.storage
+            else:
+                buffers[key] = grad.storage
+            target.pending -= 1
+            if target.pending == 0:
+                heapq.heappush(ready, (-target.seq, target))
+
+    def _accumulate(
+        self,
+        name: str,
+        grad: Tensor,
+        copied: bool,
+        arriving: dict[str, int],
+        waiting: dict[int, int],
+    ) -> None:
+        """One gradient of parameter ``name`` into AccumulateGrad's buffer, which runs once
+        every one has come (``copied``: into the parameter's layout), ending a gradient
+        window; under ZeRO 2 and 3 its hook then reduces and frees it."""
+        if name in self.param_grads:  # another one: old + new in AccumulateGrad's
+            total = self.new(grad.nbytes)  # buffer, out of place
+            self.drop(self.param_grads[name])
+            self.drop(grad.storage)
+            grad = total
+        self.param_grads[name] = grad.storage
+        arriving[name] -= 1
+        if arriving[name]:
+            return  # AccumulateGrad runs once every gradient has come
+        if copied:  # not in the parameter's layout: cloned into it
+            copy = self.new(grad.nbytes)
+            self.drop(grad.storage)
+            self.param_grads[name] = copy.storage
+        # AccumulateGrad runs first of the ready nodes: a gradient window ends
+        self.close_window(self.gradient_windows)
+        if self.gradient_shard_bytes is not None:  # its post-accumulate hook
+            if not self.shard_made:
+                self.new(self.gradient_shard_bytes)  # the first one makes the shard
+                self.shard_made = True
+            self.read()  # its reduce runs in the next window, the gradient alive
+            self.drop(self.param_grads.pop(name))  # and frees it
+            unit = parameter_unit(name)
+            waiting[unit] -= 1
+            if waiting[unit] == 0:  # ZeRO 3: the unit's last gradient has gone
+                self.release(unit)
+
+
+def _graph(root: Node) -> list[Node]:
+    """Every node ``root`` depends on (``root`` first), each counting the gradients it
+    waits for (``pending``)."""
+    nodes: list[Node] = []
+    stack, seen = [root], {id(root)}
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        for tensor in node.inputs:
+            if tensor is None:
+                continue
+            tensor.node.pending += 1
+            if id(tensor.node) not in seen:
+                seen.add(id(tensor.node))
+                stack.append(tensor.node)
+    return nodes
 
 
 def parameter_unit(name: str) -> int:
