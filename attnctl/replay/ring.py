@@ -11,6 +11,8 @@ Its backward is :func:`backward_steps`, the allocations of ``_ring_backward`` in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from attnctl.model.config import DTYPE_BYTES, FP32
 from attnctl.replay.autograd import Tensor
 from attnctl.replay.stages import Walk
@@ -100,120 +102,164 @@ def ring_output(walk: Walk, stage: Stage, ins: list[Tensor]) -> Tensor:
     return out
 
 
+class _Allocations:
+    """A backward's allocations in order: ``("temp", key, bytes)``, ``("free", key)``, and
+    the gradients' steps (``autograd.Node.steps``)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple] = []
+
+    def temp(self, key: str, nbytes: int) -> None:
+        self.steps.append(("temp", key, nbytes))
+
+    def free(self, *keys: str) -> None:
+        self.steps.extend(("free", key) for key in keys)
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """The element counts of the backward's tensors, of one rank's chunk (L = L/C)."""
+
+    q: int  # (B, H, L, d_k): Q, the output, their gradients
+    kv: int  # (B, Hkv, L, d_k): a K or V chunk
+    scores: int  # (B, H, L, L)
+    rows: int  # (B, H, L): one per query row
+    length: int  # L
+
+    @staticmethod
+    def of(sizes: dict[str, int], grouped: bool) -> _Counts:
+        batch, heads, length, width = sizes["B"], sizes["H"], sizes["L"], sizes["d_k"]
+        kv_heads = sizes["Hkv"] if grouped else heads
+        return _Counts(
+            q=batch * heads * length * width,
+            kv=batch * kv_heads * length * width,
+            scores=batch * heads * length * length,
+            rows=batch * heads * length,
+            length=length,
+        )
+
+
 def backward_steps(walk: Walk) -> tuple[tuple, ...]:
     """``nn/ring_attention._ring_backward``'s allocations, in its order."""
-    config, sizes = walk.config, walk.sizes
+    config = walk.config
     e = DTYPE_BYTES[config.dtype]
     narrow = e != FP32
     ranks, rank = walk.plan.context_parallel, walk.plan.context_rank
     causal = config.mask == "causal"
     grouped = config.kv_heads != config.heads
-    batch, heads, length, width = sizes["B"], sizes["H"], sizes["L"], sizes["d_k"]
-    kv_heads = sizes["Hkv"] if grouped else heads
-    q_values = batch * heads * length * width
-    kv_values = batch * kv_heads * length * width
-    score_values = batch * heads * length * length
-    rows = batch * heads * length
-    steps: list[tuple] = []
-
-    def temp(key: str, nbytes: int) -> None:
-        steps.append(("temp", key, nbytes))
-
-    def free(*keys: str) -> None:
-        steps.extend(("free", key) for key in keys)
-
+    counts = _Counts.of(walk.sizes, grouped)
+    alloc = _Allocations()
     # the heads' view of (B, L/C, H, d_k) (Q, and the gradient from the concat) is one
     # block of memory only with one head or one token
     copied = narrow or _permuted(walk)
-    if copied:
-        temp("g", q_values * FP32)  # the incoming gradient, float32, one block
-    if narrow:
-        temp("o", q_values * FP32)  # the output in float32
-    temp("product", q_values * FP32)  # dO ∘ O
-    if narrow:
-        free("o")
-    temp("delta", rows * FP32)
-    free("product")
-    if copied:
-        temp("queries", q_values * FP32)
-    temp("dq", q_values * FP32)
+    _backward_inputs(alloc, counts, narrow, copied)
     home = causal and rank != ranks - 1
     if home:  # its own accumulators' receive buffers, from rank C - 1
-        temp("home_k", kv_values * FP32)
-        temp("home_v", kv_values * FP32)
+        alloc.temp("home_k", counts.kv * FP32)
+        alloc.temp("home_v", counts.kv * FP32)
     held = {"k": None, "v": None, "dk": "acc0.dk", "dv": "acc0.dv"}  # None: the saved chunk
-    temp("acc0.dk", kv_values * FP32)
-    temp("acc0.dv", kv_values * FP32)
+    alloc.temp("acc0.dk", counts.kv * FP32)
+    alloc.temp("acc0.dv", counts.kv * FP32)
     kept: list[str] = []  # rank C - 1 under the causal mask: its own accumulators
     last = last_step(ranks, rank, causal)
     for step in range(last + 1):
         at = f"s{step}."
-        if narrow:
-            temp(at + "kf", kv_values * FP32)
-            temp(at + "vf", kv_values * FP32)
-        keys = values = None  # the temporaries holding the float32 (repeated) K and V
-        if narrow:
-            keys, values = at + "kf", at + "vf"
-        if grouped:
-            temp(at + "kr", q_values * FP32)
-            if narrow:
-                free(at + "kf")
-            temp(at + "vr", q_values * FP32)
-            if narrow:
-                free(at + "vf")
-            keys, values = at + "kr", at + "vr"
-        temp(at + "scores", score_values * FP32)
-        if causal and step == 0:
-            temp(at + "allowed", length * length)  # the (L/C, L/C) bool causal mask
-            temp(at + "not", length * length)  # its negation, for masked_fill_
-            free(at + "not", at + "allowed")
-        temp(at + "dv", q_values * FP32)  # Pᵀ · dO
-        temp(at + "ds", score_values * FP32)  # dO · Vᵀ
-        if values:
-            free(values)
-        free(at + "scores")  # the probabilities
-        temp(at + "t", q_values * FP32)  # dS · K, added into dQ
-        free(at + "t")
-        if keys:
-            free(keys)
-        temp(at + "dk", q_values * FP32)  # dSᵀ · Q
-        free(at + "ds")
-        d_keys, d_values = at + "dk", at + "dv"
-        if grouped:  # summed over the query heads each K/V head served
-            temp(at + "dk_sum", kv_values * FP32)
-            free(at + "dk")
-            temp(at + "dv_sum", kv_values * FP32)
-            free(at + "dv")
-            d_keys, d_values = at + "dk_sum", at + "dv_sum"
-        free(d_keys, d_values)  # added into the accumulators
+        _chunk_gradients(alloc, counts, at, narrow, grouped, causal and step == 0)
         receiving = receives(ranks, rank, step, causal)
         if causal and rank == ranks - 1 and step == 0:
             kept = [held["dk"], held["dv"]]
         if receiving:
             arriving = {name: f"{at}arriving.{name}" for name in held}
-            temp(arriving["k"], kv_values * e)
-            temp(arriving["v"], kv_values * e)
-            temp(arriving["dk"], kv_values * FP32)
-            temp(arriving["dv"], kv_values * FP32)
-            free(*(key for key in held.values() if key is not None and key not in kept))
+            alloc.temp(arriving["k"], counts.kv * e)
+            alloc.temp(arriving["v"], counts.kv * e)
+            alloc.temp(arriving["dk"], counts.kv * FP32)
+            alloc.temp(arriving["dv"], counts.kv * FP32)
+            alloc.free(*(key for key in held.values() if key is not None and key not in kept))
             held = arriving
     if not causal:  # the accumulators home: ours received into new buffers
-        temp("mine.dk", kv_values * FP32)
-        temp("mine.dv", kv_values * FP32)
+        alloc.temp("mine.dk", counts.kv * FP32)
+        alloc.temp("mine.dv", counts.kv * FP32)
         totals = ["mine.dk", "mine.dv"]
     elif home:
         totals = ["home_k", "home_v"]
     else:
         totals = kept
-    free(*(key for key in held.values() if key is not None and key not in totals))
-    grads: list[tuple] = []
-    if narrow:  # the gradients in the dtype, then every float32 one freed
-        steps.append(("grad", 0, q_values * e))
-        steps.append(("grad", 1, kv_values * e))
-        steps.append(("grad", 2, kv_values * e))
-        free("dq", *totals)
+    alloc.free(*(key for key in held.values() if key is not None and key not in totals))
+    _gradients(alloc, counts, e, totals)
+    alloc.free(*(["queries", "g"] if copied else []), "delta")
+    return tuple(alloc.steps)
+
+
+def _backward_inputs(alloc: _Allocations, counts: _Counts, narrow: bool, copied: bool) -> None:
+    """The backward's start: the incoming gradient (and Q) in float32 and one block when
+    they are not, D = rowsum(dO ∘ O), and dQ's float32 accumulator."""
+    if copied:
+        alloc.temp("g", counts.q * FP32)  # the incoming gradient, float32, one block
+    if narrow:
+        alloc.temp("o", counts.q * FP32)  # the output in float32
+    alloc.temp("product", counts.q * FP32)  # dO ∘ O
+    if narrow:
+        alloc.free("o")
+    alloc.temp("delta", counts.rows * FP32)
+    alloc.free("product")
+    if copied:
+        alloc.temp("queries", counts.q * FP32)
+    alloc.temp("dq", counts.q * FP32)
+
+
+def _chunk_gradients(
+    alloc: _Allocations, counts: _Counts, at: str, narrow: bool, grouped: bool, masked: bool
+) -> None:
+    """One step's gradients from the chunk held (its keys ``at`` + …): the probabilities
+    recomputed (``masked``: the diagonal chunk), dV, dS, dQ's share and dK, each added
+    into its accumulator."""
+    if narrow:
+        alloc.temp(at + "kf", counts.kv * FP32)
+        alloc.temp(at + "vf", counts.kv * FP32)
+    keys = values = None  # the temporaries holding the float32 (repeated) K and V
+    if narrow:
+        keys, values = at + "kf", at + "vf"
+    if grouped:
+        alloc.temp(at + "kr", counts.q * FP32)
+        if narrow:
+            alloc.free(at + "kf")
+        alloc.temp(at + "vr", counts.q * FP32)
+        if narrow:
+            alloc.free(at + "vf")
+        keys, values = at + "kr", at + "vr"
+    alloc.temp(at + "scores", counts.scores * FP32)
+    if masked:
+        alloc.temp(at + "allowed", counts.length * counts.length)  # the (L/C, L/C) bool causal mask
+        alloc.temp(at + "not", counts.length * counts.length)  # its negation, for masked_fill_
+        alloc.free(at + "not", at + "allowed")
+    alloc.temp(at + "dv", counts.q * FP32)  # Pᵀ · dO
+    alloc.temp(at + "ds", counts.scores * FP32)  # dO · Vᵀ
+    if values:
+        alloc.free(values)
+    alloc.free(at + "scores")  # the probabilities
+    alloc.temp(at + "t", counts.q * FP32)  # dS · K, added into dQ
+    alloc.free(at + "t")
+    if keys:
+        alloc.free(keys)
+    alloc.temp(at + "dk", counts.q * FP32)  # dSᵀ · Q
+    alloc.free(at + "ds")
+    d_keys, d_values = at + "dk", at + "dv"
+    if grouped:  # summed over the query heads each K/V head served
+        alloc.temp(at + "dk_sum", counts.kv * FP32)
+        alloc.free(at + "dk")
+        alloc.temp(at + "dv_sum", counts.kv * FP32)
+        alloc.free(at + "dv")
+        d_keys, d_values = at + "dk_sum", at + "dv_sum"
+    alloc.free(d_keys, d_values)  # added into the accumulators
+
+
+def _gradients(alloc: _Allocations, counts: _Counts, e: int, totals: list[str]) -> None:
+    """dQ, dK, dV to Q, K, V: in the dtype, then every float32 one freed (float32: the
+    accumulators themselves)."""
+    if e != FP32:  # the gradients in the dtype, then every float32 one freed
+        alloc.steps.append(("grad", 0, counts.q * e))
+        alloc.steps.append(("grad", 1, counts.kv * e))
+        alloc.steps.append(("grad", 2, counts.kv * e))
+        alloc.free("dq", *totals)
     else:
-        grads = [("give", 0, "dq"), ("give", 1, totals[0]), ("give", 2, totals[1])]
-    steps.extend(grads)
-    free(*(["queries", "g"] if copied else []), "delta")
-    return tuple(steps)
+        alloc.steps.extend([("give", 0, "dq"), ("give", 1, totals[0]), ("give", 2, totals[1])])
