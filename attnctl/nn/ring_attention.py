@@ -131,10 +131,7 @@ def _attend(
                 dist.P2POp(dist.isend, v, after, ring.group, tag=1),
             ]
         if receiving:  # the one before's chunk, held at the next step
-            k_next = torch.empty_like(k)  # (B, Hkv, L/C, d_k)
-            record(name + "recv_k", k_next, chunk)
-            v_next = torch.empty_like(v)  # (B, Hkv, L/C, d_k)
-            record(name + "recv_v", v_next, chunk)
+            k_next, v_next = _receive_buffers(name, k, v, chunk, record)
             before = ring.peer(rank - 1)
             operations += [
                 dist.P2POp(dist.irecv, k_next, before, ring.group, tag=0),
@@ -163,6 +160,30 @@ def _attend(
             v = v_next
             del v_next
     del k, v
+    return _divided(state, kept, dtype, record)
+
+
+def _receive_buffers(
+    name: str, k: torch.Tensor, v: torch.Tensor, chunk: str, record: Record
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buffers a step receives the next step's K and V chunks into, each like the one
+    held (B, Hkv, L/C, d_k)."""
+    k_next = torch.empty_like(k)  # (B, Hkv, L/C, d_k)
+    record(name + "recv_k", k_next, chunk)
+    v_next = torch.empty_like(v)  # (B, Hkv, L/C, d_k)
+    record(name + "recv_v", v_next, chunk)
+    return k_next, v_next
+
+
+def _divided(
+    state: dict[str, torch.Tensor],
+    kept: list[torch.Tensor] | None,
+    dtype: torch.dtype,
+    record: Record,
+) -> torch.Tensor:
+    """The accumulator divided by the running sum, ``state`` emptied: the attended values
+    (B, H, L/C, d_k) in ``dtype``. ``kept`` (a training step's) gets each row's
+    log-sum-exp first."""
     if kept is not None:  # log(sum) + max: each row's log-sum-exp, (B, H, L/C) float32
         kept.append(state["sum"].log().add_(state.pop("max")))
         record("ring_lse", kept[-1], "B H L/C")
@@ -303,7 +324,6 @@ def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
     dtype, fp32 = q.dtype, torch.float32
     ranks, rank = ring.size, ring.rank
     causal = config.mask == "causal"
-    grouped = config.kv_heads != config.heads
     last = last_step(ranks, rank, causal)
     # in float32 and one block of memory each (the heads' view of (B, L/C, H, d_k) is not,
     # and matmul would copy it for every product): a copy only when either is needed
@@ -323,36 +343,8 @@ def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
     own = None  # rank C - 1 under the causal mask: its own chunk's, done at step 0
     for step in range(last + 1):
         chunk_k, chunk_v, chunk_dk, chunk_dv = held
-        keys, values = chunk_k.to(fp32), chunk_v.to(fp32)  # (B, Hkv, L/C, d_k)
-        if grouped:  # each K/V head serves `groups` query heads
-            keys = keys.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
-            values = values.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
-        scores = scale_scores(config, torch.matmul(queries, keys.transpose(-2, -1)))
-        # (B, H, L/C, L/C)
-        if causal and step == 0:  # the diagonal chunk
-            allowed = positions.visible_keys(scores.shape[-1], 0, scores.device)
-            scores.masked_fill_(allowed.logical_not(), float("-inf"))
-            del allowed
-        probabilities = scores.sub_(lse.unsqueeze(-1)).exp_()  # (B, H, L/C, L/C)
-        del scores
-        d_values = torch.matmul(probabilities.transpose(-2, -1), g)  # (B, H, L/C, d_k)
-        d_scores = torch.matmul(g, values.transpose(-2, -1))  # (B, H, L/C, L/C)
-        del values
-        d_scores.sub_(delta.unsqueeze(-1)).mul_(probabilities)  # P ∘ (dP - D)
-        del probabilities
-        scale_scores(config, d_scores)  # the scores' factor, on their gradient
-        dq.add_(torch.matmul(d_scores, keys))  # (B, H, L/C, d_k)
-        del keys
-        d_keys = torch.matmul(d_scores.transpose(-2, -1), queries)  # (B, H, L/C, d_k)
-        del d_scores
-        if grouped:  # a K/V head's gradient: the sum over the query heads it served
-            batch, _, length, width = d_keys.shape
-            d_keys = d_keys.view(batch, config.kv_heads, config.groups, length, width).sum(2)
-            d_values = d_values.view(batch, config.kv_heads, config.groups, length,
-                                     width).sum(2)  # fmt: skip
-        chunk_dk.add_(d_keys)  # (B, Hkv, L/C, d_k)
-        chunk_dv.add_(d_values)
-        del d_keys, d_values
+        masked = causal and step == 0  # the diagonal chunk
+        _chunk_gradients(config, queries, g, delta, lse, held, dq, masked)
         sending, receiving = sends(ranks, rank, step, causal), receives(ranks, rank, step, causal)
         operations, arriving = [], []
         if sending:  # the chunk and its accumulators, to the next rank
@@ -375,14 +367,7 @@ def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
         del chunk_k, chunk_v, chunk_dk, chunk_dv
         held = arriving if receiving else held
     if not causal:  # chunk rank + 1's accumulators are done: home, and ours from rank - 1
-        mine = [torch.empty_like(held[2]), torch.empty_like(held[3])]
-        _wait(dist.batch_isend_irecv([
-            dist.P2POp(dist.isend, held[2], ring.peer(rank + 1), ring.group, tag=2),
-            dist.P2POp(dist.isend, held[3], ring.peer(rank + 1), ring.group, tag=3),
-            dist.P2POp(dist.irecv, mine[0], ring.peer(rank - 1), ring.group, tag=2),
-            dist.P2POp(dist.irecv, mine[1], ring.peer(rank - 1), ring.group, tag=3),
-        ]))  # fmt: skip
-        dk_total, dv_total = mine
+        dk_total, dv_total = _swap_home(ring, held)
     elif home is not None:
         _wait(works)
         dk_total, dv_total = home
@@ -390,3 +375,69 @@ def _ring_backward(config, ring: Ring, q, k, v, out, lse, grad):
         dk_total, dv_total = own
     del held, own
     return dq.to(dtype), dk_total.to(dtype), dv_total.to(dtype)
+
+
+def _chunk_gradients(
+    config: LayerConfig,
+    queries: torch.Tensor,
+    g: torch.Tensor,
+    delta: torch.Tensor,
+    lse: torch.Tensor,
+    held: list[torch.Tensor],
+    dq: torch.Tensor,
+    masked: bool,
+) -> None:
+    """One backward step on the chunk ``held = [k, v, dk, dv]`` (K, V (B, Hkv, L/C, d_k) and
+    their float32 accumulators): the probabilities recomputed from the scores and the
+    log-sum-exp (``masked``: the diagonal chunk), dQ's share added into ``dq``, dK and dV
+    into the accumulators. ``queries``, ``g`` (dO): float32 (B, H, L/C, d_k); ``delta``:
+    rowsum(dO ∘ O) (B, H, L/C)."""
+    fp32 = torch.float32
+    grouped = config.kv_heads != config.heads
+    chunk_k, chunk_v, chunk_dk, chunk_dv = held
+    keys, values = chunk_k.to(fp32), chunk_v.to(fp32)  # (B, Hkv, L/C, d_k)
+    if grouped:  # each K/V head serves `groups` query heads
+        keys = keys.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
+        values = values.repeat_interleave(config.groups, dim=1)  # (B, H, L/C, d_k)
+    scores = scale_scores(config, torch.matmul(queries, keys.transpose(-2, -1)))
+    # (B, H, L/C, L/C)
+    if masked:  # the diagonal chunk
+        allowed = positions.visible_keys(scores.shape[-1], 0, scores.device)
+        scores.masked_fill_(allowed.logical_not(), float("-inf"))
+        del allowed
+    probabilities = scores.sub_(lse.unsqueeze(-1)).exp_()  # (B, H, L/C, L/C)
+    del scores
+    d_values = torch.matmul(probabilities.transpose(-2, -1), g)  # (B, H, L/C, d_k)
+    d_scores = torch.matmul(g, values.transpose(-2, -1))  # (B, H, L/C, L/C)
+    del values
+    d_scores.sub_(delta.unsqueeze(-1)).mul_(probabilities)  # P ∘ (dP - D)
+    del probabilities
+    scale_scores(config, d_scores)  # the scores' factor, on their gradient
+    dq.add_(torch.matmul(d_scores, keys))  # (B, H, L/C, d_k)
+    del keys
+    d_keys = torch.matmul(d_scores.transpose(-2, -1), queries)  # (B, H, L/C, d_k)
+    del d_scores
+    if grouped:  # a K/V head's gradient: the sum over the query heads it served
+        batch, _, length, width = d_keys.shape
+        d_keys = d_keys.view(batch, config.kv_heads, config.groups, length, width).sum(2)
+        d_values = d_values.view(batch, config.kv_heads, config.groups, length,
+                                 width).sum(2)  # fmt: skip
+    chunk_dk.add_(d_keys)  # (B, Hkv, L/C, d_k)
+    chunk_dv.add_(d_values)
+    del d_keys, d_values
+
+
+def _swap_home(ring: Ring, held: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Without the causal mask: the accumulators of ``held = [k, v, dk, dv]`` (chunk
+    rank + 1's, done) sent home, and this rank's received from rank - 1 into new
+    buffers. Returns (dK, dV), float32."""
+    rank = ring.rank
+    mine = [torch.empty_like(held[2]), torch.empty_like(held[3])]
+    _wait(dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, held[2], ring.peer(rank + 1), ring.group, tag=2),
+        dist.P2POp(dist.isend, held[3], ring.peer(rank + 1), ring.group, tag=3),
+        dist.P2POp(dist.irecv, mine[0], ring.peer(rank - 1), ring.group, tag=2),
+        dist.P2POp(dist.irecv, mine[1], ring.peer(rank - 1), ring.group, tag=3),
+    ]))  # fmt: skip
+    dk_total, dv_total = mine
+    return dk_total, dv_total
