@@ -209,3 +209,17 @@ def test_at_most_ten_functions_are_over_80_lines():
         and node.end_lineno - node.lineno + 1 > 80
     )
     assert len(long) <= 10, long
+
+
+def test_the_families_listed_without_importing_them_are_the_modules():
+    """--help lists the families from their sources (attnctl.model.families.declared):
+    what it reads is what each module declares."""
+    import importlib
+
+    from attnctl.model.families import declared
+
+    listed = declared()
+    assert len(listed) == len(list((PACKAGE / "model" / "families").glob("*.py"))) - 2
+    for family in listed:
+        module = importlib.import_module(f"attnctl.model.families.{family.module}")
+        assert (family.model_types, family.kind) == (module.MODEL_TYPES, module.KIND)

@@ -11,10 +11,12 @@ checks and the loading use. Nothing outside the family modules knows a family.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -42,14 +44,29 @@ def declared() -> tuple[Declared, ...]:
         if module.name == "common":
             continue
         source = Path(__path__[0], f"{module.name}.py").read_text("utf-8")
-        values: dict[str, Any] = {}
+        values = _declared_values(source)
+        found.append(Declared(module.name, values["MODEL_TYPES"], values["KIND"]))
+    return tuple(found)
+
+
+def _declared_values(source: str) -> dict[str, Any]:
+    """A family module's ``MODEL_TYPES`` and ``KIND``: each a one-line literal, read with a
+    pattern and ``ast.literal_eval`` (a parse of the whole module costs --help 30 ms); one
+    written over several lines is read from the parsed module."""
+    values: dict[str, Any] = {}
+    for match in _DECLARED.finditer(source):
+        with contextlib.suppress(ValueError, SyntaxError):
+            values[match.group(1)] = ast.literal_eval(match.group(2))
+    if len(values) < 2:
         for node in ast.parse(source).body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 target = node.targets[0]
                 if isinstance(target, ast.Name) and target.id in ("MODEL_TYPES", "KIND"):
                     values[target.id] = ast.literal_eval(node.value)
-        found.append(Declared(module.name, values["MODEL_TYPES"], values["KIND"]))
-    return tuple(found)
+    return values
+
+
+_DECLARED = re.compile(r"^(MODEL_TYPES|KIND) = (.+)$", re.M)
 
 
 def family_of(model_type: str) -> ModuleType | None:
