@@ -166,6 +166,19 @@ def test_layers_scale_weights_and_cache_but_not_the_activation_peak(invoke):
     assert six["peak_bytes"] == six["parameters_bytes"] + six["peak_activation_bytes"]
 
 
+@pytest.mark.parametrize("options", [[], ["--sliding", "sf", "--mask", "causal", "--window", "8"]])
+def test_a_stack_is_measured_with_every_layers_weights(invoke, options):
+    """--layers N --measure holds N blocks' weights, as the stack's estimate counts them
+    (it measured one block's once: 37 % under the estimate at N = 2)."""
+    data = only_length(json.loads(invoke(
+        "memory", "--seq-len", "32", "--layers", "3", "--impl", "sdpa", *options,
+        "--measure", "--json").stdout))  # fmt: skip
+    one = only_length(json.loads(invoke(
+        "memory", "--seq-len", "32", "--impl", "sdpa", *options, "--json").stdout))  # fmt: skip
+    assert data["parameters_bytes"] > one["parameters_bytes"]
+    assert data["measured_peak_bytes"] == data["peak_bytes"]
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -134,7 +134,7 @@ def measure_peak(plan: Plan, model: ModelDescription | None, train: bool, layers
     with device_errors_of(plan.config.device):
         if train:
             return measure_training(plan.config, plan, layers)
-        return measure_forward(plan)
+        return measure_forward(plan, layers)
 
 
 def require_trained_weights(plan: Plan) -> None:

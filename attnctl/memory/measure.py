@@ -132,21 +132,25 @@ class LiveStorages(TorchDispatchMode):
         return out
 
 
-def measure_forward(plan: Plan) -> Measurement:
+def measure_forward(plan: Plan, layers: int = 1) -> Measurement:
     """Run the plan's model once at its batch and length, on the configured device: the
     seeded layer, or a checkpoint loaded whole (its embeddings and block 0 run; every
-    block is alike).
+    block is alike). ``layers``: the seeded layer as a stack of that many blocks, whose
+    weights (block 0's values in tensors of their own) are all held while block 0 runs,
+    as they are in a stack's forward pass, one block after another.
 
     The caller has checked memory first (``resources.preflight``).
     """
     from attnctl.nn.model import forward
-    from attnctl.nn.weights import model_weights
+    from attnctl.nn.weights import model_weights, stacked
 
     description = plan.description
     config = plan.config
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)  # the seeded layer's weights, then the token ids drawn
     weights = model_weights(description, config, device, blocks=None)
+    if description.checkpoint is None:
+        weights = stacked(weights, layers)
     named = weights.named
     names = {s.name for s in plan.stages}
     decoder = "encoder_output" in names  # an encoder–decoder's decoder block

@@ -70,6 +70,19 @@ def model_weights(
     return Weights(named, list(stored.values()))
 
 
+def stacked(weights: Weights, layers: int) -> Weights:
+    """The seeded layer's weights as a stack of ``layers`` blocks over its one embedding:
+    block 0's tensors cloned for blocks 1 .. layers - 1 (what a stack's forward holds)."""
+    block = {k: v for k, v in weights.named.items() if k.startswith("blocks.0.")}
+    named, stored = dict(weights.named), list(weights.stored)
+    for n in range(1, layers):
+        for key, value in block.items():
+            copy = value.detach().clone()
+            named[key.replace("blocks.0.", f"blocks.{n}.", 1)] = copy
+            stored.append(copy)
+    return Weights(named, stored)
+
+
 def trainable_weights(model: ModelDescription, config: LayerConfig, device: torch.device):
     """A checkpoint's every weight, those its blocks read requiring gradients: made so
     before the layout's views of them, which autograd then follows back to them."""
