@@ -105,9 +105,12 @@ def tiny(tmp_path_factory):
 
 
 def _rank_modules() -> set[str]:
-    """The test modules that declare batches of the gloo ranks (``@rank_batch``)."""
+    """The test modules that declare batches of the gloo ranks (``@rank_batch``) or
+    rings of them (``declare_rings``)."""
     here = Path(__file__).parent
-    return {p.name for p in here.glob("test_*.py") if "@rank_batch(" in p.read_text("utf-8")}
+    marks = ("@rank_batch(", "declare_rings(")  # the gloo ranks' pool, the rings' pool
+    return {p.name for p in here.glob("test_*.py")
+            if any(mark in p.read_text("utf-8") for mark in marks)}  # fmt: skip
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -134,3 +137,33 @@ def rank_pool(request, tiny):
 
     selected = {item.module.__name__ for item in request.session.items if item.module}
     return RankPool(selected, tiny)
+
+
+@pytest.fixture(scope="session")
+def ring_pool(request):
+    """One start of the context-parallel ring per size for the ring modules selected."""
+    from ring_ranks import RingPool
+
+    return RingPool({item.module.__name__ for item in request.session.items if item.module})
+
+
+@pytest.fixture
+def ranks_once(monkeypatch):
+    """The same tasks on the same world run once in a test: a second ``attnctl ...
+    --measure`` of them (its text after its JSON) gets the first start's replies, so the
+    test checks the rendering of one measurement without starting the ranks again."""
+    import pickle
+
+    import attnctl.parallel.distributed as distributed
+
+    started = distributed.run_ranks
+    replies: dict[bytes, list] = {}
+
+    def once(world, tasks, device="cpu", timeout=None):
+        key = pickle.dumps((world, tasks, device))
+        if key not in replies:
+            replies[key] = started(world, tasks, device, timeout)
+        return replies[key]
+
+    monkeypatch.setattr(distributed, "run_ranks", once)
+    return replies

@@ -250,3 +250,36 @@ def _run_case(rank: int, size: int, case: Case) -> RankResult:
         sum(t.untyped_storage().nbytes() for t in cache),
         list(ops),
     )
+
+
+_DECLARED: dict[str, dict[int, list[Case]]] = {}  # test module -> ring size -> its cases
+
+
+def declare_rings(module: str, rings: dict[int, list[Case]]) -> dict[int, list[Case]]:
+    """A test module's rings (size -> cases), run by the session's :class:`RingPool`."""
+    _DECLARED[module] = rings
+    return rings
+
+
+class RingPool:
+    """Runs the declared rings of the ``modules`` selected this session, one start per
+    ring size for all of them, on first demand (each start costs seconds: the ranks
+    join, warm up, run); a module gets its own cases' results, in its order."""
+
+    def __init__(self, modules: set[str]) -> None:
+        self._modules = modules
+        self._results: dict[tuple[str, int], list[list[RankResult]]] = {}
+
+    def get(self, module: str, size: int) -> list[list[RankResult]]:
+        if (module, size) not in self._results:
+            users = [m for m, rings in _DECLARED.items()
+                     if size in rings and (m in self._modules or m == module)
+                     and (m, size) not in self._results]  # fmt: skip
+            cases = [case for m in users for case in _DECLARED[m][size]]
+            results = run_ring(size, cases)
+            first = 0
+            for m in users:
+                last = first + len(_DECLARED[m][size])
+                self._results[m, size] = results[first:last]
+                first = last
+        return self._results[module, size]

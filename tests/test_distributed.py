@@ -262,7 +262,7 @@ def test_run_tp_json_has_one_devices_attention(invoke):
     assert b["config"] == a["config"]
 
 
-def test_memory_measure_of_a_split_prints_each_rank_beside_its_estimate(invoke):
+def test_memory_measure_of_a_split_prints_each_rank_beside_its_estimate(invoke, ranks_once):
     args = ("memory", "-L", "32", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
             "--pos", "rope", "--mask", "causal", "--norm", "pre", "--tp", "2", "--sp")  # fmt: skip
     result = invoke(*args, "--measure", "--json")
@@ -277,6 +277,7 @@ def test_memory_measure_of_a_split_prints_each_rank_beside_its_estimate(invoke):
     assert ranks[0]["peak_bytes"] == device["peak_bytes"] - device["kv_cache_bytes"]
     text = invoke(*args, "--measure", columns=100)
     assert text.exit_code == 0 and "measured on torch.distributed, per rank" in text.stdout
+    assert len(ranks_once) == 1  # one start of the ranks: the text is the JSON's measurement
 
 
 def test_run_tp_shows_heads_per_rank(invoke, llama):

@@ -175,7 +175,7 @@ def test_every_gradient_is_the_single_devices_cut_the_same_way(tp, rank_pool):
 # ---------------------------------------------------------------- the command
 
 
-def test_memory_measure_train_prints_each_rank_and_its_phases(invoke):
+def test_memory_measure_train_prints_each_rank_and_its_phases(invoke, ranks_once):
     args = ("memory", "-L", "16", "--d-model", "64", "--heads", "4", "--kv-heads", "2",
             "--pos", "rope", "--mask", "causal", "--norm", "pre", "--tp", "2", "--sp",
             "--train", "--layers", "2")  # fmt: skip
@@ -186,6 +186,7 @@ def test_memory_measure_train_prints_each_rank_and_its_phases(invoke):
     text = invoke(*args, "--measure", columns=100)
     assert text.exit_code == 0
     assert "a training step of 2 blocks" in text.stdout and "every rank: forward" in text.stdout
+    assert len(ranks_once) == 1  # one start of the ranks: the text is the JSON's measurement
 
 
 @pytest.mark.parametrize(

@@ -171,7 +171,7 @@ ARGS = ("memory", "-L", "8", "--d-model", "36", "--heads", "4", "--norm", "pre",
         "--layers", "2", "--dtype", "bfloat16", "--dp", "2", "--zero", "1")  # fmt: skip
 
 
-def test_memory_measure_dp_zero_prints_each_rank(invoke):
+def test_memory_measure_dp_zero_prints_each_rank(invoke, ranks_once):
     result = invoke(*ARGS, "--measure", "--json")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
@@ -186,6 +186,7 @@ def test_memory_measure_dp_zero_prints_each_rank(invoke):
     text = invoke(*ARGS, "--measure", columns=100)
     assert text.exit_code == 0, text.output
     assert "a training step of 2 blocks" in text.stdout and "rank 1:" in text.stdout
+    assert len(ranks_once) == 1  # one start of the ranks: the text is the JSON's measurement
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ring_ranks import VOCAB, Case, run_ring, setting, token_ids
+from ring_ranks import VOCAB, Case, declare_rings, run_ring, setting, token_ids
 
 from attnctl.errors import AttnctlError
 from attnctl.memory.estimate import estimate, kv_cache_bytes
@@ -31,24 +31,27 @@ MQA_SINUSOIDAL = dict(d_model=16, heads=2, kv_heads=1, norm="pre")  # a K/V chun
 DYNAMIC = dict(CAUSAL_ROPE, rope_type="dynamic", rope_factor=2.0, rope_original_max_positions=4)
 NARROW = dict(GQA, dtype="bfloat16")
 
-RINGS = {
-    2: [
-        Case(CAUSAL_ROPE, 8, 2),
-        Case(GQA, 8, 2),
-        Case(NO_MASK, 8, 1),
-        Case(MQA_SINUSOIDAL, 6, 2),
-        Case(DYNAMIC, 8, 1),
-        Case(NARROW, 8, 2),
-    ],
-    4: [Case(CAUSAL_ROPE, 8, 2), Case(GQA, 8, 1), Case(NO_MASK, 8, 1)],
-}
+RINGS = declare_rings(
+    __name__,
+    {
+        2: [
+            Case(CAUSAL_ROPE, 8, 2),
+            Case(GQA, 8, 2),
+            Case(NO_MASK, 8, 1),
+            Case(MQA_SINUSOIDAL, 6, 2),
+            Case(DYNAMIC, 8, 1),
+            Case(NARROW, 8, 2),
+        ],
+        4: [Case(CAUSAL_ROPE, 8, 2), Case(GQA, 8, 1), Case(NO_MASK, 8, 1)],
+    },
+)
 EXACT = {"float32"}  # the dtypes whose output is compared with one device's to 1e-5
 
 
 @pytest.fixture(scope="module")
-def rings():
+def rings(ring_pool):
     """{C: results[case][rank]}: each ring run once, for all its cases."""
-    return {size: run_ring(size, cases) for size, cases in RINGS.items()}
+    return {size: ring_pool.get(__name__, size) for size in RINGS}
 
 
 def _cases():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ring_ranks import Case, probe, run_ring, setting, token_ids
+from ring_ranks import Case, declare_rings, probe, setting, token_ids
 
 from attnctl.stages.plan import build_plan
 
@@ -19,17 +19,17 @@ NO_MASK = dict(d_model=16, heads=4, pos="learned")  # post-norm, positions from 
 MQA = dict(d_model=16, heads=2, kv_heads=1, norm="pre", mask="causal", pos="rope")
 NARROW = dict(GQA, dtype="bfloat16")
 
-RINGS = {
+RINGS = declare_rings(__name__, {
     2: [Case(CAUSAL_ROPE, 8, 2, train=True), Case(NO_MASK, 8, 1, train=True),
         Case(MQA, 6, 2, train=True), Case(NARROW, 8, 2, train=True)],
     4: [Case(CAUSAL_ROPE, 8, 2, train=True), Case(GQA, 8, 1, train=True),
         Case(NO_MASK, 8, 2, train=True)],
-}  # fmt: skip
+})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def rings():
-    return {size: run_ring(size, cases) for size, cases in RINGS.items()}
+def rings(ring_pool):
+    return {size: ring_pool.get(__name__, size) for size in RINGS}
 
 
 def _one_device(case: Case):
