@@ -19,6 +19,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _half_sdpa_breaks_on_this_cpu() -> str | None:
+    """Why torch cannot run CPU SDPA in bfloat16 here, or None. Under an emulated vector
+    unit (ATEN_CPU_CAPABILITY below the CPU's own, as CI does to stand in for other
+    CPUs) torch's CPU flash attention still packs for the real CPU's AMX/AVX-512 and
+    fails ("pack_vnni2 is only supported when avx512 is supported"); a CPU that really
+    lacks them never takes that path."""
+    import torch
+    import torch.nn.functional as F
+
+    q = torch.zeros(2, 2, 64, 8, dtype=torch.bfloat16)
+    try:
+        F.scaled_dot_product_attention(q, q, q)
+    except RuntimeError as error:
+        return f"torch's CPU SDPA in bfloat16 fails under this emulated CPU: {error}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    reason = _half_sdpa_breaks_on_this_cpu()
+    if reason is None:
+        return
+    for item in items:  # the measured and traced runs of half-precision SDPA on the CPU
+        if "sdpa" in item.nodeid and ("bfloat16" in item.nodeid or "float16" in item.nodeid):
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture
 def invoke():
     """Run the CLI in-process at a fixed width, colour off; returns click's Result."""
