@@ -50,9 +50,16 @@ def test_the_build_is_read_from_torchs_version_file():
 
 @pytest.fixture
 def cuda_machine(monkeypatch):
-    """This machine as a CUDA build of torch with one GPU would make it (to auto)."""
+    """This machine as a CUDA build of torch with one GPU (an H200, as the driver would
+    describe it) would make it (to auto)."""
+    from attnctl.model.gpu import PROFILES
+
     monkeypatch.setattr(devices, "torch_build", lambda: {"cuda": "13.0", "hip": None})
     monkeypatch.setattr(devices, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(devices, "this_machines_gpu", lambda index: PROFILES["h200"])
+    devices._cuda_target.cache_clear()
+    yield
+    devices._cuda_target.cache_clear()
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ from attnctl.memory.estimate import (
 )
 from attnctl.model.config import LARGEST_SIZE, LayerConfig, build_config, resolve_impl
 from attnctl.model.describe import ModelDescription
-from attnctl.model.device import resolve as resolved_device
+from attnctl.model.device import planned_device
 from attnctl.model.layout import Layout
 from attnctl.report.commands import (
     LengthReport,
@@ -66,14 +66,17 @@ from attnctl.window import DEFAULT_HEADS_SHOWN, choose_heads, choose_rows
 if TYPE_CHECKING:  # run's other reports: their use case is imported when it runs
     from attnctl.report.generation import GenerationReport, TranslationReport
 
-MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer")  # options that still apply to a model
+# options that still apply to a model
+MODEL_KEEPS = ("dtype", "device", "impl", "tokenizer", "gpu", "torch_rules")
 
 
 def resolve_layer(request: LayerRequest) -> tuple[LayerConfig, ModelDescription | None]:
     """The validated layer: a preset with overrides, or a model's config.json (and the
-    model), on its device resolved: the one place ``--device auto`` is decided."""
+    model), on its device resolved: the one place ``--device auto`` is decided (a named
+    --gpu is planned for on CUDA, and its name and torch rules checked here)."""
     layer, model = _requested_layer(request)
-    return dataclasses.replace(layer, device=str(resolved_device(layer.device))), model
+    device = planned_device(layer.device, layer.gpu, layer.torch_rules)
+    return dataclasses.replace(layer, device=device), model
 
 
 def _requested_layer(request: LayerRequest) -> tuple[LayerConfig, ModelDescription | None]:

@@ -327,7 +327,7 @@ def memory(
 
 @app.command()
 @svg_option
-@layer_options(leave_out=("dropout",))
+@layer_options(leave_out=("dropout", "gpu", "torch_rules"))
 def check(
     seq_len: SeqLenOption = 16,
     batch: BatchOption = 2,

@@ -142,6 +142,18 @@ LAYER_OPTIONS: dict[str, Any] = {
     "seed": _option(int, "--seed", help="Seed of the weights (torch's manual_seed). Default 42."),
     "device": _option(str, "--device", help="auto, cpu, cuda, cuda:N or mps. Default auto."),
     "dtype": _option(DType, "--dtype", help="Parameter and activation dtype. Default float32."),
+    "gpu": _option(
+        str,
+        "--gpu",
+        help="Plan for this GPU, from any machine: h200, h100, a100-80gb, a100-40gb, l4, "
+        "rtx-4090 (memory, compute capability, workspaces).",
+    ),
+    "torch_rules": _option(
+        str,
+        "--torch",
+        help="The torch version whose CUDA rules the plan follows (SDPA kernels, "
+        "workspaces), like 2.11. Default: the installed torch.",
+    ),
 }
 
 

@@ -16,6 +16,7 @@ from fractions import Fraction
 from attnctl.errors import AttnctlError
 from attnctl.model.config import DTYPE_BYTES, DTYPES, LayerConfig, validate
 from attnctl.model.describe import CROSS_ATTENTION, ModelDescription
+from attnctl.model.gpu import rounded
 from attnctl.stages.plan import Plan, build_plan
 
 IMPLEMENTATIONS = ("math", "sdpa")  # what "auto" chooses between
@@ -63,11 +64,20 @@ def live_bytes_per_stage(plan: Plan) -> list[int]:
         if given in index:
             index[given] = 0
     nbytes = {s.name: s.bytes for s in plan.stages}
-    return [
+    if plan.cuda is not None:  # the caching allocator's 512-byte blocks (not the inputs':
+        # a measurement counts what was allocated after them)
+        nbytes = {name: n if name in plan.given else rounded(n) for name, n in nbytes.items()}
+    live = [
         stage.scratch
         + sum(nbytes[name] for name, end in last_use.items() if index[name] <= i <= end)
         for i, stage in enumerate(plan.stages)
     ]
+    for line in plan.device_lines:  # what CUDA allocates beside the stages' tensors
+        first = index[line.first]
+        until = last if line.last is None else index[line.last]
+        for i in range(first, until + 1):
+            live[i] += line.bytes
+    return live
 
 
 def estimate(plan: Plan, layers: int = 1) -> MemoryEstimate:

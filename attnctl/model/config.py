@@ -105,6 +105,11 @@ class LayerConfig:
     seed: int = 42  # torch.manual_seed before the weights are created
     device: str = "auto"  # auto = cuda, else mps, else cpu
     dtype: str = "float32"
+    # a CUDA plan for a named GPU (model/gpu.py's profiles: h200, h100, ...) rather than
+    # this machine's, under the memory rules of torch ``torch_rules`` ("2.11"; "" = the
+    # installed torch's)
+    gpu: str = ""
+    torch_rules: str = ""
 
     @property
     def d_k(self) -> int:

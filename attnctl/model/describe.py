@@ -362,7 +362,10 @@ class ModelDescription:
         """
         if self.checkpoint is None:
             return seeded_model(config, self.vocab_size)
-        run = {k: getattr(config, k) for k in ("dtype", "impl", "device", "tokenizer", "seed")}
+        run = {
+            k: getattr(config, k)
+            for k in ("dtype", "impl", "device", "tokenizer", "seed", "gpu", "torch_rules")
+        }
         blocks = tuple(
             Block(
                 tuple(

@@ -13,6 +13,7 @@ can tell (a ROCm build, macOS on Apple silicon, an unreadable install) is torch 
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import re
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnctl.errors import AttnctlError
+from attnctl.model.gpu import CudaTarget, GpuProfile, gpu_profile, named_target, rules_for
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -53,6 +55,96 @@ def resolve(spec: str) -> Device:
     return Device.parse(spec) if spec != "auto" else automatic()
 
 
+def planned_device(spec: str, gpu: str = "", torch_rules: str = "") -> str:
+    """The concrete device a layer runs on or plans for: ``--device`` resolved, CUDA for
+    a named ``--gpu`` (which plans for that GPU from any machine). Checks the GPU's name
+    and the torch rules named, and that they go with the device."""
+    if gpu:
+        gpu_profile(gpu)  # one line listing the profiles when unknown
+        rules_for(torch_rules, None)  # one line naming the rules known
+        if spec == "auto":
+            return "cuda"
+        if not Device.parse(spec).is_cuda:
+            raise AttnctlError(f"--gpu {gpu} plans for a GPU; it does not go with --device {spec}")
+        return spec
+    device = resolve(spec)
+    if torch_rules:
+        rules_for(torch_rules, None)
+        if not device.is_cuda:
+            raise AttnctlError(
+                f"--torch {torch_rules} chooses CUDA memory rules; the plan is for "
+                f"{device}: name a GPU with --gpu, or --device cuda on a machine with one"
+            )
+    return str(device)
+
+
+def cuda_target(device: str, gpu: str = "", torch_rules: str = "") -> CudaTarget | None:
+    """What a plan on ``device`` knows of CUDA: None off CUDA; the named profile
+    (``gpu``), or the GPU this machine has, under the rules of ``torch_rules`` (default
+    the installed torch's)."""
+    if not device.startswith("cuda"):
+        return None
+    return _cuda_target(device, gpu.strip().lower(), torch_rules)
+
+
+@functools.lru_cache(maxsize=16)
+def _cuda_target(device: str, gpu: str, torch_rules: str) -> CudaTarget:
+    installed = torch_version()
+    if gpu:
+        return named_target(gpu, torch_rules, installed)
+    profile = this_machines_gpu(Device.parse(device).index or 0)
+    if profile is None:
+        raise AttnctlError(
+            f"device {device} is not available: no CUDA GPU on this machine (to plan for "
+            "one, name it with --gpu: h200, h100, a100-80gb, a100-40gb, l4, rtx-4090)"
+        )
+    rules, note = rules_for(torch_rules, installed)
+    return CudaTarget(profile, rules, named=False, note=note)
+
+
+def torch_version() -> str | None:
+    """The installed torch's version (``torch/version.py``'s ``__version__``), read
+    without importing torch; None when it cannot be read."""
+    text = _torch_version_file()
+    match = re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text or "", re.M)
+    return match.group(1) if match else None
+
+
+def this_machines_gpu(index: int) -> GpuProfile | None:
+    """CUDA device ``index`` as the driver describes it (name, memory, compute
+    capability), or None without a driver or such a device."""
+    driver = _driver()
+    if driver is None or driver.cuInit(0) != 0:
+        return None
+    handle = ctypes.c_int(0)
+    if driver.cuDeviceGet(ctypes.byref(handle), index) != 0:
+        return None
+    major, minor, total = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_size_t(0)
+    name = ctypes.create_string_buffer(256)
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR
+    driver.cuDeviceGetAttribute(ctypes.byref(major), 75, handle)
+    driver.cuDeviceGetAttribute(ctypes.byref(minor), 76, handle)
+    driver.cuDeviceGetName(name, len(name), handle)
+    driver.cuDeviceTotalMem_v2(ctypes.byref(total), handle)
+    label = name.value.decode("utf-8", "replace") or f"CUDA device {index}"
+    return GpuProfile(f"cuda:{index}", label, total.value, (major.value, minor.value))
+
+
+def _driver() -> ctypes.CDLL | None:
+    if sys.platform.startswith("linux"):
+        names = ("libcuda.so.1", "libcuda.so")
+    elif sys.platform == "win32":
+        names = ("nvcuda.dll",)
+    else:
+        return None
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
 def automatic() -> Device:
     """The device ``auto`` picks on this machine (see the module's note)."""
     build = torch_build()
@@ -71,15 +163,8 @@ def torch_build() -> dict[str, str | None] | None:
     """The ``cuda`` and ``hip`` versions the installed torch was built with (None for a
     CPU build's), read from ``torch/version.py`` without importing torch; None when it
     cannot be read."""
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    try:
-        text = Path(next(iter(spec.submodule_search_locations)), "version.py").read_text("utf-8")
-    except (OSError, UnicodeDecodeError):
+    text = _torch_version_file()
+    if text is None:
         return None
     found: dict[str, str | None] = {}
     for name in ("cuda", "hip"):
@@ -89,6 +174,20 @@ def torch_build() -> dict[str, str | None] | None:
         value = match.group(1)
         found[name] = None if value == "None" else value.strip("'\"")
     return found
+
+
+def _torch_version_file() -> str | None:
+    """The text of the installed torch's ``version.py``, or None."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        return Path(next(iter(spec.submodule_search_locations)), "version.py").read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def cuda_device_count() -> int | None:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 from attnctl.errors import AttnctlError
 from attnctl.model.config import DTYPE_BYTES, FP32
 from attnctl.model.describe import Attention, FeedForward
+from attnctl.model.gpu import rounded
 from attnctl.replay import (  # noqa: F401  (they register the attention's, the collectives' entries)
     attention,
     collectives,
@@ -30,7 +31,7 @@ from attnctl.replay import (  # noqa: F401  (they register the attention's, the 
 from attnctl.replay.autograd import Replay
 from attnctl.replay.ring import is_ring_stage, ring_output, ring_stage
 from attnctl.replay.stages import EMBEDDING_STAGES, ENTRIES, INPUTS, Walk, weight_views
-from attnctl.stages.plan import Plan
+from attnctl.stages.plan import Plan, build_plan
 from attnctl.trace import Stage
 
 PHASES = ("forward", "backward", "optimizer step")
@@ -81,11 +82,17 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     if layers < 1:
         raise AttnctlError(f"layers must be a positive integer, got {layers}")
     refuse_unreplayable(plan, layers)
+    if any(choice.fallback for choice in plan.sdpa_kernels):
+        # SDPA falls back to its math kernel on this GPU: under autograd it keeps what
+        # the math path keeps (K, V repeated, the scores, the weights; measured equal)
+        plan = _as_math(plan)
     e = DTYPE_BYTES[config.dtype]
     mixed = config.dtype != "float32"
     count = sum(parameter_sizes(plan, layers))
     replayed = _replay_stack(plan, layers)
     peaks, saved = replayed.phase_peaks, replayed.saved
+    if plan.cuda is not None:
+        peaks = tuple(p + extra for p, extra in zip(peaks, cuda_phase_bytes(plan), strict=True))
     windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
     peak = max(peaks)
     model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
@@ -103,6 +110,55 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
         gradient_window_bytes=windows,
         stage_window_bytes=stage_windows,
     )
+
+
+def _as_math(plan: Plan) -> Plan:
+    """The same plan on the math path."""
+    return build_plan(
+        dataclasses.replace(plan.config, impl="math"), plan.seq_len, plan.batch,
+        plan.vocab_size, plan.config.device, context_len=plan.sizes.get("Lc"),
+        model=plan.model, layer_index=plan.layer_index,
+    )  # fmt: skip
+
+
+def cuda_phase_bytes(plan: Plan) -> tuple[int, int, int]:
+    """What a training step allocates on CUDA beside the replay's tensors, by phase
+    (forward, backward, optimizer step), as measured on the H200 with torch 2.11.
+
+    The forward makes cuBLAS's workspace (and cuBLASLt's with a biased projection), the
+    backward runs on autograd's thread, whose cuBLAS handle makes a second one; both are
+    kept to the step. The backward also holds what its kernels keep: the math path one
+    more B·H·L·Lk matrix (softmax's backward beside the scores' gradient), the fused
+    kernels float32 gradients of the output and their statistics (the memory-efficient
+    kernel's logsumexp and its gradient's; cuDNN's, with its buffers), and the loss and
+    its gradient each in a 512-byte block."""
+    target, config, sizes = plan.cuda, plan.config, plan.sizes
+    if target is None:
+        return 0, 0, 0
+    workspaces = {line.name: line.bytes for line in plan.device_lines}
+    first = workspaces.get("cublas_workspace", 0) + workspaces.get("cublaslt_workspace", 0)
+    again = target.cublas_workspace_bytes() if "cublas_workspace" in workspaces else 0
+    element = DTYPE_BYTES[config.dtype]
+    batch, heads, length = sizes["B"], sizes["H"], sizes["L"]
+    keys = sizes.get("Lc", length)
+    backward = 2 * (512 - element)  # the loss and its gradient
+    matrix = batch * heads * length * keys
+    if config.impl == "math" and not config.dropout:
+        backward += rounded(matrix * element)
+    elif config.impl == "math":  # CUDA's dropout keeps a bool mask, not the CPU's wider
+        # one (fitted on one recording: dropout 0.1, float32, L 512)
+        backward -= rounded(matrix)
+    elif config.impl == "sdpa":
+        output_gradient = rounded(batch * length * sizes["D"] * FP32)
+        statistics = rounded(batch * heads * length * FP32)
+        kernels = [c.kernel for c in plan.sdpa_kernels]
+        if "cudnn" in kernels:
+            backward += output_gradient + statistics + 3 * 512
+            if config.kv_heads != config.heads:  # K and V gradients per query head
+                backward += 2 * rounded(batch * heads * length * config.d_k * element)
+        else:
+            backward += output_gradient + 2 * statistics
+    return first, first + again + backward, first + again
 
 
 def _replay_stack(

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from attnctl.model.config import DTYPE_BYTES
+from attnctl.model.gpu import CudaTarget, rounded
 from attnctl.trace import Stage
 
 MASK_CONVENTION = "True = may attend (F.scaled_dot_product_attention convention)"
@@ -36,6 +37,15 @@ class PlanBuilder:
     # over, L / C consecutive tokens each, and which of them this is
     context_parallel: int = 1
     context_rank: int = 0
+    # a plan on CUDA: the GPU and torch rules it is for (``model/gpu.py``); None elsewhere
+    cuda: CudaTarget | None = None
+
+    def pieces(self, *nbytes: int) -> int:
+        """The bytes of several temporary tensors together: on CUDA each is rounded up
+        to the caching allocator's 512-byte blocks, as it charges them."""
+        if self.cuda is None:
+            return sum(nbytes)
+        return sum(rounded(n) for n in nbytes)
 
     @contextmanager
     def scoped(self, prefix: str) -> Iterator[None]:

@@ -141,10 +141,10 @@ def _rope_rotation(
         dtype="float32",
         what=f"RoPE angles pos·θ_i, θ_i = {config.rope_theta:g}^(-2i/d_k)"
         + ("" if config.rope_type == "default" else f", {config.rope_type} scaling"),
-        scratch=4 * (half + seq_len + seq_len * half),  # frequencies, positions, outer
+        scratch=plan.pieces(4 * half, 4 * seq_len, 4 * seq_len * half),  # θ_i, pos, outer
     )
     # cos() and sin() in float32, then .to() the dtype
-    cast = seq_len * config.d_k * 4 if config.dtype != "float32" else 0
+    cast = plan.pieces(seq_len * config.d_k * 4) if config.dtype != "float32" else 0
     scaling = attention_scaling(config.rope)  # yarn, longrope: in place, in float32
     times = "" if scaling == 1 else f" × {scaling:.6g} (attention scaling)"
     plan.add("rope_cos", "L d_k", ("rope_angles",), what="cos of the angles" + times, scratch=cast)
@@ -157,14 +157,14 @@ def _rope_rotation(
         "B H L d_k",
         (q, "rope_cos", "rope_sin"),
         what=turn,
-        scratch=2 * plan.nbytes("B H L d_k"),
+        scratch=plan.pieces(plan.nbytes("B H L d_k"), plan.nbytes("B H L d_k")),
     )
     k = plan.add(
         "k_rotated",
         k_dims,
         (k, "rope_cos", "rope_sin"),
         what=turn,
-        scratch=2 * plan.nbytes(k_dims),
+        scratch=plan.pieces(plan.nbytes(k_dims), plan.nbytes(k_dims)),
     )
     return q, k
 
@@ -207,7 +207,7 @@ def _scores(
             what=f"{cap}·tanh(scores/{cap}) in place, before masks"
             + ("; padded keys set to -inf" if padding else ""),
             # the negated padding mask, made while the scores alone are alive
-            scratch=plan.nbytes(f"B {key_len}", "bool") if padding else 0,
+            scratch=plan.pieces(plan.nbytes(f"B {key_len}", "bool")) if padding else 0,
         )
     if config.pos == "relative":  # T5: a learned bias per head by bucketed distance
         plan_relative_bias(plan, sublayer, scores, key_len)
@@ -220,7 +220,7 @@ def _scores(
             "alibi",
             "H L L",
             what="ALiBi bias -m_h·|i - j| added to the scores in place",
-            scratch=8 * heads + 4 * length + 4 * length * length + narrow,
+            scratch=plan.pieces(4 * heads, 4 * heads, 4 * length, 4 * length * length, narrow),
         )
     if config.mask == "causal":
         plan.add(

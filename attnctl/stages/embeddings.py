@@ -27,7 +27,7 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
             dtype="bool",
             what="the ids outside this rank's rows of the vocabulary",
             # id < first, then | id >= first + rows: that comparison's bools beside it
-            scratch=plan.nbytes("B L", "bool"),
+            scratch=plan.pieces(plan.nbytes("B L", "bool")),
         )
         plan.add(
             "local_ids",
@@ -58,7 +58,7 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
             "positions",
             rows,
             what="sinusoidal position table",
-            scratch=_sinusoidal_scratch(embeddings.d_model, length),
+            scratch=_sinusoidal_scratch(plan, embeddings.d_model, length),
         )
     elif embeddings.positions == "sinusoidal_halves":  # Marian
         positions = plan.add(
@@ -74,7 +74,7 @@ def plan_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: int) -> s
             rows,
             what="learned position table rows"
             + (f" {offset}… (position p reads row p + {offset})" if offset else ""),
-            scratch=8 * length,
+            scratch=plan.pieces(8 * length),
         )
     else:  # none here: RoPE turns Q and K in every block, ALiBi biases the scores
         return x
@@ -103,22 +103,25 @@ def plan_context_embeddings(plan: PlanBuilder, embeddings: Embeddings, length: i
             "context_positions",
             "Lc D",
             what="sinusoidal position table",
-            scratch=_sinusoidal_scratch(embeddings.d_model, length),
+            scratch=_sinusoidal_scratch(plan, embeddings.d_model, length),
         )
     elif embeddings.positions == "learned":
         positions = plan.add(
-            "context_positions", "Lc D", what="learned position table rows", scratch=8 * length
+            "context_positions",
+            "Lc D",
+            what="learned position table rows",
+            scratch=plan.pieces(8 * length),
         )
     else:
         return x
     return plan.add("context_x", "B Lc D", (x, positions), what="embeddings + positions")
 
 
-def _sinusoidal_scratch(d_model: int, length: int) -> int:
+def _sinusoidal_scratch(plan: PlanBuilder, d_model: int, length: int) -> int:
     """float32 scratch while the table is built: positions (L), frequencies (⌈D/2⌉),
     angles (L·⌈D/2⌉) and sin(angles) (L·⌈D/2⌉) before it is written into the table."""
     half = (d_model + 1) // 2
-    return 4 * (length + half + 2 * length * half)
+    return plan.pieces(4 * length, 4 * half, 4 * length * half, 4 * length * half)
 
 
 def _halves_scratch(plan: PlanBuilder, length: int) -> int:
@@ -129,7 +132,7 @@ def _halves_scratch(plan: PlanBuilder, length: int) -> int:
     the CPU, a table for a GPU holds only the positions and the table there."""
     ids = 8 * length
     if plan.device.startswith("cuda"):
-        return ids
+        return plan.pieces(ids)
     d_model = plan.sizes["D"]
     half = (d_model + 1) // 2
     table32 = 4 * length * d_model

@@ -23,9 +23,12 @@ from attnctl.model.describe import (
     Parameter,
     seeded_model,
 )
+from attnctl.model.device import cuda_target
+from attnctl.model.gpu import CudaTarget, SdpaChoice
 from attnctl.stages import MASK_CONVENTION, PlanBuilder
 from attnctl.stages.attention import plan_attention
 from attnctl.stages.collectives import reduced_name
+from attnctl.stages.cuda import DeviceLine, cuda_lines
 from attnctl.stages.embeddings import plan_context_embeddings, plan_embeddings
 from attnctl.stages.feed_forward import plan_feed_forward
 from attnctl.trace import Stage
@@ -58,6 +61,11 @@ class Plan:
     # context parallel: the C ranks of the ring and which of them (``ring_attention``)
     context_parallel: int = 1
     context_rank: int = 0
+    # on CUDA: the GPU and torch rules planned for, what CUDA allocates beside the
+    # stages' tensors (``stages/cuda.py``), and the kernel of each SDPA call
+    cuda: CudaTarget | None = None
+    device_lines: tuple[DeviceLine, ...] = ()
+    sdpa_kernels: tuple[SdpaChoice, ...] = ()
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -123,6 +131,7 @@ def build_plan(
     sequence_parallel: bool = False,
     context_parallel: int = 1,
     context_rank: int = 0,
+    workspaces: bool = True,
 ) -> Plan:
     """Predict every stage of a forward pass over ``batch`` sequences of ``seq_len`` tokens.
 
@@ -139,6 +148,8 @@ def build_plan(
     ranks: the collectives between sublayers, and the L / T tokens between them with SP.
     ``context_parallel``, ``context_rank``: ``seq_len`` is the chunk of rank
     ``context_rank`` of that many (L/C), whose attention is ring attention.
+    ``workspaces``: on CUDA, the pass makes cuBLAS's workspaces (False: the process made
+    them before, as an encoder–decoder's encoder does for its decoder).
     """
     description, decoder = _described(config, vocab_size, context_len, model, layer_index)
     block = description.blocks[layer_index]
@@ -160,13 +171,16 @@ def build_plan(
     held = _plan_sublayers(plan, block, x, context, decoder, padded, padding)
     held, given = _held_until(plan, block, held)
     parameters = layer_parameters(config, vocab_size) if model is None else model_parameters(model)
+    stages, lines, kernels = plan.stages, [], []
+    if plan.cuda is not None:
+        stages, lines, kernels = cuda_lines(stages, plan.sizes, config, plan.cuda, workspaces)
     return Plan(
         config=config,
         batch=batch,
         seq_len=seq_len,
         vocab_size=vocab_size,
         sizes=plan.sizes,
-        stages=plan.stages,
+        stages=stages,
         parameters=parameters,
         held_until=held,
         model=model if model is None else description,
@@ -177,6 +191,9 @@ def build_plan(
         sequence_parallel=sequence_parallel,
         context_parallel=context_parallel,
         context_rank=context_rank,
+        cuda=plan.cuda,
+        device_lines=tuple(lines),
+        sdpa_kernels=tuple(kernels),
     )
 
 
@@ -267,6 +284,7 @@ def _builder(
         sizes,
         config.dtype,
         device,
+        cuda=cuda_target(device, config.gpu, config.torch_rules),
         tensor_parallel=tensor_parallel,
         sequence_parallel=sequence_parallel,
         context_parallel=context_parallel,
@@ -396,6 +414,6 @@ def build_seq2seq_plans(
     )  # fmt: skip
     decoder_plan = build_plan(
         config, tgt_len, batch, decoder.vocab_size, device, padded, context_len=src_len,
-        model=decoder, layer_index=decoder_block,
+        model=decoder, layer_index=decoder_block, workspaces=False,  # the encoder's made them
     )  # fmt: skip
     return encoder_plan, decoder_plan
