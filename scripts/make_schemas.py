@@ -354,10 +354,67 @@ def header(command: str, kind: str) -> dict[str, Schema]:
     }
 
 
+def cuda() -> Schema:
+    """render.json.cuda_dict: what a CUDA plan assumes and adds."""
+    kernels = ("cudnn", "flash", "efficient", "math")
+    sdpa = obj(
+        {
+            "kernel": enum(kernels),
+            "label": string("as the output names it, e.g. cuDNN, or math (a fallback)"),
+            "dtype": enum(DTYPES),
+            "reason": string("why the kernels before it in torch's order were passed over"),
+            "fallback": {
+                "type": "boolean",
+                "description": "math although a fused kernel was asked for",
+            },
+        },
+        "one SDPA call's kernel, by torch's rules",
+    )
+    line = obj(
+        {
+            "name": enum(
+                (
+                    "cublas_workspace",
+                    "cublaslt_workspace",
+                    "norm_statistics",
+                    "bmm_copies",
+                    "sdpa_buffers",
+                )
+            ),
+            "what": string(),
+            "bytes": BYTES,
+            "first": string("the stage it is made at"),
+            "last": nullable(string("the last stage it is alive at; null: kept past the pass")),
+            "fallback": {"type": "boolean", "description": "the matrices of a fallback to math"},
+        },
+        "what CUDA allocates beside the stages' tensors",
+    )
+    return nullable(
+        obj(
+            {
+                "gpu": string("the profile's name (--gpu), or this machine's GPU's"),
+                "label": string(),
+                "capability": string("e.g. sm_90"),
+                "memory_bytes": integer(0, "torch.cuda.mem_get_info's total"),
+                "planned": {"type": "boolean", "description": "for a named --gpu profile"},
+                "torch_rules": string("the torch version whose kernel rules are followed"),
+                "cudnn": integer(0, "torch.backends.cudnn.version() of those wheels"),
+                "verified": {"type": "boolean", "description": "checked to the byte on hardware"},
+                "assumptions": string(),
+                "sdpa": array(sdpa),
+                "warnings": array(string(), description="a fallback to math, with its cost"),
+                "device_lines": array(line),
+            },
+            "on CUDA: the GPU and torch rules planned for; null on another device",
+        )
+    )
+
+
 COMMON_DEFS: dict[str, Schema] = {
     "shape": array(POSITIVE, description="a tensor's shape"),
     "token": token(),
     "config": config_schema(),
+    "cuda": cuda(),
 }
 
 
@@ -398,6 +455,7 @@ def run_layer() -> Schema:
         "kv_cache_bytes": nullable(integer(0, generated)),
         "measured_kv_cache_bytes": nullable(integer(0, generated)),
         "kv_cache": nullable(array(ref("kv_group"), 1, generated)),
+        "cuda": ref("cuda"),
     }
     assert list(properties)[3:] == list(RUN_KEYS), "run's keys and RUN_KEYS differ"
     return obj(properties, "run on the seeded layer or a model with one stack")
@@ -543,7 +601,13 @@ def run_schema() -> Schema:
 
 def shapes_schema() -> Schema:
     block_shapes = obj(
-        {"layer": INDEX, "seq_len": POSITIVE, "sizes": ref("sizes"), "stages": ref("stages")}
+        {
+            "layer": INDEX,
+            "seq_len": POSITIVE,
+            "sizes": ref("sizes"),
+            "stages": ref("stages"),
+            "cuda": ref("cuda"),
+        }
     )
     layer = obj(
         {
@@ -554,6 +618,7 @@ def shapes_schema() -> Schema:
             "batch": POSITIVE,
             "sizes": ref("sizes"),
             "stages": ref("stages"),
+            "cuda": ref("cuda"),
         },
         "the seeded layer, or a model with one stack",
     )
@@ -706,6 +771,12 @@ def memory_schema() -> Schema:
             "measured_what": nullable(enum(("forward pass", "training step"))),
             "measured_device": nullable(string()),
             "measured_by": nullable(string()),
+            "measured_reserved_bytes": nullable(
+                integer(0, "--measure on CUDA: torch.cuda.max_memory_reserved; else null")
+            ),
+            "measured_context_bytes": nullable(
+                integer(0, "--measure on CUDA: what the process holds outside torch's allocator")
+            ),
             "kv_cache_after_generate": nullable(
                 obj(
                     {
@@ -718,6 +789,7 @@ def memory_schema() -> Schema:
                     "with --generate N; else null",
                 )
             ),
+            "cuda": ref("cuda"),
         },
         "one length's estimate",
     )
@@ -754,6 +826,7 @@ def memory_schema() -> Schema:
             "sizes": ref("sizes"),
             **estimate()["properties"],
             "stages": array(ref("memory_stage"), 1),
+            "cuda": ref("cuda"),
         }
     )
     encoder_decoder = obj(

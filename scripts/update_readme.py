@@ -66,6 +66,12 @@ EXAMPLES = {
     "attnctl memory --model models/marian-tiny --src-len 48 --tgt-len 32 --measure --device cpu": (
         100, "weights", "<encoder block 0"),
     "attnctl memory --model models/llama-2-7b --seq-len 4096": (100, "one attention matrix", None),
+    "attnctl memory --seq-len 2048 --kv-heads 2 --impl sdpa --gpu h200 --torch 2.11": (
+        80, "GPU", "<parameters"),
+    "attnctl memory --seq-len 2048 --impl sdpa --dtype bfloat16 --gpu h200 --torch 2.11": (
+        80, "on the GPU", "<by dtype"),
+    "attnctl memory --impl math --dtype float32 --fit --gpu h200 --torch 2.11": (
+        80, "one forward pass fits", None),
     "attnctl memory --model models/gemma-3-1b --seq-len 32768": (100, "peak", "<by dtype"),
 }  # fmt: skip
 

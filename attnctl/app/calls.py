@@ -64,7 +64,7 @@ def plan_for(
         seq_len,
         batch,
         vocab,
-        device,
+        device or config.device,  # the one device, resolved by the use case
         padded=padded,
         context_len=context_len,
         model=model,

@@ -27,6 +27,15 @@ from attnctl.app.calls import (
 )
 from attnctl.app.inputs import choose_blocks, parse_lengths, read_contexts, read_texts
 from attnctl.app.memory_seq2seq import check_length_options, seq2seq_memory, seq2seq_shapes
+from attnctl.app.planned_gpu import (
+    budget_bytes as planned_budget,
+)
+from attnctl.app.planned_gpu import (
+    cuda_need,
+    measure_need,
+    on_this_machine,
+    refuse_planned_gpu,
+)
 from attnctl.app.preflight import kept_stage_bytes, preflight
 from attnctl.app.requests import (
     CheckReport,
@@ -43,7 +52,6 @@ from attnctl.memory.estimate import (
     allowed_impls,
     fit,
     longest_input,
-    parse_size,
 )
 from attnctl.model.config import LARGEST_SIZE, LayerConfig, build_config, resolve_impl
 from attnctl.model.describe import ModelDescription
@@ -107,6 +115,8 @@ def run_use_case(
     layout = Layout(tp=request.tp, sp=request.sp)
     if layout.is_split:  # what a split does not run yet, refused before anything starts
         refuse_split(request, layout, layer, model)
+    if layer.gpu:
+        refuse_planned_gpu(request, layout, model)
     if model is not None and model.is_encoder_decoder:  # it always generates
         from attnctl.app.translation import translation_use_case
 
@@ -151,20 +161,27 @@ def _layer_run(
         plan_for, layer, seq_len, len(texts), vocab, model=model,
         padded=padding_mask_needed(cross or batch, layer), context_len=context_len,
     )  # fmt: skip
-    plan = block_plan(layer_index=shown_block)
+    plan = block_plan(layer_index=shown_block)  # for --gpu NAME's GPU: the memory shown
     memory = estimate_of(plan)
+    local = on_this_machine(request.layer, layer)  # where it runs
+    if local is not layer:
+        block_plan = functools.partial(block_plan.func, local, *block_plan.args[1:],
+                                       **block_plan.keywords)  # fmt: skip
     # the weights shown become Python floats: about 32 bytes each, beside the 4 of float32
     per_block = len(texts) * len(heads) * len(query_rows) * (context_len or seq_len) * 36
     shown_bytes = per_block * (len(blocks) if blocks else 1)
-    need = _run_need(request, layer, model, plan, memory, blocks, shown_bytes, block_plan)
     if layout.is_split:
+        need = _run_need(request, layer, model, plan, memory, blocks, shown_bytes, block_plan)
         return split_run(request, layout, layer, model, batch, heads, query_rows, plan,
                          memory, shown_block, texts, hooks, shown_bytes)  # fmt: skip
-    preflight(plan, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
+    here = plan if local is layer else block_plan(layer_index=shown_block)
+    need = _run_need(request, local, model, here, estimate_of(here), blocks, shown_bytes,
+                     block_plan)  # fmt: skip
+    preflight(here, need, request.force, hooks, blocks=max(blocks) + 1 if blocks else 1)
     what = "the layer" if model is None else model.name
     keep_stages = request.save is not None
     with hooks.progress(f"running {what} over {len(texts)} x {seq_len} tokens"):
-        traces = run_traces(batch, layer, heads, query_rows, cross, model, blocks, keep_stages)
+        traces = run_traces(batch, local, heads, query_rows, cross, model, blocks, keep_stages)
     hidden = None
     if not request.heads and not every_block and layer.heads > len(heads):
         hidden = (len(heads), layer.heads - 1)
@@ -314,6 +331,11 @@ def memory_use_case(
     """``memory``: estimate each length (measure it with --measure), then what fits a budget."""
     hooks = hooks or Hooks()
     layer, model = resolve_layer(request.layer)
+    if request.measure and layer.gpu:
+        raise AttnctlError(
+            f"--gpu {layer.gpu} plans for a GPU that is not here; --measure measures this "
+            "machine's device: leave out one of them"
+        )
     check_length_options(model, request.seq_len, request.src_len, request.tgt_len)
     if request.layout.is_split:  # per device, beside the whole model on one
         from attnctl.app.memory_parallel import parallel_memory_use_case
@@ -333,9 +355,11 @@ def memory_use_case(
         _length_memory(request, layer, model, length, (stack, kv_layers), peak_of, hooks)
         for length in lengths
     ]
-    budget_bytes = _budget_bytes(request, layer)
+    budget_bytes = planned_budget(request, layer)
     fits = None
     if budget_bytes is not None:
+        if layer.device.startswith("cuda"):  # the pre-flight's figure (resources.preflight)
+            peak_of = functools.partial(cuda_need, request.train, peak_of, kv_layers)
         fits = {}
         for impl in allowed_impls(layer):  # not sdpa with dropout or alibi
             variant = dataclasses.replace(layer, impl=impl)
@@ -422,10 +446,9 @@ def _length_memory(
     training = training_estimate_of(plan, layers) if train else None
     measured = None
     if request.measure:
-        need, blocks = peak_of(plan), (model.layers if model else layers)  # the whole stack
-        if not train:  # one pass through block 0, then one through every block keeping
-            key_len = plan.sizes.get("Lc", plan.seq_len)  # K and V (the measured cache)
-            need += sum(g.bytes for g in kv_cache_of(plan, key_len, kv_layers))
+        need = measure_need(plan, train, peak_of, kv_layers)
+        blocks = model.layers if model else layers  # a training step: the whole stack
+        if not train:  # one pass through block 0, then one through every block
             blocks = 1 + (model.layers if model else 1)
         preflight(plan, need, request.force, hooks, blocks=blocks, passes=3 if train else 1)
         what = "a training step" if train else "a forward pass"
@@ -436,19 +459,6 @@ def _length_memory(
     if request.generate is not None:
         report = generated_cache(report, request.generate, request, hooks)
     return report
-
-
-def _budget_bytes(request: MemoryRequest, layer: LayerConfig) -> int | None:
-    """The budget what fits is sought in: --budget SIZE, or (--fit) the device's free
-    memory; None without either."""
-    budget_bytes = None
-    if request.fit_device:
-        from attnctl.memory.resources import device_free_bytes
-
-        budget_bytes = device_free_bytes(layer.device)
-    if request.budget is not None:
-        budget_bytes = parse_size(request.budget)
-    return budget_bytes
 
 
 def check_generate(request: MemoryRequest, layer: LayerConfig, model: ModelDescription | None):

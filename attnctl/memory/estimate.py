@@ -293,6 +293,7 @@ def variant_table(plan: Plan, layers: int = 1) -> dict[str, dict[str, MemoryEsti
                 plan.seq_len,
                 plan.batch,
                 plan.vocab_size,
+                plan.config.device,
                 context_len=plan.sizes.get("Lc"),
                 model=plan.model,
                 layer_index=plan.layer_index,

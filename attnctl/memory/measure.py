@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,31 +21,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from attnctl.errors import RUNTIME, AttnctlError
+from attnctl.memory.measure_cuda import cuda_context_bytes, measure_cuda, measure_step_cuda
+from attnctl.memory.measurement import Measurement
 from attnctl.model.config import LayerConfig
 from attnctl.nn.layer import TORCH_DTYPES, Recorder, resolve_device
 from attnctl.stages.plan import Plan
-
-
-@dataclass(frozen=True)
-class Measurement:
-    device: str
-    parameter_bytes: int
-    peak_activation_bytes: int
-    stage_peak_bytes: tuple[int, ...]  # activation bytes alive at the busiest moment of each stage
-    method: str  # how it was measured, for the report
-    # a training step's peak in each phase: forward, backward, optimizer step
-    phase_peak_bytes: tuple[int, ...] = ()
-    # CPU, training: the backward's peak up to each parameter's gradient, in their order
-    gradient_window_bytes: tuple[int, ...] = ()
-    # CPU, training: the forward's peak within each of the first block's stages (what
-    # autograd keeps included, so not the forward pass's stage_peak_bytes)
-    stage_window_bytes: tuple[int, ...] = ()
-    kv_cache_bytes: int | None = None  # K and V every block kept, from a run of all of them
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.parameter_bytes + self.peak_activation_bytes
-
 
 _TRACKERS: list[LiveStorages] = []  # those measuring now (``storage_resized`` tells them)
 
@@ -301,7 +280,7 @@ def _measure(
     """Run ``forward(record)`` once, taking the activation peak of each recorded stage."""
     try:
         if device.type == "cuda":
-            return _measure_cuda(forward, given, parameter_bytes, device)
+            return measure_cuda(forward, given, parameter_bytes, device)
         return _measure_dispatch(forward, parameters, given, parameter_bytes, str(device))
     except torch.OutOfMemoryError as error:
         raise AttnctlError(
@@ -333,31 +312,6 @@ def _measure_dispatch(
         forward(record)
     return Measurement(
         device, parameter_bytes, tracker.peak, tuple(stage_peaks), "live tensor storages"
-    )
-
-
-def _measure_cuda(
-    forward: Callable[[Callable], None],
-    given: list[torch.Tensor],
-    parameter_bytes: int,
-    device: torch.device,
-) -> Measurement:
-    stage_peaks: list[int] = []
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device) - sum(t.untyped_storage().nbytes() for t in given)
-    torch.cuda.reset_peak_memory_stats(device)
-
-    def record(name: str, tensor: torch.Tensor, dims: str) -> None:
-        torch.cuda.synchronize(device)
-        stage_peaks.append(torch.cuda.max_memory_allocated(device) - base)
-        torch.cuda.reset_peak_memory_stats(device)
-
-    with torch.inference_mode():
-        forward(record)
-        torch.cuda.synchronize(device)
-    peak = max(stage_peaks)
-    return Measurement(
-        str(device), parameter_bytes, peak, tuple(stage_peaks), "torch.cuda.max_memory_allocated"
     )
 
 
@@ -449,6 +403,7 @@ def measure_step(
     holds its shard, its whole parameters counted while they are gathered)."""
     stage_windows: list[int] = []  # CPU: the forward's peak up to each of block 0's stages
     phases: list[int] = []
+    reserved: list[int] = []  # CUDA: each phase's max_memory_reserved
     windows: list[int] = []  # CPU: the peak between one parameter's gradient and the next
     # the step, given the forward and what ends each phase
     step = functools.partial(
@@ -457,7 +412,7 @@ def measure_step(
     )  # fmt: skip
     try:
         if device.type == "cuda":
-            method = _measure_step_cuda(run, step, given, device, phases)
+            method = measure_step_cuda(run, step, given, device, (phases, reserved))
         else:
             held = parameters if held is None else held
             method = _measure_step_cpu(
@@ -476,31 +431,9 @@ def measure_step(
         tuple(phases),
         tuple(windows),
         tuple(stage_windows),
+        reserved_peak_bytes=max(reserved) if reserved else None,
+        context_bytes=cuda_context_bytes(device) if device.type == "cuda" else None,
     )
-
-
-def _measure_step_cuda(
-    run: Callable[[Callable], Any],
-    step: Callable[..., None],
-    given: list[torch.Tensor],
-    device: torch.device,
-    phases: list[int],
-) -> str:
-    """measure_step on CUDA: each phase's peak of the allocator, above what was allocated
-    before it other than the ``given`` inputs; the method's name back."""
-    from attnctl.nn import no_record
-
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device) - sum(t.untyped_storage().nbytes() for t in given)
-    torch.cuda.reset_peak_memory_stats(device)
-
-    def phase_ends() -> None:
-        torch.cuda.synchronize(device)
-        phases.append(torch.cuda.max_memory_allocated(device) - base)
-        torch.cuda.reset_peak_memory_stats(device)
-
-    step(lambda: run(no_record), phase_ends=phase_ends)
-    return "max_memory_allocated"
 
 
 def _measure_step_cpu(

@@ -176,19 +176,53 @@ def available_memory(device: Any) -> Available | None:
     if device.type == "cuda":
         import torch
 
-        return Available(torch.cuda.mem_get_info(device)[0], "free on the GPU")
+        from attnctl.model.gpu import LATE_CONTEXT_BYTES
+
+        note_free_before_cuda(device)
+        free = torch.cuda.mem_get_info(device)[0]
+        # what the allocator holds but no tensor uses can be handed out again; the
+        # kernels cuBLAS and cuDNN load on first use are still to come
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return Available(
+            max(0, free + cached - LATE_CONTEXT_BYTES),
+            "free on the GPU, less the CUDA context still to load",
+        )
     if device.type != "cpu":
         return None
     return cpu_available()
 
 
+FREE_BEFORE_CUDA: dict[int, int | None] = {}  # device index -> free bytes before CUDA's first call
+
+
+def note_free_before_cuda(device: Any) -> None:
+    """Keep the GPU's free bytes before this process's first CUDA call (once per device),
+    so that a measurement can say what the CUDA context took."""
+    import torch
+
+    from attnctl.model.device import free_before_cuda
+
+    index = device.index if device.index is not None else 0
+    if index not in FREE_BEFORE_CUDA and not torch.cuda.is_initialized():
+        FREE_BEFORE_CUDA[index] = free_before_cuda(index)
+
+
 def preflight(need_bytes: int, device: Any) -> None:
-    """Refuse before allocating when the estimate exceeds what may be used (``--force`` skips)."""
+    """Refuse before allocating when the estimate exceeds what may be used (``--force``
+    skips). On CUDA the figure is ``--fit``'s: the estimate with the allocator's margin,
+    within the free bytes less the CUDA context still to load."""
     available = available_memory(device)
+    what = "estimated peak"
+    if device.type == "cuda":
+        from attnctl.model.gpu import with_margin
+
+        need_bytes, what = with_margin(need_bytes), "estimated peak with the allocator's margin"
     if available is not None and need_bytes > available.bytes:
         where = "free" if available.source == "MemAvailable" else f"left by {available.source}"
+        if device.type == "cuda":
+            where = "free (less the CUDA context still to load)"
         raise AttnctlError(
-            f"the estimated peak of {format_bytes(need_bytes)} is more than the "
+            f"the {what} of {format_bytes(need_bytes)} is more than the "
             f"{format_bytes(available.bytes)} {where} on {device}; use --force to try anyway",
             exit_code=RUNTIME,
         )

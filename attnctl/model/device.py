@@ -130,6 +130,29 @@ def this_machines_gpu(index: int) -> GpuProfile | None:
     return GpuProfile(f"cuda:{index}", label, total.value, (major.value, minor.value))
 
 
+def free_before_cuda(index: int) -> int | None:
+    """Free bytes on CUDA device ``index`` as NVML sees them, which makes no CUDA context:
+    called before torch's first CUDA call, the process's context is what it then takes.
+    None without NVML or the device. NVML numbers GPUs apart from CUDA_VISIBLE_DEVICES,
+    so the device is found by its PCI bus id, which the driver gives without a context."""
+    driver = _driver()
+    nvml = _library(("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll"))
+    if driver is None or nvml is None or driver.cuInit(0) != 0 or nvml.nvmlInit_v2() != 0:
+        return None
+    handle, bus = ctypes.c_int(0), ctypes.create_string_buffer(32)
+    if driver.cuDeviceGet(ctypes.byref(handle), index) != 0:
+        return None
+    if driver.cuDeviceGetPCIBusId(bus, len(bus), handle) != 0:
+        return None
+    device = ctypes.c_void_p()
+    if nvml.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(device)) != 0:
+        return None
+    memory = (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
+    if nvml.nvmlDeviceGetMemoryInfo(device, ctypes.byref(memory)) != 0:
+        return None
+    return int(memory[1])
+
+
 def _driver() -> ctypes.CDLL | None:
     if sys.platform.startswith("linux"):
         names = ("libcuda.so.1", "libcuda.so")
@@ -137,6 +160,10 @@ def _driver() -> ctypes.CDLL | None:
         names = ("nvcuda.dll",)
     else:
         return None
+    return _library(names)
+
+
+def _library(names: tuple[str, ...]) -> ctypes.CDLL | None:
     for name in names:
         try:
             return ctypes.CDLL(name)

@@ -72,8 +72,33 @@ CONTEXT_BYTES = 726_466_560
 # the caching allocator's fragmentation: reserved - allocated at the peak. The H200
 # recordings show 0.9 MB to 563 MB (the latter at a 1.1 GB peak of large, short-lived
 # matrices); a fit keeps this share of the estimate free, and at least FRAGMENTATION_FLOOR
-FRAGMENTATION_SHARE = 0.10
+FRAGMENTATION_PERCENT = 10
 FRAGMENTATION_FLOOR = 64 * MiB
+# of CONTEXT_BYTES, what loads after the first CUDA call (cuBLAS's and cuDNN's kernels,
+# on their first use): the H200's free bytes right after torch's first CUDA call were
+# 552,402,944 below its total
+LATE_CONTEXT_BYTES = CONTEXT_BYTES - 552_402_944
+
+
+def fragmentation_margin(nbytes: int) -> int:
+    """What a fit keeps free beside an estimate for the caching allocator's
+    fragmentation (reserved - allocated): FRAGMENTATION_PERCENT of it, at least
+    FRAGMENTATION_FLOOR."""
+    return max(FRAGMENTATION_FLOOR, -(-nbytes * FRAGMENTATION_PERCENT // 100))
+
+
+def with_margin(nbytes: int) -> int:
+    """An estimate as a CUDA fit and pre-flight count it: with the fragmentation margin."""
+    return nbytes + fragmentation_margin(nbytes)
+
+
+def budget_text() -> str:
+    """How a CUDA budget is counted, for the output."""
+    return (
+        f"each estimate + {FRAGMENTATION_PERCENT} % (at least {FRAGMENTATION_FLOOR // MiB} "
+        "MiB) for the caching allocator's fragmentation, within the memory left beside the "
+        "CUDA context"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,6 +115,8 @@ class TorchRules:
     def name(self) -> str:
         return f"{self.version[0]}.{self.version[1]}"
 
+
+VERIFIED_TORCH = ((2, 11),)  # the torch versions the profiles' measurements were made with
 
 TORCH_RULES: dict[tuple[int, int], TorchRules] = {
     (2, 11): TorchRules((2, 11), 91900, True, False, True),
@@ -117,6 +144,16 @@ class CudaTarget:
         matrix product with a bias epilogue (F.linear with a bias)."""
         return 1024 * 1024
 
+    @property
+    def verified(self) -> bool:
+        """Whether these figures were checked to the byte on this GPU with this torch."""
+        return self.gpu.measured and self.torch.version in VERIFIED_TORCH
+
+    def verification(self) -> str:
+        if self.verified:
+            return "figures checked to the byte on an H200 with torch 2.11"
+        return "derived from the rules (checked on hardware: H200, torch 2.11)"
+
     def summary(self) -> str:
         """The assumptions in words, for the output."""
         where = "profile" if self.named else "this machine's GPU"
@@ -141,8 +178,9 @@ class SdpaChoice:
 
     @property
     def label(self) -> str:
-        return {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient",
+        name = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient",
                 "math": "math"}[self.kernel]  # fmt: skip
+        return f"{name} (a fallback)" if self.fallback else name
 
 
 def sdpa_choice(

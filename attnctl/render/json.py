@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnctl.memory.estimate import KVCacheGroup, MemoryEstimate
+from attnctl.render.json_cuda import cuda_dict
 from attnctl.report.commands import LengthReport, MemoryCommandReport, RunReport, Seq2SeqDtypeRow
 from attnctl.stages.plan import Plan
 
@@ -60,6 +61,7 @@ RUN_KEYS = (
     "kv_cache_bytes",
     "measured_kv_cache_bytes",
     "kv_cache",
+    "cuda",  # a CUDA plan's GPU, kernels and lines; null on another device
 )
 
 if TYPE_CHECKING:  # generation's reports: their module loads with their use case
@@ -194,6 +196,7 @@ def blocks_json(report: RunReport) -> dict[str, Any]:
             "context_tokens": _context_tokens(first),
             "layers": _blocks(report.traces, report.head_stats),
             "memory": memory_dict(estimate),
+            "cuda": cuda_dict(plan),
         }
     )
 
@@ -224,6 +227,7 @@ def run_json(report: RunReport) -> dict[str, Any]:
             "attention_rows": trace.attention_rows,
             "context_tokens": _context_tokens(trace),
             "memory": memory_dict(estimate),
+            "cuda": cuda_dict(plan),
         }
     )
 
@@ -239,6 +243,7 @@ def shapes_json(plan: Plan) -> dict[str, Any]:
             "batch": plan.batch,
             "sizes": plan.sizes,
             "stages": [s.to_dict() for s in plan.stages],
+            "cuda": cuda_dict(plan),
         },
     )
 
@@ -368,6 +373,8 @@ def _length_json(report: LengthReport) -> dict[str, Any]:
         else ("training step" if training else "forward pass"),
         "measured_device": None if measured is None else measured.device,
         "measured_by": None if measured is None else measured.method,
+        "measured_reserved_bytes": getattr(measured, "reserved_peak_bytes", None),
+        "measured_context_bytes": getattr(measured, "context_bytes", None),
         "kv_cache_after_generate": None
         if report.generate is None
         else {
@@ -377,6 +384,7 @@ def _length_json(report: LengthReport) -> dict[str, Any]:
             "kv_cache": cache_groups(report.generated_kv_cache or []),
             "measured_bytes": report.measured_generated_kv_cache_bytes,
         },
+        "cuda": cuda_dict(plan),
     }
 
 

@@ -18,6 +18,7 @@ from attnctl.render.json import (
     shapes_json,
     versioned,
 )
+from attnctl.render.json_cuda import cuda_dict
 from attnctl.report.commands import (
     MemoryCommandReport,
     Seq2SeqDtypeRow,
@@ -62,6 +63,7 @@ def _block(plan: Plan) -> dict[str, Any]:
         "seq_len": plan.seq_len,
         "sizes": plan.sizes,
         "stages": [s.to_dict() for s in plan.stages],
+        "cuda": cuda_dict(plan),
     }
 
 
@@ -97,6 +99,7 @@ def seq2seq_memory_json(report: Seq2SeqMemoryReport) -> dict[str, Any]:
             "sizes": plan.sizes,
             **memory_dict(estimate),
             "stages": stages,
+            "cuda": cuda_dict(plan),
         }
     fields: dict[str, Any] = {
         "model": _model(encoder),

@@ -11,7 +11,8 @@ from rich.text import Text
 from attnctl.memory.estimate import MemoryEstimate, format_bytes
 from attnctl.model.config import DTYPE_BYTES, DTYPES
 from attnctl.render.tables import header, size_grid, stage_table, titled_table
-from attnctl.render.text import config_line, model_lines, shape_text, sizes_line
+from attnctl.render.terminal_cuda import device_lines_view, seq2seq_cuda_rows
+from attnctl.render.text import config_line, cuda_rows, model_lines, shape_text, sizes_line
 from attnctl.report.commands import (
     LengthReport,
     MemoryCommandReport,
@@ -23,7 +24,7 @@ from attnctl.report.commands import (
 from attnctl.stages.plan import Plan
 
 if TYPE_CHECKING:  # measure.py and check.py import torch; render only reads their results
-    from attnctl.memory.measure import Measurement as Measured
+    from attnctl.memory.measurement import Measurement as Measured
     from attnctl.replay.step import TrainingEstimate
 
 
@@ -39,11 +40,13 @@ def shapes_view(plan: Plan, width: int) -> Group:
                 *model_lines(plan),
                 ("layer", config_line(config, plan)),
                 ("dtype", f"{config.dtype} · device {config.device}"),
+                *cuda_rows(plan),
                 ("sizes", sizes_line(plan)),
             ],
         ),
         Text(""),
         stage_table(plan.stages, width, plan, show_device=False),
+        *device_lines_view(plan),
     )
 
 
@@ -71,6 +74,7 @@ def seq2seq_shapes_view(shapes: Seq2SeqShapes, width: int) -> Group:
                 *model_lines(encoder),
                 ("layer", config_line(config, encoder)),
                 ("dtype", f"{config.dtype} · device {config.device}"),
+                *seq2seq_cuda_rows(encoder, decoder),
                 *seq2seq_dims_lines(encoder, decoder),
             ],
         ),
@@ -95,6 +99,7 @@ def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
                 *model_lines(encoder),
                 ("layer", config_line(config, encoder)),
                 ("dtype", config.dtype),
+                *seq2seq_cuda_rows(encoder, decoder),
                 *seq2seq_dims_lines(encoder, decoder),
             ],
         ),
@@ -230,6 +235,7 @@ def memory_view(command: MemoryCommandReport, width: int) -> Group:
                 *model_lines(first.plan),
                 ("layer", config_line(config, first.plan) + stack),
                 ("dtype", config.dtype),
+                *cuda_rows(first.plan),
                 ("sizes", sizes_line(first.plan) if len(reports) == 1 else f"L = {lengths}"),
             ],
         ),
@@ -255,7 +261,7 @@ def _one_length(report: LengthReport) -> list[RenderableType]:
     summary = _summary_grid(report)
     variants = _length_variants(report.variants)
     training = report.training
-    parts: list[RenderableType] = [params, stages, summary]
+    parts: list[RenderableType] = [params, stages, *device_lines_view(plan), summary]
     if training is not None:
         parts += [Text(""), _training_grid(training, measured)]
     return [*parts, Text(""), variants]
@@ -325,7 +331,8 @@ def _summary_grid(report: LengthReport) -> Table:
     summary.add_row(
         "peak",
         format_bytes(estimate.peak_bytes),
-        f"parameters + activations alive at once (at {estimate.peak_stage})",
+        f"parameters + activations{' + the GPU lines' if plan.device_lines else ''} alive "
+        f"at once (at {estimate.peak_stage})",
     )
     _kv_cache_rows(summary, report)
     if report.generated_kv_cache is not None:
@@ -403,6 +410,20 @@ def _measured_rows(summary: Table, report: LengthReport) -> None:
             format_bytes(measured.peak_bytes),
             f"on {measured.device} by {measured.method}; estimate "
             f"{_percent(estimate.peak_bytes, measured.peak_bytes)} vs measured",
+        )
+    if measured is not None and measured.reserved_peak_bytes is not None:
+        summary.add_row(
+            "reserved peak",
+            format_bytes(measured.reserved_peak_bytes),
+            "torch.cuda.max_memory_reserved: what the caching allocator held from the GPU "
+            "(the allocated peak counts only the blocks in use)",
+        )
+    if measured is not None and measured.context_bytes is not None:
+        summary.add_row(
+            "CUDA context",
+            format_bytes(measured.context_bytes),
+            "held outside torch's allocator: the free bytes before the first CUDA call "
+            "less those after, less the reserved",
         )
     if report.measured_kv_cache_bytes is not None:
         summary.add_row(
@@ -542,8 +563,15 @@ def _fit_table(
     table.add_column(f"largest B at L={plan.seq_len}", justify="right", no_wrap=True)
     for impl, found in fits.items():
         table.add_row(impl, f"{found['max_seq_len']:,}", f"{found['max_batch']:,}")
+    captions = []
     if longest and any(found["max_seq_len"] == longest for found in fits.values()):
-        table.caption = f"L stops at the {longest:,} learned positions"
+        captions.append(f"L stops at the {longest:,} learned positions")
+    if plan.cuda is not None:
+        from attnctl.model.gpu import budget_text
+
+        captions.append(f"on {plan.cuda.gpu.label}: {budget_text()}")
+    if captions:
+        table.caption = "\n".join(captions)
         table.caption_justify = "left"
     return table
 

@@ -17,6 +17,7 @@ from attnctl.render.terminal_heads import heads_map, heads_overview
 from attnctl.render.text import (
     LABEL_WIDTH,
     config_line,
+    cuda_rows,
     model_lines,
     shown_text,
     token_label,
@@ -148,14 +149,17 @@ def weight_tables(
     return tables, notes, top_k is not None
 
 
-def memory_footer(estimate: MemoryEstimate, split: Any = None) -> Table:
+def memory_footer(estimate: MemoryEstimate, split: Any = None, plan: Plan | None = None) -> Table:
     """One device's memory; under ``run --tp`` the whole layer's, titled so (a rank's is
-    ``memory --tp``'s)."""
+    ``memory --tp``'s); a CUDA plan's with its GPU lines, titled with its GPU."""
+    cuda = None if plan is None else plan.cuda
     title = (
         "memory"
         if split is None
         else (f"memory of one device (unsplit; each rank's: attnctl memory --tp {split.layout.tp})")
     )
+    if cuda is not None:
+        title += f" on {'a planned ' if cuda.named else ''}{cuda.gpu.label} ({cuda.gpu.sm})"
     grid = size_grid(title)
     grid.add_row(
         "parameters",
@@ -179,8 +183,11 @@ def memory_footer(estimate: MemoryEstimate, split: Any = None) -> Table:
     grid.add_row(
         "peak",
         format_bytes(estimate.peak_bytes),
-        f"parameters + activations alive at once (largest at {estimate.peak_stage})",
+        f"parameters + activations{' + the GPU lines' if cuda is not None else ''} alive at "
+        f"once (largest at {estimate.peak_stage})",
     )
+    for line in () if plan is None else plan.device_lines:
+        grid.add_row(f"  {line.name}", format_bytes(line.bytes), line.what)
     return grid
 
 
@@ -220,11 +227,18 @@ def _run_opening(
                 ("layer", config_line(config, plan)),
                 ("device", f"{trace.device} · dtype {config.dtype}{seed}"),
                 ("attention", f"{trace.impl} ({how})"),
+                *_planned_rows(plan),
             ],
         ),
         Text(""),
         *tables,
     ]
+
+
+def _planned_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The CUDA plan's rows; for a named --gpu, marked as planned (the run is here)."""
+    named = plan.cuda is not None and plan.cuda.named
+    return [("planned " + key if named else key, text) for key, text in cuda_rows(plan)]
 
 
 def run_view(report: RunReport, width: int) -> Group:
@@ -277,7 +291,7 @@ def run_view(report: RunReport, width: int) -> Group:
     parts.append(Text(""))
     parts.append(heads_overview(report.ranked, len(texts) > 1))
     parts.append(Text(""))
-    parts.append(memory_footer(report.estimate, report.split))
+    parts.append(memory_footer(report.estimate, report.split, report.plan))
     return Group(*parts)
 
 
@@ -333,5 +347,5 @@ def blocks_view(report: RunReport, width: int) -> Group:
     by_layer = [block.first_text for block in report.blocks]
     head_map = heads_map(by_layer, first.attention_heads, width, "text 0" if batched else "")
     parts += [table, Text(""), *head_map, Text(""), clearest, Text(hint, style="dim"), Text("")]
-    parts.append(memory_footer(report.estimate))
+    parts.append(memory_footer(report.estimate, plan=report.plan))
     return Group(*parts)

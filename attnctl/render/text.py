@@ -118,3 +118,39 @@ def difference_bound(difference: float) -> str:
     while 10.0 ** (exponent - 1) > difference:
         exponent -= 1
     return f"< 1e{exponent:+03d}"
+
+
+# ---------------------------------------------------------------- a CUDA plan
+
+
+def kernel_text(plan: Plan) -> str:
+    """The SDPA kernels of a CUDA plan, as "cuDNN, bfloat16, sm_90" (empty without one)."""
+    if plan.cuda is None or not plan.sdpa_kernels:
+        return ""
+    labels = list(dict.fromkeys(choice.label for choice in plan.sdpa_kernels))
+    return f"{' and '.join(labels)}, {plan.config.dtype}, {plan.cuda.gpu.sm}"
+
+
+def fallback_texts(plan: Plan) -> list[str]:
+    """One warning per SDPA call of the plan that falls back to the math kernel."""
+    from attnctl.memory.estimate import format_bytes
+    from attnctl.stages.cuda import fallbacks
+
+    return [
+        f"SDPA falls back to the math kernel ({choice.reason}): it builds the B·H·L·Lk "
+        f"matrices a fused kernel avoids, {format_bytes(cost)} more"
+        for choice, cost in fallbacks(plan.device_lines, plan.sdpa_kernels)
+    ]
+
+
+def cuda_rows(plan: Plan) -> list[tuple[str, str]]:
+    """Header rows of a CUDA plan: the GPU and rules assumed, the SDPA kernel, warnings."""
+    target = plan.cuda
+    if target is None:
+        return []
+    rows = [("GPU", f"{target.summary()} · {target.verification()}")]
+    kernel = kernel_text(plan)
+    if kernel:
+        rows.append(("SDPA", kernel))
+    rows += [("warning", text) for text in fallback_texts(plan)]
+    return rows

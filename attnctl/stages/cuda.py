@@ -46,9 +46,19 @@ class DeviceLine:
     bytes: int
     first: str
     last: str | None = None
+    fallback: bool = False  # the matrices of a fallback to the math kernel
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def fallbacks(
+    lines: tuple[DeviceLine, ...], kernels: tuple[SdpaChoice, ...]
+) -> list[tuple[SdpaChoice, int]]:
+    """Each SDPA call that falls back to the math kernel, with the bytes it costs."""
+    costs = [line.bytes for line in lines if line.fallback]
+    fallen = [choice for choice in kernels if choice.fallback]
+    return list(zip(fallen, costs, strict=True))
 
 
 def _base(name: str) -> str:
@@ -95,14 +105,14 @@ def _workspaces(stages: list[Stage], config: LayerConfig, target: CudaTarget) ->
         return []
     lines = [DeviceLine(
         "cublas_workspace",
-        f"cuBLAS's workspace ({target.gpu.sm}), made by the first matrix product and kept",
+        f"cuBLAS's workspace ({target.gpu.sm}), from the first matrix product on",
         target.cublas_workspace_bytes(), first,
     )]  # fmt: skip
     biased = next((s.name for s in stages if _base(s.name) in PROJECTIONS), None)
     if config.bias and biased is not None:
         lines.append(DeviceLine(
             "cublaslt_workspace",
-            "cuBLASLt's workspace, made by the first projection with a bias (its epilogue)",
+            "cuBLASLt's workspace, from the first projection with a bias on",
             target.cublaslt_workspace_bytes(), biased,
         ))  # fmt: skip
     return lines
@@ -169,15 +179,15 @@ def _sdpa(
     keys = sizes["Lc"] if crossed else sizes["L"]
     lines: list[DeviceLine] = []
     name = stage.name
-    kernel = f"SDPA: {choice.label}, {config.dtype}, {target.gpu.sm}"
     if config.pos != "alibi" and (mask is not None or padded):
         # a boolean attn_mask becomes a float one of the dtype: (L, Lk) for a window,
         # (B, 1, 1, Lk) for padding, (B, 1, L, Lk) for both
         rows = (length if mask is not None else 1) * (batch if padded else 1)
-        lines.append(DeviceLine("sdpa_buffers", f"{kernel}: the boolean mask as a float "
-                                "mask", rounded(rows * keys * element), name, name))  # fmt: skip
+        lines.append(DeviceLine("sdpa_buffers", f"the boolean mask made a {config.dtype} one",
+                                rounded(rows * keys * element), name, name))  # fmt: skip
     if choice.kernel == "cudnn":
-        lines.append(DeviceLine("sdpa_buffers", f"{kernel}: its buffers", 3 * 512, name, name))
+        lines.append(DeviceLine("sdpa_buffers", "cuDNN's statistics and workspace", 3 * 512,
+                                name, name))  # fmt: skip
     elif choice.fallback:
         matrix = rounded(batch * heads * length * keys * element)
         kv = rounded(batch * heads * keys * config.d_k * element) if grouped else 0
@@ -190,7 +200,6 @@ def _sdpa(
             + 2 * kv  # K and V repeated to every query head (enable_gqa)
             + (rounded(length * keys * element) if causal else 0)  # is_causal as a mask
         )
-        why = f"falls back to math ({choice.reason})"
-        lines.append(DeviceLine("sdpa_buffers", f"{kernel}: {why}: B·H·L·Lk matrices",
-                                nbytes, name, name))  # fmt: skip
+        lines.append(DeviceLine("sdpa_buffers", "the math kernel's B·H·L·Lk matrices (a fallback)",
+                                nbytes, name, name, fallback=True))  # fmt: skip
     return choice, lines

@@ -177,18 +177,30 @@ METASPACE = "\u2581"  # ▁
 
 def _encode_bpe(text: str, tokenizer) -> list[Token]:
     encoding = tokenizer.encode(text)
-    spans = list(encoding.offsets)
+    spans = encoding.offsets
     special = encoding.special_tokens_mask
+    pieces_of = encoding.tokens
     # sentencepiece's lone word-start mark "▁" (Marian, T5): tokenizers gives it the span
     # of the character after it; it is the space before that word, no piece of it
-    marks = [not special[i] and piece == METASPACE for i, piece in enumerate(encoding.tokens)]
-    spans = [(span[0], span[0]) if mark else span for span, mark in zip(spans, marks, strict=True)]
+    marks = [
+        not flag and piece == METASPACE for flag, piece in zip(special, pieces_of, strict=True)
+    ]
+    if any(marks):
+        spans = [
+            (span[0], span[0]) if mark else span for span, mark in zip(spans, marks, strict=True)
+        ]
     pieces = Counter(spans)  # tokens sharing one non-empty span are pieces of one character
     seen: Counter[tuple[int, int]] = Counter()
     tokens = []
-    for i, (token_id, (start, end)) in enumerate(zip(encoding.ids, spans, strict=True)):
+    append = tokens.append
+    for i, (token_id, span) in enumerate(zip(encoding.ids, spans, strict=True)):
+        start, end = span
+        count = pieces[span]
+        if count == 1 and end > start and not special[i]:  # the common case: a whole span
+            append(Token(token_id, text[start:end], start, end))
+            continue
         if special[i]:  # [CLS], <s>: no text of their own, show the token itself
-            label = encoding.tokens[i]
+            label = pieces_of[i]
         elif marks[i]:
             label = " "
         elif end > start:
@@ -196,10 +208,9 @@ def _encode_bpe(text: str, tokenizer) -> list[Token]:
         else:  # a whitespace token whose offsets were trimmed to nothing
             label = tokenizer.decode([token_id], skip_special_tokens=False)
         shared = end > start and not special[i]
-        seen[(start, end)] += 1
-        count = pieces[(start, end)] if shared else 1
-        piece = seen[(start, end)] if shared else 1
-        tokens.append(Token(token_id, label, start, end, count, piece))
+        seen[span] += 1
+        append(Token(token_id, label, start, end, count if shared else 1,
+                     seen[span] if shared else 1))  # fmt: skip
     return tokens
 
 
