@@ -44,6 +44,9 @@ runner = CliRunner()
 #   weights; the estimate counts every layer's (equal to measurement on the CPU since).
 STALE = {"c55", "c56", "c57", "c58"}
 UNSPLIT = 2**20  # the caching allocator's kSmallSize
+# training steps not to the byte: c24 (GQA, cuDNN) one 512-byte block short; c30 (RoPE)
+# 737,280 B and c79 (Llama) 2 x 782,336 B short: cached blocks handed out whole
+TRAINING_GAPS = {"c24", "c30", "c79"}
 # c76: Llama in float32: the allocator handed out a cached block (freed while the weights
 #   loaded) whole, 782,336 B more than asked, held from the embeddings on (0.24 %, over
 #   issue 26's 0.1 %). Which blocks loading leaves cached is not modelled: a known gap,
@@ -111,7 +114,10 @@ def test_a_training_step_is_planned_within_one_percent(case, request):
     planned = _planned(case, folder)["results"][0]["training"]["peak_bytes"]
     measured = case["peak_bytes"]
     assert abs(planned - measured) <= measured / 100, (planned, measured)
-    assert planned <= measured  # what is left is the allocator's, never counted twice
+    if case["id"] in TRAINING_GAPS:  # less than two unsplit blocks short of it
+        assert 0 < measured - planned < 2 * UNSPLIT
+    else:
+        assert planned == measured
 
 
 @pytest.mark.parametrize("case", SEQ2SEQ, ids=[c["id"] for c in SEQ2SEQ])

@@ -92,7 +92,8 @@ def estimate_training(plan: Plan, layers: int = 1) -> TrainingEstimate:
     replayed = _replay_stack(plan, layers)
     peaks, saved = replayed.phase_peaks, replayed.saved
     if plan.cuda is not None:
-        peaks = tuple(p + extra for p, extra in zip(peaks, cuda_phase_bytes(plan), strict=True))
+        extras = cuda_phase_bytes(plan, len(parameter_sizes(plan, layers)))
+        peaks = tuple(p + extra for p, extra in zip(peaks, extras, strict=True))
     windows, stage_windows = replayed.gradient_windows, replayed.stage_windows
     peak = max(peaks)
     model_bytes = count * e if plan.model is None else plan.parameter_bytes  # all it loads
@@ -121,7 +122,7 @@ def _as_math(plan: Plan) -> Plan:
     )  # fmt: skip
 
 
-def cuda_phase_bytes(plan: Plan) -> tuple[int, int, int]:
+def cuda_phase_bytes(plan: Plan, trained: int) -> tuple[int, int, int]:
     """What a training step allocates on CUDA beside the replay's tensors, by phase
     (forward, backward, optimizer step), as measured on the H200 with torch 2.11.
 
@@ -131,7 +132,9 @@ def cuda_phase_bytes(plan: Plan) -> tuple[int, int, int]:
     more B·H·L·Lk matrix (softmax's backward beside the scores' gradient), the fused
     kernels float32 gradients of the output and their statistics (the memory-efficient
     kernel's logsumexp and its gradient's; cuDNN's, with its buffers), and the loss and
-    its gradient each in a 512-byte block."""
+    its gradient each in a 512-byte block. In the optimizer step the loss is still held
+    (in its block), while Adam's step count of each of the ``trained`` tensors is a CPU
+    tensor (torch.optim.Adam keeps it there unless fused or capturable)."""
     target, config, sizes = plan.cuda, plan.config, plan.sizes
     if target is None:
         return 0, 0, 0
@@ -158,7 +161,8 @@ def cuda_phase_bytes(plan: Plan) -> tuple[int, int, int]:
                 backward += 2 * rounded(batch * heads * length * config.d_k * element)
         else:
             backward += output_gradient + 2 * statistics
-    return first, first + again + backward, first + again
+    optimizer_step = first + again + (512 - element) - trained * FP32
+    return first, first + again + backward, optimizer_step
 
 
 def _replay_stack(
