@@ -12,16 +12,20 @@ can tell (a ROCm build, macOS on Apple silicon, an unreadable install) is torch 
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.util
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnctl.errors import AttnctlError
-from attnctl.model.gpu import CudaTarget, GpuProfile, gpu_profile, named_target, rules_for
+
+if TYPE_CHECKING:  # loaded when a plan is for CUDA (``shapes`` on the CPU never needs it)
+    import ctypes
+
+    from attnctl.model.gpu import CudaTarget, GpuProfile
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -59,6 +63,8 @@ def planned_device(spec: str, gpu: str = "", torch_rules: str = "") -> str:
     """The concrete device a layer runs on or plans for: ``--device`` resolved, CUDA for
     a named ``--gpu`` (which plans for that GPU from any machine). Checks the GPU's name
     and the torch rules named, and that they go with the device."""
+    from attnctl.model.gpu import gpu_profile, rules_for
+
     if gpu:
         gpu_profile(gpu)  # one line listing the profiles when unknown
         rules_for(torch_rules, None)  # one line naming the rules known
@@ -89,6 +95,8 @@ def cuda_target(device: str, gpu: str = "", torch_rules: str = "") -> CudaTarget
 
 @functools.lru_cache(maxsize=16)
 def _cuda_target(device: str, gpu: str, torch_rules: str) -> CudaTarget:
+    from attnctl.model.gpu import CudaTarget, named_target, rules_for
+
     installed = torch_version()
     if gpu:
         return named_target(gpu, torch_rules, installed)
@@ -113,6 +121,10 @@ def torch_version() -> str | None:
 def this_machines_gpu(index: int) -> GpuProfile | None:
     """CUDA device ``index`` as the driver describes it (name, memory, compute
     capability), or None without a driver or such a device."""
+    import ctypes
+
+    from attnctl.model.gpu import GpuProfile
+
     driver = _driver()
     if driver is None or driver.cuInit(0) != 0:
         return None
@@ -135,6 +147,8 @@ def free_before_cuda(index: int) -> int | None:
     called before torch's first CUDA call, the process's context is what it then takes.
     None without NVML or the device. NVML numbers GPUs apart from CUDA_VISIBLE_DEVICES,
     so the device is found by its PCI bus id, which the driver gives without a context."""
+    import ctypes
+
     driver = _driver()
     nvml = _library(("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll"))
     if driver is None or nvml is None or driver.cuInit(0) != 0 or nvml.nvmlInit_v2() != 0:
@@ -164,6 +178,8 @@ def _driver() -> ctypes.CDLL | None:
 
 
 def _library(names: tuple[str, ...]) -> ctypes.CDLL | None:
+    import ctypes
+
     for name in names:
         try:
             return ctypes.CDLL(name)
@@ -220,6 +236,8 @@ def _torch_version_file() -> str | None:
 def cuda_device_count() -> int | None:
     """The GPUs the CUDA driver shows this process (0 without a driver); None when the
     driver cannot be asked here (an unknown platform)."""
+    import ctypes
+
     if sys.platform.startswith("linux"):
         names = ("libcuda.so.1", "libcuda.so")
     elif sys.platform == "win32":
