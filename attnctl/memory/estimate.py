@@ -11,7 +11,6 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from fractions import Fraction
 
 from attnctl.errors import AttnctlError
 from attnctl.model.config import DTYPE_BYTES, DTYPES, LayerConfig, validate
@@ -252,6 +251,8 @@ def parse_size(text: str) -> int:
     unit = match.group(2).upper() if match else None
     if not match or unit not in _UNITS:
         raise AttnctlError(f"cannot read size {text!r}; write it like 16GiB, 512MiB or 2GB")
+    from fractions import Fraction  # only a size read needs it
+
     size = int(Fraction(match.group(1)) * _UNITS[unit])  # exact, however many digits
     if size <= 0:
         raise AttnctlError(f"size must be positive, got {text!r}")

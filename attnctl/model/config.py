@@ -10,7 +10,6 @@ import dataclasses
 import json
 import math
 import stat
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -457,6 +456,8 @@ def resolve_preset(name_or_path: str) -> Path:
 
 def load_preset(name_or_path: str) -> dict[str, Any]:
     """Read and type-check a preset; returns only the keys it sets."""
+    import tomllib  # only a preset read needs it
+
     path = resolve_preset(name_or_path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
