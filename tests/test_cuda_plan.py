@@ -350,3 +350,19 @@ def test_a_cuda_measurement_shows_the_reserved_peak_and_the_context():
     text = console.export_text()
     assert "reserved peak" in text and "2.00 MiB" in text
     assert "CUDA context" in text and "700.00 MiB" in text
+
+
+def test_this_machines_gpu_is_verified_only_when_it_is_a_measured_profile(monkeypatch):
+    from dataclasses import replace
+
+    h200, l4 = PROFILES["h200"], PROFILES["l4"]
+    for found, verified in ((replace(h200, name="cuda:0", measured=False), True),
+                            (replace(l4, name="cuda:0"), False)):  # fmt: skip
+        monkeypatch.setattr(devices, "this_machines_gpu", lambda index, found=found: found)
+        devices._cuda_target.cache_clear()
+        try:
+            target = devices.cuda_target("cuda", "", "2.11")
+            assert not target.named and target.verified == verified
+            assert ("this machine's GPU" in target.summary()) and target.gpu.name == "cuda:0"
+        finally:
+            devices._cuda_target.cache_clear()

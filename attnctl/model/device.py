@@ -12,6 +12,7 @@ can tell (a ROCm build, macOS on Apple silicon, an unreadable install) is torch 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import re
@@ -95,7 +96,7 @@ def cuda_target(device: str, gpu: str = "", torch_rules: str = "") -> CudaTarget
 
 @functools.lru_cache(maxsize=16)
 def _cuda_target(device: str, gpu: str, torch_rules: str) -> CudaTarget:
-    from attnctl.model.gpu import CudaTarget, named_target, rules_for
+    from attnctl.model.gpu import PROFILES, CudaTarget, named_target, rules_for
 
     installed = torch_version()
     if gpu:
@@ -106,7 +107,11 @@ def _cuda_target(device: str, gpu: str, torch_rules: str) -> CudaTarget:
             f"device {device} is not available: no CUDA GPU on this machine (to plan for "
             "one, name it with --gpu: h200, h100, a100-80gb, a100-40gb, l4, rtx-4090)"
         )
+    # a GPU of a measured profile (the same name and compute capability) is as verified
+    measured = any(p.measured and (p.label, p.capability) == (profile.label, profile.capability)
+                   for p in PROFILES.values())  # fmt: skip
     rules, note = rules_for(torch_rules, installed)
+    profile = dataclasses.replace(profile, measured=measured)
     return CudaTarget(profile, rules, named=False, note=note)
 
 
