@@ -113,6 +113,7 @@ def seq2seq_memory_view(report: Seq2SeqMemoryReport, width: int) -> Group:
         (decoder, row.decoder, "decoder block", measured.decoder if measured else None),
     ):
         parts += [Text(""), _seq2seq_stage_table(plan, estimate, title, stage_peaks)]
+        parts += device_lines_view(plan)
     parts += [Text(""), _seq2seq_variants(report, config.impl)]
     return Group(*parts)
 
